@@ -1,0 +1,101 @@
+"""Argument parsing and wiring. Each command's work lives in reconciler/commands/<name>.py.
+
+Exit codes (SPEC section 5): 0 success; 1 invalid catalog or, for `plan
+--fail-on-unplaced`, an unplaced replica; 2 usage error; 3 the fleet could not
+be reached at all. Anything a user typed that is wrong ends in a message, not
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from reconciler.errors import CatalogInvalid, ReconcilerError, UsageError
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse exits 2 on usage errors; keep that, with our prefix
+        self.print_usage(sys.stderr)
+        print(f"reconciler: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _catalog_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("catalog", nargs="?", default=".", metavar="CATALOG", help="catalog directory (default: .)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="reconciler", description="GitOps reconciler for LLM serving fleets")
+    from reconciler import __version__
+
+    parser.add_argument("--version", action="version", version=f"reconciler {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("validate", help="check the catalog: schema, references, loopback, YAML syntax")
+    _catalog_arg(p)
+    p.add_argument("--inventory", metavar="FILE", help="also report models that no profile can ever fit on this snapshot")
+
+    p = sub.add_parser("plan", help="compute what a reconcile would do")
+    _catalog_arg(p)
+    p.add_argument("--inventory", metavar="FILE", help="plan from this snapshot (YAML or JSON): no SSH at all")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--write-status", action="store_true", help="write the predicted status files into CATALOG/status")
+    p.add_argument("--fail-on-unplaced", action="store_true", help="exit 1 when a replica could not be placed")
+    p.add_argument("--all", action="store_true", help="name every node in rejection summaries")
+
+    p = sub.add_parser("apply", help="one reconcile pass: probe, plan, act, write status")
+    _catalog_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="probe and plan, change nothing")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("run", help="the daemon: watch the catalog, resync, reconcile")
+    _catalog_arg(p)
+    p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS", help="resync interval (default 60)")
+    p.add_argument("--git-pull", action="store_true", help="fetch and fast-forward from upstream on each interval")
+    p.add_argument("--commit-status", action="store_true", help="commit changes under status/ to the catalog repository")
+    p.add_argument("--push", action="store_true", help="with --commit-status, push the status commits")
+    p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("--max-passes", type=int, default=None, help=argparse.SUPPRESS)
+
+    p = sub.add_parser("nodes", help="probe the fleet, show it, write status/nodes.yaml")
+    _catalog_arg(p)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("explain", help="where each replica of MODEL went, or why it could not go anywhere")
+    p.add_argument("model", metavar="MODEL")
+    _catalog_arg(p)
+    p.add_argument("--inventory", metavar="FILE", help="explain against this snapshot instead of probing")
+    p.add_argument("--all", action="store_true", help="name every node")
+
+    p = sub.add_parser("engine-check", help="run ENGINE --version on NODE, on purpose")
+    p.add_argument("node", metavar="NODE")
+    p.add_argument("engine", metavar="ENGINE")
+    _catalog_arg(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module("reconciler.commands." + args.command.replace("-", "_"))
+    try:
+        return module.main(args)
+    except CatalogInvalid as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        n = len(exc.problems)
+        print(f"{n} problem{'s' if n != 1 else ''} found", file=sys.stderr)
+        return EXIT_INVALID
+    except UsageError as exc:
+        print(f"reconciler: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ReconcilerError as exc:
+        print(f"reconciler: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,75 @@
+"""The exception tree. Every error says where it happened.
+
+    ReconcilerError
+    ├── UsageError            bad command line (exit 2)
+    ├── CatalogInvalid        one or more Problems in the catalog (exit 1)
+    ├── InventoryInvalid      one or more Problems in a snapshot (exit 1)
+    ├── RenderError           a launch refused: placeholder left, loopback head (names the replica)
+    └── TransportError        a node could not be reached or a command failed to run (names the node)
+        ├── HostKeyError      unknown or changed host key: permanent until an operator acts
+        └── CommandTimeout    a command ran past its deadline
+
+Foreign exceptions (paramiko, socket, OSError, ruamel) are translated into
+these at one boundary each, so the CLI can print a message instead of a
+traceback for anything a user or a node did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One thing wrong with an input file, at the position of the offending value."""
+
+    file: str
+    line: int
+    column: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.message}"
+
+
+class ReconcilerError(Exception):
+    pass
+
+
+class UsageError(ReconcilerError):
+    pass
+
+
+class CatalogInvalid(ReconcilerError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class InventoryInvalid(CatalogInvalid):
+    pass
+
+
+class RenderError(ReconcilerError):
+    def __init__(self, replica: str, message: str):
+        self.replica = replica
+        super().__init__(f"{replica}: {message}")
+
+
+class TransportError(ReconcilerError):
+    """A node could not run a command. `temporary` tells the caller whether retrying can help."""
+
+    temporary = True
+
+    def __init__(self, node: str, message: str):
+        self.node = node
+        self.reason = message
+        super().__init__(f"{node}: {message}")
+
+
+class HostKeyError(TransportError):
+    temporary = False
+
+
+class CommandTimeout(TransportError):
+    pass

@@ -1,0 +1,63 @@
+"""How commands reach a node: an argv in, exit code and bytes out.
+
+Everything that acts on nodes (probe, apply) goes through this interface, so
+tests and the `local` transport need no SSH, and `ssh.py` stays the only
+module that knows paramiko. An argv is quoted exactly once, by the transport
+that turns it into a remote command line (shlex.join); no caller ever builds a
+shell line from catalog values.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from reconciler.errors import CommandTimeout, TransportError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    rc: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+class Transport(Protocol):
+    node_id: str
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0
+    ) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    """Runs commands on this machine, for a node declared `transport: local`."""
+
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0
+    ) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                list(argv),
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CommandTimeout(self.node_id, f"{argv[0]} ran past {timeout:g}s") from exc
+        except OSError as exc:
+            raise TransportError(self.node_id, f"cannot run {argv[0]}: {exc.strerror}") from exc
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def close(self) -> None:
+        pass
