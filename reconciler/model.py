@@ -37,6 +37,10 @@ PLACEHOLDERS = (
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+def _empty():
+    return field(default_factory=lambda: EMPTY)
+
+
 def frozen_map(d: Mapping | None) -> Mapping:
     return MappingProxyType(dict(d or {}))
 
@@ -60,11 +64,11 @@ class NodeSpec:
     id: str
     address: str
     data_address: str
-    labels: Mapping[str, str] = EMPTY
+    labels: Mapping[str, str] = _empty()
     state: str = "ready"
     model_dirs: tuple[str, ...] = ()
     # fabric name -> HCAs of this node on that fabric, as declared by the operator
-    fabrics: Mapping[str, tuple[str, ...]] = EMPTY
+    fabrics: Mapping[str, tuple[str, ...]] = _empty()
     ssh: SshSettings = SshSettings()
     transport: str = "ssh"  # ssh | local
     gpu_class: str | None = None  # operator override of the probed class
@@ -91,12 +95,12 @@ class Profile:
     gpus_per_node: int = 0  # 0 exactly when gpu_class is None
     nodes: int = 1
     priority: int = 0
-    node_selector: Mapping[str, str] = EMPTY
+    node_selector: Mapping[str, str] = _empty()
     min_memory_gb: float = 0
     min_disk_gb: float = 0
     port: int = 8000
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = EMPTY
+    env: Mapping[str, str] = _empty()
     health_path: str = "/health"
     start_timeout_s: float = 900
     command: tuple[str, ...] | None = None  # engine: command only
@@ -237,7 +241,7 @@ class ObservedNode:
     id: str
     state: str = "ready"  # ready | cordoned | drained | unreachable
     reason: str = ""
-    labels: Mapping[str, str] = EMPTY
+    labels: Mapping[str, str] = _empty()
     memory_total_mb: int | None = None
     engines: Mapping[str, str] | None = None  # None: never probed
     gpus: tuple[Gpu, ...] = ()
@@ -250,7 +254,7 @@ class ObservedNode:
 @dataclass(frozen=True)
 class Inventory:
     nodes: tuple[ObservedNode, ...]
-    _by_id: Mapping[str, ObservedNode] = field(default=EMPTY, compare=False, repr=False)
+    _by_id: Mapping[str, ObservedNode] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", MappingProxyType({n.id: n for n in self.nodes}))
@@ -305,3 +309,26 @@ class Action:
     model: str
     reason: str = ""
     placement: Placement | None = None
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """Everything needed to start one rank of one replica on one node, fully rendered.
+
+    argv and env hold final strings: no placeholder is left (render refuses
+    otherwise). Transports quote argv once; nothing re-interprets it.
+    """
+
+    replica: str
+    model: str
+    profile: str
+    node: str
+    rank: int
+    nnodes: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    port: int  # the port this rank binds (the serving port on the head)
+    gpus: tuple[int, ...]
+    spec_hash: str
+    health_path: str | None  # set on the head only: where Ready is asked
+    start_timeout_s: float = 900
