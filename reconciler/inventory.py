@@ -87,6 +87,7 @@ def node_from_document(d: dict) -> ObservedNode:
         disks=tuple(Disk(k["path"], k.get("free_bytes", 0), k.get("total_bytes", 0)) for k in d.get("disks") or ()),
         weights=None if weights is None else tuple(weights),
         replicas=tuple(_rank_from_doc(r) for r in d.get("replicas") or ()),
+        ports_in_use=tuple(d.get("ports_in_use") or ()),
     )
 
 
@@ -145,6 +146,8 @@ def node_to_document(n: ObservedNode) -> dict:
         if not r.alive:
             rd["alive"] = False
         doc["replicas"].append(rd)
+    if n.ports_in_use:
+        doc["ports_in_use"] = sorted(set(n.ports_in_use))
     return doc
 
 

@@ -249,6 +249,8 @@ class ObservedNode:
     disks: tuple[Disk, ...] = ()
     weights: tuple[str, ...] | None = None  # None: never asked to look
     replicas: tuple[RunningRank, ...] = ()
+    # TCP ports something listens on (from /proc/net/tcp*), so placement never hands out a taken one
+    ports_in_use: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
