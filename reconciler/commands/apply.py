@@ -1,0 +1,71 @@
+"""`reconciler apply [CATALOG] [--dry-run]`: one reconcile pass, one line per decision, then the endpoints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Mapping
+
+from reconciler.errors import ReconcilerError
+from reconciler.model import Fleet
+from reconciler.transport import LocalTransport, Transport
+
+EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
+
+
+def fleet_transports(fleet: Fleet) -> Mapping[str, Transport]:
+    """One transport per node: LocalTransport for `transport: local`, SSH otherwise."""
+    try:
+        from reconciler.ssh import transport_for  # the probe branch's SSH pool
+    except ImportError:  # pragma: no cover - only before the SSH transport is merged
+        transport_for = None
+    transports: dict[str, Transport] = {}
+    for node in fleet.nodes:
+        if node.transport == "local":
+            transports[node.id] = LocalTransport(node.id)
+        elif transport_for is not None:
+            transports[node.id] = transport_for(node, fleet)
+        else:
+            raise ReconcilerError(f"{node.id}: SSH transport not available in this build")
+    return transports
+
+
+def main(args) -> int:
+    from reconciler.apply import run_pass
+    from reconciler.catalog import load_catalog
+
+    catalog = load_catalog(args.catalog)
+    as_json = getattr(args, "log_format", "text") == "json"
+
+    def log(decision) -> None:
+        line = json.dumps(decision.as_dict()) if as_json else str(decision)
+        print(line, flush=True)
+
+    transports = fleet_transports(catalog.fleet)
+    try:
+        result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log)
+    finally:
+        for t in transports.values():
+            t.close()
+
+    nodes = result.inventory.nodes if result.inventory is not None else ()
+    if nodes and all(n.state == "unreachable" for n in nodes):
+        for n in nodes:
+            print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if not result.decisions:
+        print("nothing to do")
+    if not args.dry_run:
+        endpoints = result.endpoints()
+        if as_json:
+            print(json.dumps({"endpoints": endpoints}))
+        else:
+            print("endpoints:" if endpoints else "endpoints: none Ready")
+            for model, urls in endpoints.items():
+                for url in urls:
+                    print(f"  {model}  {url}")
+    failed = [d for d in result.decisions if not d.ok]
+    if failed:
+        print(f"reconciler: {len(failed)} decision{'s' if len(failed) != 1 else ''} failed", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
