@@ -178,11 +178,19 @@ def running_ranks(inventory: Inventory, replica: str) -> list[tuple[ObservedNode
 
 
 def inventory_after(
-    inventory: Inventory, started: Iterable[RankLaunch], stopped: Iterable[tuple[str, str, int | None]]
+    inventory: Inventory,
+    started: Iterable[RankLaunch],
+    stopped: Iterable[tuple[str, str, int | None]],
+    pids: Mapping[tuple[str, str, int], int] | None = None,
 ) -> Inventory:
-    """The snapshot as the pass left the fleet, without probing again: stopped ranks gone, started ones in."""
+    """The snapshot as the pass left the fleet, without probing again: stopped ranks gone, started ones in.
+
+    `pids` maps (node, replica, rank) -> pid of a started rank, so this snapshot
+    reads exactly like the next probe's and status/nodes.yaml does not flap.
+    """
     stopped = list(stopped)
     started = list(started)
+    pids = pids or {}
     nodes = []
     for node in inventory.nodes:
         keep = tuple(
@@ -193,13 +201,15 @@ def inventory_after(
         new = tuple(
             RunningRank(
                 id=l.replica, model=l.model, profile=l.profile, rank=l.rank, gpus=tuple(l.gpus), port=l.port,
-                spec_hash=l.spec_hash, nnodes=l.nnodes,
+                spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)),
             )
             for l in started
             if l.node == node.id and not any(r.id == l.replica and r.rank == l.rank for r in keep)
         )
         if len(keep) != len(node.replicas) or new:
-            ports = set(node.ports_in_use) | {l.port for l in started if l.node == node.id}
+            # A stopped engine's port is free again (unless a kept rank shares it); a started one's is taken.
+            freed = {r.port for r in node.replicas if r not in keep} - {r.port for r in keep}
+            ports = (set(node.ports_in_use) - freed) | {l.port for l in started if l.node == node.id}
             node = replace(node, replicas=keep + new, ports_in_use=tuple(sorted(ports)))
         nodes.append(node)
     return Inventory(tuple(nodes))
@@ -276,6 +286,7 @@ class Actor:
         self.decisions: list[Decision] = []
         self.states: dict[str, ReplicaState] = {}
         self.started: list[RankLaunch] = []
+        self.pids: dict[tuple[str, str, int], int] = {}
         self.stopped: list[tuple[str, str, int | None]] = []
         self.pending: dict[str, _Started] = {}
 
@@ -347,12 +358,21 @@ class Actor:
                           "an earlier copy could not be stopped", placement=placement)
                 return False
 
+        why = reason or action.reason or "missing"
         outcomes: list[tuple[RankLaunch, StartOutcome]] = []
         for launch in start_order(launches):
             outcome = self.launcher.start(launch)
             outcomes.append((launch, outcome))
             if not outcome.ok:
                 break
+            verb = "adopt" if outcome.already_running else "start"
+            what = "already running, adopted" if outcome.already_running else f"pid {outcome.pid}"
+            self.decide(launch.replica, launch.node, verb,
+                        f"rank {launch.rank}/{launch.nnodes} port {launch.port} ({what}): {why}")
+            if not outcome.already_running:
+                self.started.append(launch)
+                if outcome.pid is not None:
+                    self.pids[(launch.node, launch.replica, launch.rank)] = outcome.pid
         failed = [(l, o) for l, o in outcomes if not o.ok]
         if failed:
             launch, outcome = failed[0]
@@ -360,18 +380,13 @@ class Actor:
             # Nothing half-started: take back the ranks that did start.
             for l, o in outcomes:
                 if o.ok:
-                    self.launcher.stop(l.node, l.replica, l.rank)
-                    self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}")
+                    undone = self.launcher.stop(l.node, l.replica, l.rank)
+                    self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
+                    if undone.ok and l in self.started:
+                        self.started.remove(l)
             self.fail(action.replica, action.model, profile.name, message, node=launch.node, placement=placement)
             return False
 
-        why = reason or action.reason or "missing"
-        for launch, outcome in outcomes:
-            verb = "adopt" if outcome.already_running else "start"
-            what = "already running, adopted" if outcome.already_running else f"pid {outcome.pid}"
-            self.decide(launch.replica, launch.node, verb, f"rank {launch.rank}/{launch.nnodes} port {launch.port} ({what}): {why}")
-            if not outcome.already_running:
-                self.started.append(launch)
         self.pending[action.replica] = _Started(launches, action.model, profile, placement, self.clock())
         self.states[action.replica] = ReplicaState(
             action.replica, action.model, profile.name, "Starting", "", placement.nodes,
@@ -654,7 +669,7 @@ def run_pass(
                 actor.decide(action.replica, "-", action.action, f"failed: {exc}", ok=False)
         actor.wait_ready([r for r in actor.pending if r not in actor.states or actor.states[r].phase == "Starting"])
         result.decisions = actor.decisions
-        result.inventory = inventory_after(inventory, actor.started, actor.stopped)
+        result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids)
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
     finally:
         if write_status:

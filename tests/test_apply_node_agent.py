@@ -120,7 +120,9 @@ def test_a_port_held_by_a_foreign_listener_fails_the_launch_naming_port_and_hold
 
 
 def test_a_killed_engine_is_seen_as_dead(launcher, tmp_path):
-    outcome = launcher.start(tiny_launch("m-0", "n1", free_port(), tmp_path / "r.json"))
+    port = free_port()
+    outcome = launcher.start(tiny_launch("m-0", "n1", port, tmp_path / "r.json"))
+    wait_for(lambda: http_health(f"http://127.0.0.1:{port}", "/health")[0], what="health 200")
     assert launcher.ranks("n1")[0].alive
     os.kill(outcome.pid, signal.SIGKILL)
     wait_for(lambda: not is_running(outcome.pid), what="engine to die")

@@ -49,6 +49,10 @@ class RankState:
     pid: int | None = None
     started_at: float | None = None  # wall clock of the node at launch
     log_tail: tuple[str, ...] = ()
+    model: str = ""
+    profile: str = ""
+    nnodes: int = 1
+    gpus: tuple[int, ...] = ()
 
 
 class Launcher(Protocol):

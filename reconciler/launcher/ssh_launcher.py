@@ -122,6 +122,10 @@ class SshLauncher:
                 pid=r.get("pid"),
                 started_at=r.get("started_at"),
                 log_tail=tuple(r.get("log_tail") or ()),
+                model=r.get("model", ""),
+                profile=r.get("profile", ""),
+                nnodes=int(r.get("nnodes") or 1),
+                gpus=tuple(r.get("gpus") or ()),
             )
             for r in answer.get("ranks", [])
         ]
