@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="tiny")
     args = ap.parse_args(argv)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args.model))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    def stop(signum, frame):  # SIGTERM ends serve_forever the same way Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     print(f"serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
