@@ -101,6 +101,7 @@ class PassResult:
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     dry_run: bool = False
     written: list[str] = field(default_factory=list)  # status files whose content changed
+    memory: "PassMemory | None" = None  # hand to the next pass as `history`
 
     @property
     def ok(self) -> bool:
@@ -182,6 +183,7 @@ def inventory_after(
     started: Iterable[RankLaunch],
     stopped: Iterable[tuple[str, str, int | None]],
     pids: Mapping[tuple[str, str, int], int] | None = None,
+    taken_ports: Mapping[str, Iterable[int]] | None = None,
 ) -> Inventory:
     """The snapshot as the pass left the fleet, without probing again: stopped ranks gone, started ones in.
 
@@ -191,6 +193,7 @@ def inventory_after(
     stopped = list(stopped)
     started = list(started)
     pids = pids or {}
+    taken_ports = taken_ports or {}
     nodes = []
     for node in inventory.nodes:
         keep = tuple(
@@ -206,10 +209,11 @@ def inventory_after(
             for l in started
             if l.node == node.id and not any(r.id == l.replica and r.rank == l.rank for r in keep)
         )
-        if len(keep) != len(node.replicas) or new:
+        taken = set(taken_ports.get(node.id, ()))
+        if len(keep) != len(node.replicas) or new or taken - set(node.ports_in_use):
             # A stopped engine's port is free again (unless a kept rank shares it); a started one's is taken.
             freed = {r.port for r in node.replicas if r not in keep} - {r.port for r in keep}
-            ports = (set(node.ports_in_use) - freed) | {l.port for l in started if l.node == node.id}
+            ports = (set(node.ports_in_use) - freed) | {l.port for l in started if l.node == node.id} | taken
             node = replace(node, replicas=keep + new, ports_in_use=tuple(sorted(ports)))
         nodes.append(node)
     return Inventory(tuple(nodes))
@@ -287,6 +291,7 @@ class Actor:
         self.states: dict[str, ReplicaState] = {}
         self.started: list[RankLaunch] = []
         self.pids: dict[tuple[str, str, int], int] = {}
+        self.taken_ports: dict[str, set[int]] = {}
         self.stopped: list[tuple[str, str, int | None]] = []
         self.pending: dict[str, _Started] = {}
 
@@ -316,10 +321,35 @@ class Actor:
         elif kind == "replace":
             self.replace_replica(action)
         elif kind == "restart":
-            self.stop_existing(action.replica, "restart: " + action.reason)
-            self.start(action)
+            self.restart(action)
         else:
             self.decide(action.replica, "-", "skip", f"unknown action {kind!r}", ok=False)
+
+    def old_targets(self, action: Action) -> list[tuple[str, int]]:
+        """(node, rank) of the copy an action supersedes: the plan's `previous`, else what the records show."""
+        previous = getattr(action, "previous", None)
+        if previous is not None and previous.nodes:
+            return sorted({(a.node, a.rank) for a in previous.nodes})
+        return sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, action.replica)})
+
+    def reachable(self, node_id: str) -> bool:
+        node = self.inventory.node(node_id)
+        return node is not None and node.state != "unreachable"
+
+    def forget(self, replica: str, targets: Iterable[tuple[str, int | None]]) -> None:
+        """Drop stopped ranks from the working snapshot, so later checks do not trip over them."""
+        self.inventory = inventory_after(self.inventory, [], [(n, replica, r) for n, r in targets])
+
+    def restart(self, action: Action) -> None:
+        # A crashed rank takes its whole replica down: ranks of a multi-node replica only rendezvous at start.
+        targets = [t for t in self.old_targets(action) if self.reachable(t[0])]
+        if not self.stop_ranks(action.replica, targets, f"restart: {action.reason}"):
+            model, profile = self._model_profile(action)
+            self.fail(action.replica, action.model, profile.name if profile else None,
+                      "restart: the crashed copy could not be stopped", placement=action.placement)
+            return
+        self.forget(action.replica, targets)
+        self.start(action, reason=f"restart: {action.reason}")
 
     def _model_profile(self, action: Action) -> tuple[Model | None, Profile | None]:
         model = self.catalog.model(action.model)
@@ -351,12 +381,15 @@ class Actor:
         # collide with the new ones or answer in their place: clear them first, unless
         # every one is alive exactly where the plan wants it (then the agent adopts them).
         wanted = {(l.node, l.rank, l.spec_hash) for l in launches}
-        existing = running_ranks(self.inventory, action.replica)
+        # Ranks on unreachable nodes cannot be cleared now; the plan stops them as stale copies when they return.
+        existing = [(n, r) for n, r in running_ranks(self.inventory, action.replica) if n.state != "unreachable"]
         if existing and not all(r.alive and (n.id, r.rank, r.spec_hash) in wanted for n, r in existing):
-            if not self.stop_existing(action.replica, "clearing an earlier, incomplete copy"):
+            targets = sorted({(n.id, r.rank) for n, r in existing})
+            if not self.stop_ranks(action.replica, targets, "clearing an earlier, incomplete copy"):
                 self.fail(action.replica, action.model, profile.name,
                           "an earlier copy could not be stopped", placement=placement)
                 return False
+            self.forget(action.replica, targets)
 
         why = reason or action.reason or "missing"
         outcomes: list[tuple[RankLaunch, StartOutcome]] = []
@@ -384,6 +417,11 @@ class Actor:
                     self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
                     if undone.ok and l in self.started:
                         self.started.remove(l)
+                    elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
+                        self.stopped.append((l.node, l.replica, l.rank))
+            if outcome.port_in_use:
+                # The snapshot written after this pass says so, and the next plan picks another port.
+                self.taken_ports.setdefault(launch.node, set()).add(outcome.port_in_use)
             self.fail(action.replica, action.model, profile.name, message, node=launch.node, placement=placement)
             return False
 
@@ -408,14 +446,12 @@ class Actor:
             ok = ok and outcome.ok
         return ok
 
-    def stop_existing(self, replica: str, reason: str) -> bool:
-        targets = sorted({(n.id, None) for n, _ in running_ranks(self.inventory, replica)})
-        return self.stop_ranks(replica, targets, reason)
-
     def stop(self, action: Action) -> None:
-        targets = sorted({(n.id, None) for n, _ in running_ranks(self.inventory, action.replica)})
-        if action.placement is not None:  # a plan may name the nodes itself
-            targets = sorted(set(targets) | {(a.node, None) for a in action.placement.nodes})
+        # The plan names the exact ranks (a stale copy is stopped, the current one on other nodes is not).
+        if action.placement is not None and action.placement.nodes:
+            targets = sorted({(a.node, a.rank) for a in action.placement.nodes})
+        else:
+            targets = sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, action.replica)})
         if not targets:
             self.decide(action.replica, "-", "stop", f"nothing running: {action.reason}")
             return
@@ -423,49 +459,50 @@ class Actor:
 
     def replace_replica(self, action: Action) -> None:
         placement = action.placement
-        old = running_ranks(self.inventory, action.replica)
         if placement is None or not placement.nodes:
             # Nothing fits the new spec: the old replica keeps serving rather than leave a hole.
-            self.decide(action.replica, "-", "keep", f"{action.reason}; no placement for the new spec, old one kept")
+            self.decide(action.replica, "-", "keep", action.reason or "no placement for the new copy; old one kept")
             return
-        old_slots = {(n.id, r.rank) for n, r in old}
-        old_gpus = {(n.id, g) for n, r in old for g in r.gpus}
-        old_ports = {(n.id, r.port) for n, r in old}
-        disjoint = all(
-            (a.node, a.rank) not in old_slots
-            and not any((a.node, g) in old_gpus for g in a.gpus)
-            and (a.node, a.port) not in old_ports
-            for a in placement.nodes
-        )
-        wanted = getattr(action, "start_first", None)
-        start_first = disjoint and (wanted is None or bool(wanted)) and self.ready_wait_s > 0 and bool(old)
-        old_targets = sorted({(n.id, r.rank) for n, r in old})
+        old = self.old_targets(action)
+        old_live = [t for t in old if self.reachable(t[0])]
+        new_slots = {(a.node, a.rank) for a in placement.nodes}
+        # Starting first needs the new ranks' records to be distinct from the old ones (same replica id).
+        start_first = bool(old) and not getattr(action, "stop_first", False) and not (new_slots & set(old))
         if not start_first:
-            if not self.stop_ranks(action.replica, old_targets, f"replace, stopping first: {action.reason}"):
+            if not self.stop_ranks(action.replica, old_live, f"replace, old copy first: {action.reason}"):
                 model, profile = self._model_profile(action)
                 self.fail(action.replica, action.model, profile.name if profile else None,
-                          "the old copy could not be stopped", placement=placement)
+                          "replace: the old copy could not be stopped", placement=placement)
                 return
-            # The records are gone now: start against an inventory that no longer lists them.
-            self.inventory = inventory_after(self.inventory, [], [(n, action.replica, r) for n, r in old_targets])
+            self.forget(action.replica, old_live)
             self.start(action, reason=f"replace: {action.reason}")
             return
-        # Capacity allows: bring the new copy up, and only take the old one away once the new one is Ready.
-        inventory_before = self.inventory
-        self.inventory = inventory_after(self.inventory, [], [(n, action.replica, r) for n, r in old_targets])
-        if not self.start(action, reason=f"replace, new before old: {action.reason}"):
-            self.inventory = inventory_before
+        # Capacity allows: bring the new copy up, and take the old one away only once the new one is Ready.
+        before = self.inventory
+        self.forget(action.replica, old)
+        if not self.start(action, reason=f"replace, new copy first: {action.reason}"):
+            self.inventory = before
             return
-        state = self.wait_ready([action.replica])[action.replica]
+        state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
         if state.phase == "Ready":
-            self.stop_ranks(action.replica, old_targets, f"replaced by the new copy: {action.reason}")
+            self.stop_ranks(action.replica, old_live, f"replaced by the new copy: {action.reason}")
         else:
             new_targets = [(l.node, l.rank) for l in self.pending[action.replica].launches]
-            self.stop_ranks(action.replica, new_targets, "new copy not Ready; old one kept")
-            self.inventory = inventory_before
+            self.stop_ranks(action.replica, new_targets, "new copy not Ready; old copy kept")
+            for launch in self.pending[action.replica].launches:
+                if launch in self.started:
+                    self.started.remove(launch)
+            self.inventory = before
             self.fail(action.replica, action.model, state.profile,
-                      f"new copy not Ready ({state.message}); old one kept running", placement=placement)
+                      f"new copy not Ready ({state.message}); old copy kept running", placement=placement)
         self.pending.pop(action.replica, None)
+
+    def replace_wait_s(self, action: Action) -> float:
+        """A replacement waits for its new copy inside the pass (even for the daemon): the old copy must not
+        go before the new one serves, and must not stay beside it for longer than one pass."""
+        model, profile = self._model_profile(action)
+        timeout = profile.start_timeout_s if profile is not None else APPLY_READY_WAIT_S
+        return min(timeout, APPLY_READY_WAIT_S)
 
     # -- readiness
 
@@ -511,11 +548,11 @@ class Actor:
             parts.append(f"rank {l.rank} on {l.node} {what}; last log lines: {lines}")
         return "; ".join(parts)
 
-    def wait_ready(self, replicas: Sequence[str]) -> dict[str, ReplicaState]:
+    def wait_ready(self, replicas: Sequence[str], budget_s: float | None = None) -> dict[str, ReplicaState]:
         """Poll started replicas until each is Ready or Failed, or the wait budget runs out."""
         waiting = {r: self.pending[r] for r in replicas if r in self.pending}
         results: dict[str, ReplicaState] = {}
-        deadline = self.clock() + self.ready_wait_s
+        deadline = self.clock() + (self.ready_wait_s if budget_s is None else budget_s)
         while waiting:
             final = self.clock() >= deadline
             for replica, started in list(waiting.items()):
@@ -587,20 +624,90 @@ def observed_state(
 # --------------------------------------------------------------------------
 
 
-def _default_probe(fleet: Fleet, transports: Mapping[str, Transport]) -> Inventory:
-    from reconciler import probe  # lands with the probe branch
+class FleetTransports:
+    """One view of the transports for both consumers: the probe asks `transport_for(spec)`, the launcher `get(id)`.
 
-    return probe.probe_fleet(fleet, transports)
+    Accepts a mapping node id -> Transport (tests, `apply`) or a pool with
+    `transport_for(spec)` (the SSH pool the daemon keeps open between passes).
+    """
+
+    def __init__(self, source: Any, fleet: Fleet):
+        self.source = source
+        self.fleet = fleet
+
+    def transport_for(self, spec) -> Transport:
+        if hasattr(self.source, "transport_for"):
+            return self.source.transport_for(spec)
+        transport = self.source.get(spec.id)
+        if transport is None:
+            raise TransportError(spec.id, "no transport for this node")
+        return transport
+
+    def get(self, node_id: str) -> Transport | None:
+        spec = self.fleet.node(node_id)
+        if spec is None:
+            return None
+        return self.transport_for(spec)  # a TransportError here names the node and why
 
 
-def _default_planner(catalog: Catalog, inventory: Inventory, *, history=None, now=None):
-    from reconciler import plan  # lands with the placement branch
+@dataclass(frozen=True)
+class PassMemory:
+    """What one pass hands to the next: the daemon keeps it in memory, a one-shot `apply` starts empty.
 
-    return plan.plan(catalog, inventory, history=history, now=now)
+    history            the plan's per-replica restart bookkeeping (Plan.history)
+    unreachable_since  node id -> epoch seconds it was first seen unreachable
+    last_seen          the last snapshot in which each node answered (records of nodes unreachable now)
+    placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
+    """
+
+    history: Mapping[str, Any] = field(default_factory=dict)
+    unreachable_since: Mapping[str, float] = field(default_factory=dict)
+    last_seen: Inventory | None = None
+    placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def remember(memory: PassMemory, plan: Any, inventory: Inventory, acted: Mapping[str, "ReplicaState"], now: float) -> PassMemory:
+    """The memory after a pass (pure)."""
+    unreachable = {}
+    last_nodes = []
+    for node in inventory.nodes:
+        if node.state == "unreachable":
+            unreachable[node.id] = memory.unreachable_since.get(node.id, now)
+            previous = memory.last_seen.node(node.id) if memory.last_seen is not None else None
+            if previous is not None:
+                last_nodes.append(previous)
+        else:
+            last_nodes.append(node)
+    placed_on = dict(memory.placed_on)
+    for rid, state in acted.items():
+        if state.nodes and state.phase != "Failed":
+            placed_on[rid] = tuple(a.node for a in state.nodes)
+    history = getattr(plan, "history", None)
+    return PassMemory(
+        history=dict(history) if isinstance(history, Mapping) else dict(memory.history),
+        unreachable_since=unreachable,
+        last_seen=Inventory(tuple(last_nodes)),
+        placed_on=placed_on,
+    )
+
+
+def _default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
+    from reconciler.probe import probe_fleet  # the probe branch
+
+    return probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
+
+
+def _default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory):
+    from reconciler.plan import plan  # the placement branch
+
+    return plan(
+        catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
+        last_seen=memory.last_seen, placed_on=memory.placed_on,
+    )
 
 
 def _default_render(model, profile, placement, fleet, inventory) -> list[RankLaunch]:
-    from reconciler.render import render_replica  # lands with the engines branch
+    from reconciler.render import render_replica  # the engines branch
 
     return render_replica(model, profile, placement, fleet, inventory)
 
@@ -618,16 +725,24 @@ def _plan_unplaced(plan: Any) -> dict[str, Any]:
     return out
 
 
+def _as_memory(history: Any) -> PassMemory:
+    if history is None:
+        return PassMemory()
+    if isinstance(history, PassMemory):
+        return history
+    return PassMemory(history=dict(history))  # the plan's own history mapping
+
+
 def run_pass(
     catalog: Catalog,
     *,
-    transports: Mapping[str, Transport],
+    transports: Any,
     dry_run: bool = False,
     now: float | None = None,
-    history: Any = None,
+    history: PassMemory | Mapping | None = None,
     log: LogFn = lambda d: None,
     launcher: Launcher | None = None,
-    probe: Callable[[Fleet, Mapping[str, Transport]], Inventory] | None = None,
+    probe: Callable[[Catalog, FleetTransports], Inventory] | None = None,
     planner: Callable[..., Any] | None = None,
     render: RenderFn | None = None,
     ready_wait_s: float | None = None,
@@ -636,21 +751,29 @@ def run_pass(
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
-    `ready_wait_s`: how long to wait for replicas started in this pass to
-    become Ready (default APPLY_READY_WAIT_S, capped by each profile's
-    start_timeout_s); the daemon passes 0 and judges them on later passes.
-    A dry run probes and plans, then reports what it would do and changes
-    nothing, status files included.
+    transports    node id -> Transport, or a pool with `transport_for(spec)`.
+    history       the previous pass's `PassResult.memory` (or None: a first pass).
+    now           epoch seconds for the plan's backoff and grace periods (default: the clock).
+    ready_wait_s  how long to wait for replicas started in this pass to become
+                  Ready (default APPLY_READY_WAIT_S, capped by each profile's
+                  start_timeout_s); the daemon may pass 0 and judge them on later
+                  passes. A replace always waits for its new copy (see Actor.replace_wait_s).
+    A dry run probes and plans, reports what it would do, and changes nothing,
+    status files included. Status is written in a `finally`: a pass that
+    breaks half-way still says what it saw.
     """
     probe = probe or _default_probe
     planner = planner or _default_planner
     render = render or _default_render
-    launcher = launcher or SshLauncher.for_fleet(catalog.fleet, transports)
+    now = time.time() if now is None else now
+    memory = _as_memory(history)
+    fleet_transports = FleetTransports(transports, catalog.fleet)
+    launcher = launcher or SshLauncher.for_fleet(catalog.fleet, fleet_transports)
 
-    inventory = probe(catalog.fleet, transports)
-    plan = planner(catalog, inventory, history=history, now=now)
+    inventory = probe(catalog, fleet_transports)
+    plan = planner(catalog, inventory, now=now, memory=memory)
     actions = _plan_actions(plan)
-    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run)
+    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory)
 
     if dry_run:
         for a in actions:
@@ -669,8 +792,9 @@ def run_pass(
                 actor.decide(action.replica, "-", action.action, f"failed: {exc}", ok=False)
         actor.wait_ready([r for r in actor.pending if r not in actor.states or actor.states[r].phase == "Starting"])
         result.decisions = actor.decisions
-        result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids)
+        result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports)
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
+        result.memory = remember(memory, plan, result.inventory, actor.states, now)
     finally:
         if write_status:
             from reconciler.pass_status import write_pass_status

@@ -52,10 +52,10 @@ def model_documents(catalog: Catalog, result) -> dict[str, dict]:
                 "profile": state.profile,
                 "phase": state.phase,
                 "nodes": [
-                    {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
+                    {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port,
+                     "endpoint": _endpoint(catalog, a.node, a.port)}
                     for a in state.nodes
                 ],
-                "endpoint": state.endpoint,
                 "message": state.message,
                 "restarts": restarts.get(rid, 0),
             }
@@ -70,16 +70,36 @@ def _restart_counts(plan: Any) -> dict[str, int]:
     return dict(counts) if isinstance(counts, dict) else {}
 
 
+def _endpoint(catalog: Catalog, node: str, port: int) -> str:
+    from reconciler.apply import endpoint_url
+
+    return endpoint_url(catalog.fleet, node, port)
+
+
 def endpoints_document(catalog: Catalog, result) -> dict:
     ready = result.endpoints()
-    return {"models": [{"name": m.name, "endpoints": ready.get(m.name, [])} for m in catalog.models]}
+    return {"models": {m.name: sorted(ready.get(m.name, [])) for m in catalog.models}}
+
+
+def _shared_writer():
+    """The placement branch's status writer, when merged: one shape for predicted and applied status."""
+    try:
+        from reconciler.status import write_plan_status
+    except ImportError:
+        return None
+    return write_plan_status
 
 
 def write_pass_status(catalog: Catalog, result) -> list[str]:
     """Write status/ for this pass; returns the files whose content changed."""
     status_dir = Path(catalog.root) / "status"
     written = []
-    if result.replicas:
+    shared = _shared_writer()
+    if result.replicas and shared is not None and hasattr(result.plan, "outcomes"):
+        phases = {rid: st.phase for rid, st in result.replicas.items()}
+        messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
+        written.extend(str(p) for p in shared(catalog.root, catalog, result.plan, phases, messages))
+    elif result.replicas:
         models_dir = status_dir / "models"
         docs = model_documents(catalog, result)
         for name, doc in docs.items():

@@ -61,9 +61,8 @@ def test_a_pass_starts_a_missing_replica_waits_until_ready_and_writes_status(tmp
     assert model_doc["desired"] == 1 and model_doc["ready"] == 1
     [replica] = model_doc["replicas"]
     assert replica["id"] == "m-0" and replica["phase"] == "Ready"
-    assert replica["nodes"] == [{"node": "n1", "rank": 0, "gpus": [], "port": port}]
-    assert replica["endpoint"] == f"http://127.0.0.1:{port}"
-    assert read_yaml(status / "endpoints.yaml") == {"models": [{"name": "m", "endpoints": [f"http://127.0.0.1:{port}"]}]}
+    assert replica["nodes"] == [{"node": "n1", "rank": 0, "gpus": [], "port": port, "endpoint": f"http://127.0.0.1:{port}"}]
+    assert read_yaml(status / "endpoints.yaml")["models"] == {"m": [f"http://127.0.0.1:{port}"]}
     nodes_doc = read_yaml(status / "nodes.yaml")
     n1 = next(n for n in nodes_doc["nodes"] if n["id"] == "n1")
     assert [(r["id"], r["port"]) for r in n1["replicas"]] == [("m-0", port)]

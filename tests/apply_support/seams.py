@@ -53,7 +53,8 @@ def catalog(tmp_path: Path, fleet: Fleet, *models: Model) -> Catalog:
 def local_probe(launcher, extra: dict[str, ObservedNode] | None = None):
     """A probe that reads the managed records through the launcher (and nothing else)."""
 
-    def probe(fleet: Fleet, transports) -> Inventory:
+    def probe(catalog: Catalog, transports) -> Inventory:
+        fleet = catalog.fleet
         nodes = []
         for spec in fleet.nodes:
             ranks = tuple(
@@ -77,7 +78,7 @@ class SimplePlanner:
     placements: dict[str, list[tuple]]
     calls: list = field(default_factory=list)
 
-    def __call__(self, catalog: Catalog, inventory: Inventory, *, history=None, now=None):
+    def __call__(self, catalog: Catalog, inventory: Inventory, **_):
         self.calls.append(inventory)
         running: dict[str, list[RunningRank]] = {}
         for node in inventory.nodes:
