@@ -410,9 +410,16 @@ class Actor:
         if failed:
             launch, outcome = failed[0]
             message = f"rank {launch.rank} on {launch.node} did not start: {outcome.reason}"
-            # Nothing half-started: take back the ranks that did start.
+            # Nothing half-started: take back the ranks that did start, and the one whose node
+            # stopped answering mid-launch (it may have started; if it cannot be reached now,
+            # its record is on the node and the next probe finds it).
             for l, o in outcomes:
-                if o.ok:
+                if not o.ok and o.uncertain:
+                    undone = self.launcher.stop(l.node, l.replica, l.rank)
+                    self.decide(l.replica, l.node, "stop",
+                                f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
+                                ok=undone.ok)
+                elif o.ok:
                     undone = self.launcher.stop(l.node, l.replica, l.rank)
                     self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
                     if undone.ok and l in self.started:

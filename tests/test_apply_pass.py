@@ -242,3 +242,42 @@ def test_a_dry_run_reports_decisions_and_changes_nothing(tmp_path, env):
     assert "would start" in result.decisions[0].reason
     assert launcher.ranks("n1") == []
     assert not (Path(cat.root) / "status").exists()
+
+
+class DropsMidLaunch:
+    """A node that goes away mid-launch: it runs the start, the answer never arrives, and nothing after it reaches it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.node_id = inner.node_id
+        self.gone = False
+
+    def run(self, argv, *, stdin=None, timeout=60.0):
+        from reconciler.errors import TransportError
+
+        if self.gone:
+            raise TransportError(self.node_id, "connection refused")
+        result = self.inner.run(argv, stdin=stdin, timeout=timeout)
+        if json.loads(argv[2]).get("op") == "start":
+            self.gone = True
+            raise TransportError(self.node_id, "connection lost")
+        return result
+
+    def close(self):
+        pass
+
+
+def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about(tmp_path, env):
+    fleet, transports, launcher, records = env
+    cat = catalog(tmp_path, fleet, tiny_model("m"))
+    planner = SimplePlanner({"m-0": [("n1", free_port(), ())]})
+    flaky = {**transports, "n1": DropsMidLaunch(transports["n1"])}
+    lost = one_pass(cat, flaky, SshLauncher.for_fleet(fleet, flaky), planner, records)
+    assert lost.replicas["m-0"].phase == "Failed" and "connection lost" in lost.replicas["m-0"].message
+    [orphan] = launcher.ranks("n1")  # the record was written before the answer was lost
+    assert orphan.alive
+
+    back = one_pass(cat, transports, launcher, planner, records)
+    assert [d for d in back.decisions if d.action == "start"] == []
+    assert back.replicas["m-0"].phase == "Ready"
+    assert [r.pid for r in launcher.ranks("n1")] == [orphan.pid]

@@ -26,6 +26,8 @@ class StartOutcome:
     log: str | None = None
     already_running: bool = False  # found running with the same spec: adopted, not launched again
     port_in_use: int | None = None  # the port that was taken, so the next pass avoids it
+    # The node stopped answering mid-request: the rank may be running (its record says so) or not.
+    uncertain: bool = False
 
 
 @dataclass(frozen=True)

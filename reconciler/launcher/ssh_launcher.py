@@ -87,7 +87,7 @@ class SshLauncher:
         try:
             answer = self._call(launch.node, request)
         except TransportError as exc:
-            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=exc.reason)
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=exc.reason, uncertain=True)
         return StartOutcome(
             launch.node,
             launch.replica,
