@@ -95,11 +95,11 @@ def write_pass_status(catalog: Catalog, result) -> list[str]:
     status_dir = Path(catalog.root) / "status"
     written = []
     shared = _shared_writer()
-    if result.replicas and shared is not None and hasattr(result.plan, "outcomes"):
+    if shared is not None and hasattr(result.plan, "outcomes"):
         phases = {rid: st.phase for rid, st in result.replicas.items()}
         messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
         written.extend(str(p) for p in shared(catalog.root, catalog, result.plan, phases, messages))
-    elif result.replicas:
+    elif result.plan is not None:
         models_dir = status_dir / "models"
         docs = model_documents(catalog, result)
         for name, doc in docs.items():

@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Mapping
-
-from reconciler.errors import ReconcilerError
-from reconciler.model import Fleet
+from reconciler.errors import TransportError
 from reconciler.transport import LocalTransport, Transport
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
 
 
-def fleet_transports(fleet: Fleet) -> Mapping[str, Transport]:
-    """One transport per node: LocalTransport for `transport: local`, SSH otherwise."""
-    try:
-        from reconciler.ssh import transport_for  # the probe branch's SSH pool
-    except ImportError:  # pragma: no cover - only before the SSH transport is merged
-        transport_for = None
-    transports: dict[str, Transport] = {}
-    for node in fleet.nodes:
+class _LocalOnly:
+    """Transports when the SSH pool is not available: `transport: local` nodes only."""
+
+    def transport_for(self, node) -> Transport:
         if node.transport == "local":
-            transports[node.id] = LocalTransport(node.id)
-        elif transport_for is not None:
-            transports[node.id] = transport_for(node, fleet)
-        else:
-            raise ReconcilerError(f"{node.id}: SSH transport not available in this build")
-    return transports
+            return LocalTransport(node.id)
+        raise TransportError(node.id, "SSH transport not available in this build")
+
+    def close(self) -> None:
+        pass
+
+
+def open_transports():
+    """The SSH pool (LocalTransport for `transport: local` nodes, SSH otherwise)."""
+    try:
+        from reconciler.ssh import TransportPool
+    except ImportError:  # pragma: no cover - only before the SSH transport is merged
+        return _LocalOnly()
+    return TransportPool()
 
 
 def main(args) -> int:
@@ -41,12 +42,11 @@ def main(args) -> int:
         line = json.dumps(decision.as_dict()) if as_json else str(decision)
         print(line, flush=True)
 
-    transports = fleet_transports(catalog.fleet)
+    transports = open_transports()
     try:
         result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log)
     finally:
-        for t in transports.values():
-            t.close()
+        transports.close()
 
     nodes = result.inventory.nodes if result.inventory is not None else ()
     if nodes and all(n.state == "unreachable" for n in nodes):
