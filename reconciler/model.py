@@ -73,6 +73,10 @@ class NodeSpec:
     transport: str = "ssh"  # ssh | local
     gpu_class: str | None = None  # operator override of the probed class
     state_dir: str = "~/.local/state/llm-reconciler"
+    # Network interface that carries data_address (e.g. "ib0", "eth1"). NCCL and
+    # Gloo pick their bootstrap socket by interface NAME, not by address; Gloo
+    # otherwise resolves the hostname, which on many distros is 127.0.1.1.
+    socket_ifname: str | None = None
 
 
 @dataclass(frozen=True)
