@@ -29,7 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
 FAKE_BIN = FAKES / "bin"
 FAKE_PY = FAKES / "python"
-TINY = REPO / "examples" / "single-machine" / "tiny_server.py"
 DEADLINE_S = 20  # a guard against hanging, not a timing assertion
 
 
@@ -316,20 +315,3 @@ def test_worker_keeps_trying_while_its_head_is_not_up_yet_and_stops_cleanly_on_s
     assert worker.poll() is None
     assert procs.record("vllm", worker)["state"] == "starting"
     assert procs.stop(worker) == 0
-
-
-# --------------------------------------------------------------------------
-# The tiny server of the single-machine example
-# --------------------------------------------------------------------------
-
-
-def test_tiny_server_serves_health_models_and_echo_completions(procs):
-    port = free_port()
-    proc = procs.start([sys.executable, TINY, "--host", "127.0.0.1", "--port", str(port), "--model", "tiny"])
-    assert wait_listening(port, proc) == 200
-    status, body = http("GET", f"http://127.0.0.1:{port}/v1/models")
-    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["tiny"]
-    status, body = http("POST", f"http://127.0.0.1:{port}/v1/completions", {"model": "tiny", "prompt": "hi; $(id)"})
-    assert status == 200 and json.loads(body)["choices"][0]["text"] == "echo: hi; $(id)"
-    assert procs.stop(proc) == 0
-    assert health(port) is None

@@ -489,3 +489,84 @@ def test_rendering_never_reads_the_environment_of_this_machine(monkeypatch):
     assert launch.argv == ("x", "10.1.0.11")
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "GPU-a1-0,GPU-a1-1"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+# --------------------------------------------------------------------------
+# The bundled example catalogs, rendered (and the single-machine one run)
+# --------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_multi_node_example_renders_two_distinct_hosts_with_the_head_fabric_address():
+    from reconciler.catalog import load_catalog
+
+    catalog = load_catalog(REPO / "examples" / "multi-node", with_revision=False)
+    model_ = catalog.model("llama-3-405b")
+    prof = model_.profiles[0]
+    placement = Placement(
+        replica="llama-3-405b-0", model=model_.name, profile=prof.name, fabric="ib-a", pool="ib-a/H100-80GB",
+        nodes=(Assignment(node="gpu-1", rank=0, gpus=tuple(range(8)), hcas=("mlx5_0", "mlx5_1"), port=8000),
+               Assignment(node="gpu-2", rank=1, gpus=tuple(range(8)), hcas=("mlx5_0", "mlx5_1"), port=8000)),
+        dist_port=29500,
+    )
+    head, worker = render_replica(model_, prof, placement, catalog.fleet, Inventory(nodes=()))
+    tail = ("--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2")
+    assert head.argv == ("vllm", "serve", "/models/llama-3.1-405b-instruct-fp8", "--host", "0.0.0.0", "--port", "8000",
+                         *tail, "--node-rank", "0", "--master-addr", "192.0.2.11", "--master-port", "29500",
+                         "--max-model-len", "16384")
+    assert worker.argv == ("vllm", "serve", "/models/llama-3.1-405b-instruct-fp8", "--host", "0.0.0.0", "--port", "8000",
+                           *tail, "--node-rank", "1", "--master-addr", "192.0.2.11", "--master-port", "29500",
+                           "--headless", "--max-model-len", "16384")
+    assert dict(worker.env) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                "NCCL_IB_HCA": "=mlx5_0,mlx5_1", "VLLM_HOST_IP": "192.0.2.12"}
+    assert head.start_timeout_s == 1800 and worker.health_path is None
+
+
+def test_single_machine_example_renders_and_its_server_becomes_healthy(tmp_path):
+    from reconciler.catalog import load_catalog
+
+    catalog = load_catalog(REPO / "examples" / "single-machine", with_revision=False)
+    model_ = catalog.model("tiny-echo")
+    prof = model_.profiles[0]
+    port = _free_port()
+    placement = Placement(replica="tiny-echo-0", model=model_.name, profile=prof.name, fabric=None, pool="none/cpu",
+                          nodes=(Assignment(node="local", rank=0, port=port),))
+    [launch] = render_replica(model_, prof, placement, catalog.fleet, Inventory(nodes=()))
+    assert launch.argv == ("python3", "-m", "reconciler.tiny_server", "--host", "127.0.0.1", "--port", str(port),
+                           "--model", "tiny-echo-1m")
+    assert dict(launch.env) == {"CUDA_VISIBLE_DEVICES": "", "TINY_REPLICA": "tiny-echo-0"}
+
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), **launch.env}
+    proc = subprocess.Popen(list(launch.argv), env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_health(f"http://127.0.0.1:{port}{launch.health_path}", proc) == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_health(url: str, proc: subprocess.Popen) -> int:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 20  # a guard against hanging, not a timing assertion
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"server exited with {proc.returncode}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
+    raise AssertionError(f"{url} never answered")
