@@ -80,6 +80,8 @@ class Record:
     def __init__(self, name: str, **fields):
         self.lock = threading.Lock()
         directory = os.environ.get("FAKE_ENGINE_RECORD_DIR")
+        if directory:
+            os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, f"{name}-{os.getpid()}.json") if directory else None
         self.data = {
             "name": name,
