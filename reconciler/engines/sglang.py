@@ -1,5 +1,6 @@
 """SGLang: `python3 -m sglang.launch_server`.
 
+Flags checked against SGLang 0.5.23 (sglang/srt/arg_groups/fields/parallel.py).
 Multi-node per SGLang's docs: every node runs the same command with the TOTAL
 tensor-parallel size, `--nnodes`, its `--node-rank`, and `--dist-init-addr
 HEAD:PORT` (the torch.distributed rendezvous on the head).
@@ -15,7 +16,7 @@ TP_FLAGS = frozenset({"--tp-size", "--tp", "--tensor-parallel-size"})
 class SglangAdapter:
     name = "sglang"
     owned_flags = frozenset(
-        {"--model-path", "--model", "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr"}
+        {"--model-path", "--model", "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"}
     )
 
     def argv(self, ctx: RankContext) -> list[str]:

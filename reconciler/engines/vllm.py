@@ -4,7 +4,8 @@ Per vLLM's multi-node MP documentation every node runs the same `vllm serve`
 with `--nnodes --node-rank --master-addr --master-port`; ranks above 0 add
 `--headless` (no API server, engine workers only). On CUDA with nnodes > 1
 vLLM picks the `mp` executor by itself, so we do not force
-`--distributed-executor-backend`. `--master-addr` defaults to 127.0.0.1 in
+`--distributed-executor-backend`. Checked against vLLM 0.33.0
+(engine/arg_utils.py, config/parallel.py, entrypoints/common/cli_args.py). `--master-addr` defaults to 127.0.0.1 in
 vLLM, which is exactly the seed's bug: we always pass the head's data address.
 """
 
