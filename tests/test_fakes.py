@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -118,7 +119,12 @@ def wait_for(what: str, predicate, proc: subprocess.Popen | None = None):
 
 
 def wait_listening(port: int, proc: subprocess.Popen) -> int:
+    """The first answer of /health (a server may answer 503 for a moment before it is Ready)."""
     return wait_for(f"port {port} to answer", lambda: health(port), proc)
+
+
+def wait_ready(port: int, proc: subprocess.Popen) -> bool:
+    return wait_for(f"port {port} Ready", lambda: health(port) == 200, proc)
 
 
 # --------------------------------------------------------------------------
@@ -168,13 +174,13 @@ def command_of(argv) -> list[str]:
 
 def test_fake_vllm_prints_its_version():
     out = subprocess.run([FAKE_BIN / "vllm", "--version"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0.11.2"
+    assert out.stdout.strip() == "0.33.0"
 
 
 def test_fake_sglang_is_importable_with_a_version():
     out = subprocess.run([sys.executable, "-c", "import sglang; print(sglang.__version__)"],
                          env={"PYTHONPATH": str(FAKE_PY)}, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0.5.5"
+    assert out.stdout.strip() == "0.5.23"
 
 
 @pytest.mark.parametrize("argv, rc, message", [
@@ -216,7 +222,7 @@ def test_rendered_single_node_launch_runs_answers_health_and_records_argv_and_en
     port = free_port()
     [launch] = rendered(engine, port, gpus_per_node=gpus, env={"EXTRA": "$(not run)"})
     proc = procs.start(command_of(launch.argv), env=dict(launch.env))
-    assert wait_listening(port, proc) == 200
+    assert wait_ready(port, proc)
 
     status, body = http("GET", f"http://127.0.0.1:{port}/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == "/models/m"
@@ -315,3 +321,20 @@ def test_worker_keeps_trying_while_its_head_is_not_up_yet_and_stops_cleanly_on_s
     assert worker.poll() is None
     assert procs.record("vllm", worker)["state"] == "starting"
     assert procs.stop(worker) == 0
+
+
+def test_hostile_catalog_strings_reach_the_fake_engine_literally_through_one_shell_and_run_nothing(procs, tmp_path):
+    port = free_port()
+    hostile = "x; touch pwned-semicolon $(touch pwned-subshell) `touch pwned-tick`\n'\"touch pwned-newline"
+    [launch] = rendered("vllm", port, args=("--served-model-name", hostile))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    # What an SSH transport does: quote the argv once (shlex.join), one shell on the far side.
+    line = "cd " + shlex.quote(str(workdir)) + " && exec " + shlex.join(command_of(launch.argv))
+    proc = procs.start(["sh", "-c", line], env=dict(launch.env))
+    assert wait_ready(port, proc)
+    status, body = http("GET", f"http://127.0.0.1:{port}/v1/models")
+    assert json.loads(body)["data"][0]["id"] == hostile
+    assert procs.record("vllm", proc)["args"][-2:] == ["--served-model-name", hostile]
+    assert list(workdir.iterdir()) == []
+    assert procs.stop(proc) == 0
