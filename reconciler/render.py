@@ -193,6 +193,13 @@ def _check_topology(rid: str, profile: Profile, placement: Placement, nodes: lis
                 rid, f"ranks {seen[a.node]} and {a.rank} are both on node {a.node}; a multi-node replica needs distinct nodes"
             )
         seen[a.node] = a.rank
+    by_address: dict[str, str] = {}
+    for spec in nodes:
+        other = by_address.setdefault(spec.data_address.strip("[]").lower(), spec.id)
+        if other != spec.id:
+            raise RenderError(
+                rid, f"nodes {other} and {spec.id} share data address {spec.data_address}; the ranks would land on one host"
+            )
     for a, spec in zip(placement.nodes, nodes):
         if is_loopback(spec.data_address):
             role = "head" if a.rank == 0 else f"rank {a.rank}"
@@ -203,6 +210,8 @@ def _check_topology(rid: str, profile: Profile, placement: Placement, nodes: lis
             )
     if profile.engine in ("vllm", "sglang") and placement.dist_port is None:
         raise RenderError(rid, "multi-node replica has no rendezvous port (dist_port) on its head")
+    if placement.dist_port is not None and placement.dist_port == placement.head.port:
+        raise RenderError(rid, f"rendezvous port {placement.dist_port} is also the head's serving port")
 
 
 def _check_profile(rid: str, model: Model, profile: Profile, owned: frozenset[str]) -> None:

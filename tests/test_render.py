@@ -338,6 +338,18 @@ def test_multi_node_ranks_on_one_node_are_refused():
                Assignment(node="a1", rank=1, gpus=(2, 3), port=8001), dist_port=29500)
 
 
+def test_multi_node_ranks_on_nodes_sharing_one_data_address_are_refused():
+    fleet = Fleet(nodes=(A1, NodeSpec(id="a1-alias", address="10.0.0.99", data_address="10.1.0.11")))
+    with pytest.raises(RenderError, match="nodes a1 and a1-alias share data address 10.1.0.11"):
+        render(profile("vllm", nodes=2), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000),
+               Assignment(node="a1-alias", rank=1, gpus=(0, 1), port=8000), dist_port=29500, fleet=fleet)
+
+
+def test_rendezvous_port_equal_to_the_serving_port_is_refused():
+    with pytest.raises(RenderError, match="rendezvous port 8000 is also the head's serving port"):
+        two_node(profile("sglang", nodes=2), dist_port=8000)
+
+
 def test_single_node_replica_on_a_loopback_fleet_binds_loopback_only():
     fleet = Fleet(nodes=(NodeSpec(id="local", address="127.0.0.1", data_address="127.0.0.1", transport="local"),))
     prof = profile("command", gpu_class=None, gpus_per_node=0, port=9000,
