@@ -582,3 +582,44 @@ def _wait_health(url: str, proc: subprocess.Popen) -> int:
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.05)
     raise AssertionError(f"{url} never answered")
+
+
+# --------------------------------------------------------------------------
+# Properties over arbitrary catalog text
+# --------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+NASTY = st.lists(st.sampled_from(list("${}()`;'\"\\ \n\t|&<>*?~!#-_=aZ9") + ["PORT", "HOME", "NODE_RANK"]),
+                 max_size=16).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=NASTY)
+def test_any_arg_either_reaches_the_engine_verbatim_as_one_element_or_refuses_naming_the_placeholder(value):
+    prof = profile("vllm", args=("--served-model-name", value))
+    try:
+        [launch] = render(prof, Assignment(node="a1", rank=0, gpus=(0, 1), port=8000))
+    except RenderError as err:
+        assert placeholders_in(value), value
+        assert err.replica == "llama-0" and "unresolved placeholder $" in str(err)
+        return
+    assert not placeholders_in(value)
+    assert launch.argv[-2:] == ("--served-model-name", value)
+    assert shlex.split(shlex.join(launch.argv)) == list(launch.argv)  # what the transport relies on
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=NASTY)
+def test_command_substitution_leaves_no_unknown_placeholder_and_no_dollar_other_than_written(value):
+    prof = profile("command", port=9000, command=("serve", value))
+    try:
+        [launch] = render(prof, Assignment(node="a1", rank=0, gpus=(0, 1), port=9000))
+    except RenderError as err:
+        unknown = [n for n in placeholders_in(value) if n not in ("PORT", "NODE_RANK")]
+        assert unknown and f"${{{unknown[0]}}}" in str(err), (value, str(err))
+        return
+    assert set(placeholders_in(value)) <= {"PORT", "NODE_RANK"}
+    expected = substitute(value, {"PORT": "9000", "NODE_RANK": "0"})
+    assert launch.argv == ("serve", expected)
