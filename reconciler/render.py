@@ -58,7 +58,7 @@ def render_replica(
 
     head = nodes[0]
     peers = tuple(
-        Peer(rank=a.rank, node=a.node, address=spec.data_address, port=a.port)
+        Peer(rank=a.rank, node=a.node, address=spec.data_address.strip("[]"), port=a.port)
         for a, spec in zip(placement.nodes, nodes)
     )
     digest = spec_hash(model, profile)
@@ -73,7 +73,7 @@ def render_replica(
             node=spec,
             assignment=assignment,
             bind_host=bind_host(spec),
-            head_address=head.data_address,
+            head_address=head.data_address.strip("[]"),  # engines take a bare address; host_port() brackets
             dist_port=placement.dist_port,
             peers=peers,
             cuda_visible_devices=_cuda_visible_devices(profile, assignment, inventory),
