@@ -338,3 +338,16 @@ def test_hostile_catalog_strings_reach_the_fake_engine_literally_through_one_she
     assert procs.record("vllm", proc)["args"][-2:] == ["--served-model-name", hostile]
     assert list(workdir.iterdir()) == []
     assert procs.stop(proc) == 0
+
+
+def test_sglang_fake_package_works_when_copied_alone_as_a_test_fleet_installs_it(procs, tmp_path):
+    import shutil
+
+    site = tmp_path / "node-python"
+    shutil.copytree(FAKE_PY / "sglang", site / "sglang")
+    port = free_port()
+    proc = procs.start([sys.executable, "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1",
+                        "--port", str(port)], env={"PYTHONPATH": str(site)})
+    assert wait_ready(port, proc)
+    assert procs.record("sglang", proc)["model"] == "/m"
+    assert procs.stop(proc) == 0

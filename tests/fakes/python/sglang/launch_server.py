@@ -5,11 +5,11 @@ Multi-node as SGLang: every rank gets the total --tp-size, --nnodes, --node-rank
 health endpoint. See fakeengine.py for the record and the environment it reads.
 """
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fakeengine as fe  # noqa: E402
+# _fakeengine.py is a symlink to ../fakeengine.py, so the package also works when a
+# test fleet copies just this directory (shutil.copytree copies the file behind it).
+from sglang import _fakeengine as fe
 
 
 def parser() -> argparse.ArgumentParser:
