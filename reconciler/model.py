@@ -83,12 +83,13 @@ class NodeSpec:
 class Fleet:
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = SshSettings()
+    _by_id: Mapping[str, NodeSpec] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", MappingProxyType({n.id: n for n in self.nodes}))
 
     def node(self, node_id: str) -> NodeSpec | None:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        return None
+        return self._by_id.get(node_id)
 
 
 @dataclass(frozen=True)
