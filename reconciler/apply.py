@@ -834,11 +834,22 @@ def replica_states(
         rid, model = item
         return rid, model, observed_state(catalog, inventory, rid, model, launcher, health)
 
+    waiting = {w.replica: w for w in getattr(plan, "waiting", None) or ()}
+    observed = getattr(plan, "observed", None) or {}
+
     # Health checks are network round trips: ask them concurrently, answer in catalog order.
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
         for rid, model, state in pool.map(observe, todo):
-            if state is None:
-                why = "no node fits" if rid in unplaced else reasons.get(rid, "not started yet")
+            w = waiting.get(rid)
+            if state is None and w is not None and "unreachable" in w.reason:
+                # Its node does not answer: we cannot say how it is, only where it was.
+                where = observed.get(rid)
+                state = ReplicaState(rid, model.name, where.profile if where else None, "Unknown", w.reason,
+                                     where.nodes if where else ())
+            elif state is None:
+                why = "cannot be placed" if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
                 state = ReplicaState(rid, model.name, None, "Pending", why)
+            elif w is not None and state.phase in ("Failed", "Unknown"):
+                state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
             states[rid] = state
     return states
