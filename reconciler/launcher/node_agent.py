@@ -1,6 +1,6 @@
 """The node-side lifecycle agent: start, stop and inspect managed engine ranks.
 
-This file is sent, as text, on the stdin of `python3 - REQUEST_JSON` on a node
+This file is sent, as text, on the stdin of `python3 -I -S - REQUEST_JSON` on a node
 (through any Transport), and runs there. It must stay self-contained: stdlib
 only, nothing imported from `reconciler`, Python 3.8+ (nodes run whatever
 their distribution ships).
@@ -175,11 +175,12 @@ def read_record(path):
 
 
 def write_atomically(path, data):
+    # Atomic (rename), not durable (no fsync): a record only has to outlive the
+    # reconciler, not the machine; after a power loss its engine is gone too, and
+    # an unreadable record is skipped like a missing one.
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -305,13 +306,15 @@ def stop_rank(record, grace_s):
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + wait_s
+        pause = 0.005
         while True:
             left = group_members(pgid)
             if not left:
                 return True, "stopped by %s" % ("SIGTERM" if sig == signal.SIGTERM else "SIGKILL")
             if time.monotonic() >= deadline:
                 break
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
     return False, "still running after SIGKILL: pids %s" % ", ".join(str(p) for p in left)
 
 
