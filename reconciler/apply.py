@@ -673,8 +673,16 @@ class PassMemory:
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def remember(memory: PassMemory, plan: Any, inventory: Inventory, acted: Mapping[str, "ReplicaState"], now: float) -> PassMemory:
+def remember(
+    memory: PassMemory,
+    plan: Any,
+    inventory: Inventory,
+    acted: Mapping[str, "ReplicaState"],
+    now: float,
+    desired: Iterable[str] | None = None,
+) -> PassMemory:
     """The memory after a pass (pure)."""
+    desired = None if desired is None else set(desired)
     unreachable = {}
     last_nodes = []
     for node in inventory.nodes:
@@ -689,6 +697,8 @@ def remember(memory: PassMemory, plan: Any, inventory: Inventory, acted: Mapping
     for rid, state in acted.items():
         if state.nodes and state.phase != "Failed":
             placed_on[rid] = tuple(a.node for a in state.nodes)
+    if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
+        placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
     history = getattr(plan, "history", None)
     return PassMemory(
         history=dict(history) if isinstance(history, Mapping) else dict(memory.history),
@@ -801,7 +811,8 @@ def run_pass(
         result.decisions = actor.decisions
         result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports)
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
-        result.memory = remember(memory, plan, result.inventory, actor.states, now)
+        desired = [rid for m in catalog.models for rid in m.replica_ids()]
+        result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
     finally:
         if write_status:
             from reconciler.pass_status import write_pass_status

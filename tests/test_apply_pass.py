@@ -281,3 +281,23 @@ def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about
     assert [d for d in back.decisions if d.action == "start"] == []
     assert back.replicas["m-0"].phase == "Ready"
     assert [r.pid for r in launcher.ranks("n1")] == [orphan.pid]
+
+
+def test_pass_memory_tracks_unreachable_nodes_and_keeps_their_last_records():
+    from reconciler.apply import PassMemory, ReplicaState, remember
+    from reconciler.model import Assignment, Inventory
+
+    seen = Inventory((ObservedNode("a", replicas=(RunningRank("m-0", "m", "p", 0, (), 9000, "h"),)), ObservedNode("b")))
+    first = remember(PassMemory(), None, seen, {}, now=100.0, desired=["m-0"])
+    assert first.unreachable_since == {} and first.last_seen.node("a").replicas
+
+    lost = Inventory((ObservedNode("a", state="unreachable", reason="timed out"), ObservedNode("b")))
+    moved = {"m-0": ReplicaState("m-0", "m", "p", "Starting", "", (Assignment("b", 0),))}
+    second = remember(first, None, lost, moved, now=200.0, desired=["m-0"])
+    assert second.unreachable_since == {"a": 200.0}
+    assert second.last_seen.node("a").replicas == seen.node("a").replicas  # what it ran when last seen
+    assert second.placed_on == {"m-0": ("b",)}
+
+    third = remember(second, None, lost, {}, now=300.0, desired=[])
+    assert third.unreachable_since == {"a": 200.0}  # since when, not since the last pass
+    assert third.placed_on == {}
