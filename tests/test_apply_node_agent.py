@@ -179,3 +179,15 @@ def test_an_agent_without_python_on_the_node_is_a_transport_error_naming_the_nod
     with pytest.raises(TransportError) as err:
         launcher.ranks("n1")
     assert err.value.node == "n1"
+
+
+def test_two_reconcilers_starting_the_same_rank_at_once_launch_it_once(launcher, state_dir, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    launch = tiny_launch("m-0", "n1", free_port(), tmp_path / "r.json")
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(lambda _: launcher.start(launch), range(4)))
+    assert all(o.ok for o in outcomes)
+    assert len({o.pid for o in outcomes}) == 1
+    assert sum(not o.already_running for o in outcomes) == 1
+    assert [r.pid for r in launcher.ranks("n1")] == [outcomes[0].pid]

@@ -19,6 +19,7 @@ taken for the engine, or, worse, signalled in its place.
 """
 
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -219,10 +220,27 @@ def tail(path, lines):
 # ---------------------------------------------------------------- operations
 
 
+def rank_lock(records_dir, name):
+    """An exclusive lock per rank: two reconcilers (a daemon and a manual `apply`) racing to start
+    the same rank would otherwise both launch it, and one engine would end up without a record."""
+    fd = os.open(os.path.join(records_dir, "." + name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def op_start(req):
     root, records_dir, logs_dir = state_paths(req["state_dir"])
     for d in (records_dir, logs_dir):
         os.makedirs(d, exist_ok=True)
+    name = record_name(req["replica"], int(req["rank"]))
+    lock = rank_lock(records_dir, name)
+    try:
+        return start_locked(req, records_dir, logs_dir)
+    finally:
+        os.close(lock)
+
+
+def start_locked(req, records_dir, logs_dir):
     replica, rank, port = req["replica"], int(req["rank"]), int(req["port"])
     name = record_name(replica, rank)
     record_path = os.path.join(records_dir, name + ".json")
@@ -326,12 +344,19 @@ def op_stop(req):
     for path, rec in records(records_dir, req["replica"]):
         if rank is not None and rec.get("rank") != rank:
             continue
-        stopped, what = stop_rank(rec, float(req.get("grace_s", 10.0)))
-        if stopped:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        lock = rank_lock(records_dir, record_name(req["replica"], int(rec.get("rank", 0))))
+        try:
+            current = read_record(path)  # re-read under the lock: a racing start may have replaced it
+            if current is None:
+                continue
+            stopped, what = stop_rank(current, float(req.get("grace_s", 10.0)))
+            if stopped:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(lock)
         ok = ok and stopped
         results.append({"rank": rec.get("rank"), "pid": rec.get("pid"), "ok": stopped, "detail": what})
     return {"ok": ok, "ranks": results}
