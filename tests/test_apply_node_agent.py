@@ -191,3 +191,29 @@ def test_two_reconcilers_starting_the_same_rank_at_once_launch_it_once(launcher,
     assert len({o.pid for o in outcomes}) == 1
     assert sum(not o.already_running for o in outcomes) == 1
     assert [r.pid for r in launcher.ranks("n1")] == [outcomes[0].pid]
+
+
+class Recording:
+    """A transport that records every argv it is asked to run, then runs it."""
+
+    def __init__(self, inner):
+        self.inner, self.node_id, self.argvs = inner, inner.node_id, []
+
+    def run(self, argv, *, stdin=None, timeout=60.0):
+        self.argvs.append(list(argv))
+        return self.inner.run(argv, stdin=stdin, timeout=timeout)
+
+    def close(self):
+        pass
+
+
+def test_no_catalog_value_reaches_a_node_command_line_where_ps_could_read_it(state_dir, tmp_path):
+    spy = Recording(LocalTransport("n1"))
+    launcher = SshLauncher({"n1": spy}, {"n1": str(state_dir)}, stop_grace_s=2)
+    secret = "hf_SECRET_token_value"
+    launch = tiny_launch("m-0", "n1", free_port(), tmp_path / "r.json", "--api-key", secret, env={"HF_TOKEN": secret})
+    assert launcher.start(launch).ok
+    launcher.ranks("n1", log_lines=3)
+    assert launcher.stop("n1", "m-0").ok
+    assert spy.argvs == [["python3", "-I", "-S", "-"]] * 3
+    assert oct((state_dir / "replicas").stat().st_mode & 0o777) == "0o700"

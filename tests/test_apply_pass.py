@@ -258,7 +258,9 @@ class DropsMidLaunch:
         if self.gone:
             raise TransportError(self.node_id, "connection refused")
         result = self.inner.run(argv, stdin=stdin, timeout=timeout)
-        if json.loads(argv[-1]).get("op") == "start":
+        from reconciler.launcher.ssh_launcher import request_of
+
+        if request_of(stdin).get("op") == "start":
             self.gone = True
             raise TransportError(self.node_id, "connection lost")
         return result

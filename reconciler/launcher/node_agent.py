@@ -1,13 +1,18 @@
 """The node-side lifecycle agent: start, stop and inspect managed engine ranks.
 
-This file is sent, as text, on the stdin of `python3 -I -S - REQUEST_JSON` on a node
+This file is sent, as text, on the stdin of `python3 -I -S -` on a node
 (through any Transport), and runs there. It must stay self-contained: stdlib
 only, nothing imported from `reconciler`, Python 3.8+ (nodes run whatever
 their distribution ships).
 
-The request is ONE JSON document in argv[1]; the argv and env of an engine
-travel inside it as JSON lists/objects and reach `execve` unchanged, so no
-shell ever sees a catalog value. The answer is ONE JSON document on stdout.
+The request is ONE JSON document, base64-encoded into a first line
+`REQUEST_B64 = "..."` that the sender puts before this text (base64 cannot
+break out of the string literal). It travels on stdin rather than in argv
+because it holds the engine's environment, API keys included, and a node's
+/proc/<pid>/cmdline is world-readable. (For debugging by hand, the JSON may
+instead be given as argv[1].) The engine's argv and env reach `execve`
+unchanged, so no shell ever sees a catalog value. The answer is ONE JSON
+document on stdout.
 A logical failure (port taken, binary missing) is an answer with `"ok":
 false` and a reason; a non-zero exit means the agent itself broke.
 
@@ -18,6 +23,7 @@ the node mid-launch still finds the rank on its next probe. A record's
 taken for the engine, or, worse, signalled in its place.
 """
 
+import base64
 import errno
 import fcntl
 import json
@@ -30,6 +36,7 @@ import time
 
 MANAGED_BY = "llm-reconciler"
 TAIL_BYTES = 256 * 1024
+LOG_ROTATE_BYTES = 64 * 1024 * 1024
 
 
 # ---------------------------------------------------------------- /proc facts
@@ -231,7 +238,8 @@ def rank_lock(records_dir, name):
 def op_start(req):
     root, records_dir, logs_dir = state_paths(req["state_dir"])
     for d in (records_dir, logs_dir):
-        os.makedirs(d, exist_ok=True)
+        # Private: records hold argv (which may carry secrets) and logs what engines print.
+        os.makedirs(d, mode=0o700, exist_ok=True)
     name = record_name(req["replica"], int(req["rank"]))
     lock = rank_lock(records_dir, name)
     try:
@@ -263,6 +271,11 @@ def start_locked(req, records_dir, logs_dir):
     env.update(req.get("env") or {})
     env["LLM_RECONCILER_REPLICA"] = name
     argv = [str(a) for a in req["argv"]]
+    try:
+        if os.path.getsize(log_path) > LOG_ROTATE_BYTES:
+            os.replace(log_path, log_path + ".1")  # one generation kept: enough to read why the last run died
+    except OSError:
+        pass
     log = open(log_path, "ab")
     try:
         log.write(("--- llm-reconciler: starting %s rank %d, spec %s, at %s\n"
@@ -391,10 +404,14 @@ OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs,
 def main(argv):
     # A dropped SSH connection must not kill the agent between launching and recording.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if len(argv) != 2:
-        sys.stderr.write("usage: python3 - REQUEST_JSON\n")
+    encoded = globals().get("REQUEST_B64")
+    if encoded is not None:
+        req = json.loads(base64.b64decode(encoded))
+    elif len(argv) == 2:
+        req = json.loads(argv[1])
+    else:
+        sys.stderr.write("usage: python3 - REQUEST_JSON (or a REQUEST_B64 line before the script)\n")
         return 2
-    req = json.loads(argv[1])
     op = OPS.get(req.get("op"))
     if op is None:
         sys.stderr.write("unknown op %r\n" % req.get("op"))

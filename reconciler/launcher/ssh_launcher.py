@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,18 @@ DEFAULT_STATE_DIR = "~/.local/state/llm-reconciler"
 @lru_cache(maxsize=1)
 def agent_source() -> bytes:
     return (Path(__file__).with_name("node_agent.py")).read_bytes()
+
+
+def agent_stdin(request: dict) -> bytes:
+    """The agent's text with the request as a base64 literal on its first line (see node_agent.py)."""
+    encoded = base64.b64encode(json.dumps(request, separators=(",", ":")).encode())
+    return b'REQUEST_B64 = "' + encoded + b'"\n' + agent_source()
+
+
+def request_of(stdin: bytes) -> dict:
+    """The request inside an agent's stdin (for tests and debugging)."""
+    first = stdin.split(b"\n", 1)[0]
+    return json.loads(base64.b64decode(first.split(b'"')[1]))
 
 
 class SshLauncher:
@@ -54,9 +67,10 @@ class SshLauncher:
         # The request travels as one argv element of JSON: the transport quotes it once, nothing parses it as shell.
         # -I -S: the agent needs nothing but the stdlib, so skip site-packages and PYTHON* variables
         # (a third of the interpreter's start-up, and immune to a node's stray PYTHONPATH).
+        # The argv is constant; the request rides on stdin, where `ps` on the node cannot read its secrets.
         result = transport.run(
-            [self.python, "-I", "-S", "-", json.dumps(request, separators=(",", ":"))],
-            stdin=agent_source(),
+            [self.python, "-I", "-S", "-"],
+            stdin=agent_stdin(request),
             timeout=timeout or self.timeout_s,
         )
         if result.rc != 0:
