@@ -54,6 +54,7 @@ MOSTLY_USED = 0.5
 APPLY_READY_WAIT_S = 300.0
 HEALTH_TIMEOUT_S = 2.0
 POLL_INTERVAL_S = 0.2
+LIVENESS_INTERVAL_S = 1.0
 LOG_LINES_IN_MESSAGE = 10
 
 
@@ -260,6 +261,7 @@ class _Started:
     profile: Profile
     placement: Placement
     started_at: float  # monotonic
+    ranks_checked_at: float | None = None  # monotonic; liveness is a round trip per node, asked less often
 
 
 class Actor:
@@ -519,13 +521,22 @@ class Actor:
         url = endpoint_url(self.catalog.fleet, head.node, head.port)
         base = ReplicaState(replica, started.model, started.profile.name, "Starting", "", started.placement.nodes, url)
         answered, seen = self.health(url, head.health_path or started.profile.health_path)
+        now = self.clock()
+        elapsed = now - started.started_at
+        timed_out = elapsed >= started.profile.start_timeout_s
+        # Health is one cheap local request; liveness is a round trip to every node of the replica.
+        # Ask liveness when it decides something (the head answers, time is up), else once a second,
+        # which is soon enough to notice a rank that crashed while loading.
+        due = started.ranks_checked_at is None or now - started.ranks_checked_at >= LIVENESS_INTERVAL_S
+        if not (answered or timed_out or final or due):
+            return None
+        started.ranks_checked_at = now
         ranks, dead, unreachable = self.rank_liveness(started.launches)
         if dead:
             return replace(base, phase="Failed", message=self.failure_message(dead, ranks, "exited"))
         if answered and not unreachable:
             return replace(base, phase="Ready")
-        elapsed = self.clock() - started.started_at
-        if elapsed >= started.profile.start_timeout_s:
+        if timed_out:
             message = self.failure_message(started.launches, ranks, f"not Ready after {started.profile.start_timeout_s:g}s: {seen}")
             return replace(base, phase="Failed", message=message)
         if final:
