@@ -281,7 +281,8 @@ class Actor:
         health: Callable[[str, str], tuple[bool, str]] = http_health,
     ):
         self.catalog = catalog
-        self.inventory = inventory
+        self.probed = inventory  # as the probe saw it
+        self.inventory = inventory  # as this pass has changed it so far
         self.launcher = launcher
         self.render = render
         self.log = log
@@ -373,7 +374,9 @@ class Actor:
             self.fail(action.replica, action.model, profile.name, f"launch refused: {exc}", placement=placement)
             return False
 
-        problems = [p for l in launches for p in gpu_problems(l, self.inventory.node(l.node))]
+        # Against the snapshot as probed: memory our own ranks held then (stopped since, in a
+        # restart or a replace) is ours to reuse, not a foreign tenant's.
+        problems = [p for l in launches for p in gpu_problems(l, self.probed.node(l.node))]
         if problems:
             self.fail(action.replica, action.model, profile.name, "GPUs not clean: " + "; ".join(problems),
                       node=placement.head.node, placement=placement)

@@ -16,7 +16,7 @@ import yaml
 
 from reconciler.apply import gpu_problems, run_pass, start_order
 from reconciler.launcher import SshLauncher
-from reconciler.model import Gpu, GpuProcess, ObservedNode, RunningRank
+from reconciler.model import Gpu, GpuProcess, Inventory, ObservedNode, RunningRank
 from reconciler.transport import LocalTransport
 from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch
 from tests.apply_support.seams import SimplePlanner, catalog, local_fleet, local_probe, tiny_model, tiny_render
@@ -303,3 +303,23 @@ def test_pass_memory_tracks_unreachable_nodes_and_keeps_their_last_records():
     third = remember(second, None, lost, {}, now=300.0, desired=[])
     assert third.unreachable_since == {"a": 200.0}  # since when, not since the last pass
     assert third.placed_on == {}
+
+
+def test_a_restart_reuses_the_gpus_its_own_crashed_copy_held(tmp_path, env):
+    from reconciler.model import Action, Assignment, Placement
+
+    fleet, transports, launcher, records = env
+    cat = catalog(tmp_path, fleet, tiny_model("m"))
+    port = free_port()
+    # As probed: GPU 0 mostly used, by our own (now dead) rank of m-0; no foreign process.
+    probed = ObservedNode("n1", gpus=(Gpu(0, "GPU-a", "NVIDIA H100 80GB HBM3", "H100-80GB", 81559, 70000),),
+                          replicas=(RunningRank("m-0", "m", "p", 0, (0,), port, "old", alive=False),))
+    placement = Placement("m-0", "m", "p", None, "none/H100-80GB", (Assignment("n1", 0, (0,), (), port),))
+    restart = Action("restart", "m-0", "m", "rank 0 on n1 is dead", placement)
+
+    def planner(c, inventory, **_):
+        return [restart]
+
+    result = one_pass(cat, transports, launcher, planner, records, probe=lambda c, t: Inventory((probed, ObservedNode("n2"))))
+    assert result.replicas["m-0"].phase == "Ready", result.replicas["m-0"].message
+    assert [d.action for d in result.decisions] == ["stop", "start", "health"]
