@@ -23,7 +23,6 @@ LocalTransport without SSH and the daemon reuses its connection pool.
 from __future__ import annotations
 
 import http.client
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -44,6 +43,7 @@ from reconciler.model import (
     RankLaunch,
     RunningRank,
 )
+from reconciler.pass_status import endpoint_url, plan_unplaced, write_pass_status
 from reconciler.transport import Transport
 
 # A GPU whose memory is more than this share used is not clean, even with no process listed
@@ -158,16 +158,6 @@ def gpu_problems(launch: RankLaunch, node: ObservedNode | None, *, mostly_used: 
 def start_order(launches: Sequence[RankLaunch]) -> list[RankLaunch]:
     """Workers first, head last: the head waits for its workers, never the other way round."""
     return sorted(launches, key=lambda l: (l.rank == 0, l.rank))
-
-
-def host_for_url(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
-
-
-def endpoint_url(fleet: Fleet, node_id: str, port: int) -> str:
-    spec = fleet.node(node_id)
-    address = spec.data_address if spec is not None else node_id
-    return f"http://{host_for_url(address)}:{port}"
 
 
 def running_ranks(inventory: Inventory, replica: str) -> list[tuple[ObservedNode, RunningRank]]:
@@ -747,15 +737,6 @@ def _plan_actions(plan: Any) -> list[Action]:
     return list(getattr(plan, "actions", plan) or [])
 
 
-def _plan_unplaced(plan: Any) -> dict[str, Any]:
-    out = {}
-    for u in getattr(plan, "unplaced", None) or []:
-        rid = getattr(u, "replica", None) or (u.get("replica") if isinstance(u, dict) else None)
-        if rid:
-            out[rid] = u
-    return out
-
-
 def _as_memory(history: Any) -> PassMemory:
     if history is None:
         return PassMemory()
@@ -829,8 +810,6 @@ def run_pass(
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
     finally:
         if write_status:
-            from reconciler.pass_status import write_pass_status
-
             result.written = write_pass_status(catalog, result)
     return result
 
@@ -844,7 +823,7 @@ def replica_states(
     health: Callable[[str, str], tuple[bool, str]] = http_health,
 ) -> dict[str, ReplicaState]:
     """Every desired replica's state: from this pass's actions, else observed, else Pending."""
-    unplaced = _plan_unplaced(plan)
+    unplaced = plan_unplaced(plan)
     reasons = {a.replica: a.reason for a in _plan_actions(plan)}
     todo = []
     states: dict[str, ReplicaState] = {}

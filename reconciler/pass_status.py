@@ -13,8 +13,29 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.inventory import inventory_to_document
-from reconciler.model import Catalog
+from reconciler.model import Catalog, Fleet
 from reconciler.status import write_document
+
+
+def host_for_url(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def endpoint_url(fleet: Fleet, node_id: str, port: int) -> str:
+    """Where a replica serves: the head's data address (what other hosts reach), not its SSH address."""
+    spec = fleet.node(node_id)
+    address = spec.data_address if spec is not None else node_id
+    return f"http://{host_for_url(address)}:{port}"
+
+
+def plan_unplaced(plan: Any) -> dict[str, Any]:
+    """Replica id -> its unplaced outcome (with rejections), from a plan."""
+    out = {}
+    for u in getattr(plan, "unplaced", None) or []:
+        rid = getattr(u, "replica", None) or (u.get("replica") if isinstance(u, dict) else None)
+        if rid:
+            out[rid] = u
+    return out
 
 
 def _rejection_docs(unplaced: Any) -> dict:
@@ -34,9 +55,7 @@ def _rejection_docs(unplaced: Any) -> dict:
 
 
 def model_documents(catalog: Catalog, result) -> dict[str, dict]:
-    from reconciler.apply import _plan_unplaced  # local: apply imports this module lazily too
-
-    unplaced = _plan_unplaced(result.plan)
+    unplaced = plan_unplaced(result.plan)
     restarts = _restart_counts(result.plan)
     docs = {}
     for model in catalog.models:
@@ -71,8 +90,6 @@ def _restart_counts(plan: Any) -> dict[str, int]:
 
 
 def _endpoint(catalog: Catalog, node: str, port: int) -> str:
-    from reconciler.apply import endpoint_url
-
     return endpoint_url(catalog.fleet, node, port)
 
 
