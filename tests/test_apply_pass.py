@@ -323,3 +323,18 @@ def test_a_restart_reuses_the_gpus_its_own_crashed_copy_held(tmp_path, env):
     result = one_pass(cat, transports, launcher, planner, records, probe=lambda c, t: Inventory((probed, ObservedNode("n2"))))
     assert result.replicas["m-0"].phase == "Ready", result.replicas["m-0"].message
     assert [d.action for d in result.decisions] == ["stop", "start", "health"]
+
+
+def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_taken_ports():
+    from reconciler.apply import inventory_after
+
+    before = Inventory((
+        ObservedNode("a", replicas=(RunningRank("old-0", "old", "p", 0, (0,), 9000, "h", pid=10),), ports_in_use=(22, 9000)),
+        ObservedNode("b", ports_in_use=(22,)),
+    ))
+    started = [tiny_launch("new-0", "b", 9100, Path("x"))]
+    after = inventory_after(before, started, [("a", "old-0", None)], pids={("b", "new-0", 0): 42}, taken_ports={"b": [9200]})
+    assert after.node("a").replicas == () and after.node("a").ports_in_use == (22,)
+    [new] = after.node("b").replicas
+    assert (new.id, new.port, new.pid, new.alive) == ("new-0", 9100, 42, True)
+    assert after.node("b").ports_in_use == (22, 9100, 9200)
