@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -116,8 +117,9 @@ def test_a_multi_node_replica_whose_head_cannot_start_leaves_no_worker_behind(tm
     state = result.replicas["m-0"]
     assert state.phase == "Failed"
     assert f"rank 0 on n1 did not start: port {taken} is in use by pid {os.getpid()}" in state.message
-    worker = json.loads((records / "m-0.rank1.json").read_text())  # the worker did start first...
-    assert not is_running(worker["pid"])  # ...and was taken back
+    [started] = [d for d in result.decisions if d.action == "start"]  # the worker did start first...
+    worker_pid = int(re.search(r"\(pid (\d+)\)", started.reason).group(1))
+    assert not is_running(worker_pid)  # ...and was taken back
     assert launcher.ranks("n1") == [] and launcher.ranks("n2") == []
     assert [(d.node, d.action) for d in result.decisions] == [("n2", "start"), ("n2", "stop"), ("n1", "fail")]
     assert not result.ok
