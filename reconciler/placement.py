@@ -671,8 +671,8 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
         parts = []
         for label, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             shown = names if show_all or len(names) <= SUMMARY_NAMES else names[:SUMMARY_NAMES]
-            more = "" if len(shown) == len(names) else f"; ... {len(names) - len(shown)} more"
             sep = "; " if any(":" in s for s in shown) else ", "
+            more = "" if len(shown) == len(names) else f"{sep}... {len(names) - len(shown)} more"
             parts.append(f"{len(names)} {label} ({sep.join(shown)}{more})")
         fit = max(total_nodes - len(rejected_nodes), 0)
         head = f"{fit}/{total_nodes} nodes fit profile {profile}"
