@@ -265,8 +265,8 @@ def plan(
     outcomes: dict[str, Outcome] = {}
     observed: dict[str, Placement] = {}
     new_history: dict[str, ReplicaHistory] = {}
-    # (model, ordinal, rid, copy placement, reason, healthy old nodes?) for replacements
-    to_replace: list[tuple[Model, int, str, Placement, str, bool]] = []
+    # (model, ordinal, rid, running copy, reason, a spec change?, history after) for replacements
+    to_replace: list[tuple[Model, int, str, Placement, str, bool, ReplicaHistory]] = []
 
     def state(node: str) -> str:
         return _effective_state(catalog, inventory, node)
@@ -316,18 +316,18 @@ def plan(
             n = overdue[0]
             to_replace.append((model, ordinal, rid, current,
                                f"node {n} unreachable for {int(now - unreachable_since.get(n, now))} s "
-                               f"(grace {int(grace_s)} s)", False))
+                               f"(grace {int(grace_s)} s)", False, ReplicaHistory()))
             continue
         if drained:
             placer.hold(current)
-            to_replace.append((model, ordinal, rid, current, f"node {', '.join(drained)} is drained", False))
+            to_replace.append((model, ordinal, rid, current, f"node {', '.join(drained)} is drained", False, ReplicaHistory()))
             continue
         if profile is None or spec_hash(model, profile) != copy.ranks[0][1].spec_hash or any(
             r.spec_hash != copy.ranks[0][1].spec_hash for _, r in copy.ranks
         ):
             placer.hold(current)
             why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
-            to_replace.append((model, ordinal, rid, current, why, True))
+            to_replace.append((model, ordinal, rid, current, why, True, ReplicaHistory()))
             continue
 
         placer.hold(current)
@@ -342,9 +342,16 @@ def plan(
                                        f"(restart {hist.restarts + 1})", ready_at))
                 new_history[rid] = hist
                 continue
-            target = _restart_placement(placer, catalog, current, profile, copy)
             new_history[rid] = ReplicaHistory(hist.restarts + 1, streak + 1, now)
             delay = backoff_delay(streak + 1)
+            if missing or len(copy.ranks) < copy.nnodes:
+                # Where a lost rank ran is unknown, so the replica is placed again as a whole.
+                del outcomes[rid]
+                to_replace.append((model, ordinal, rid, current,
+                                   f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(delay)} s)",
+                                   False, new_history[rid]))
+                continue
+            target = _restart_placement(placer, catalog, current, profile, copy)
             restarts.append(Action("restart", rid, model_name,
                                    f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(delay)} s)",
                                    target, previous=current))
@@ -357,7 +364,7 @@ def plan(
     # Replacements: one spec change at a time per model; moves off bad nodes all at once.
     replaces: list[Action] = []
     spec_busy: dict[str, str] = {}
-    for model, ordinal, rid, old, why, healthy in sorted(to_replace, key=lambda t: (t[0].name, t[1])):
+    for model, ordinal, rid, old, why, healthy, hist_after in sorted(to_replace, key=lambda t: (t[0].name, t[1])):
         if healthy and model.name in spec_busy:
             outcomes[rid] = Outcome(rid, model.name, old, kept=True)
             new_history[rid] = history.get(rid, ReplicaHistory())
@@ -372,12 +379,11 @@ def plan(
             # No room beside the old copy: free its resources and try again, stopping it first.
             placer.release(old)
             retry = placer.place(model, rid, explain=model.name in explain)
-            if retry.placement is not None:
-                out, stop_first = retry, True
-            else:
+            out, stop_first = retry, retry.placement is not None
+            if retry.placement is None:
                 placer.hold(old)
         outcomes[rid] = out
-        new_history[rid] = ReplicaHistory()
+        new_history[rid] = hist_after
         reason = why + ("; no room beside the old copy, so it is stopped first" if stop_first else "")
         if out.placement is None:
             reason += "; no placement fits, the old copy keeps running"
