@@ -624,29 +624,31 @@ def place(
 # Summaries in the style of the Kubernetes scheduler, with nodes named
 # --------------------------------------------------------------------------
 
-_GROUPS: list[tuple[re.Pattern, str, str | None]] = [
-    # pattern, group label (may use named groups), per-node detail (None: just the name)
-    (re.compile(r"^node is (?P<state>\w+)"), "are {state}", None),
-    (re.compile(r"^lacks label (?P<label>\S+)"), "lack label {label}", None),
-    (re.compile(r"^does not have (?P<engine>\S+) installed"), "lack engine {engine}", None),
-    (re.compile(r"^has (?P<have>[\d.]+) GiB of memory, needs (?P<need>[\d.]+)"), "have too little memory", "{have} GiB, needs {need}"),
+_GROUPS: list[tuple[re.Pattern, tuple[str, str], str | None]] = [
+    # pattern, group label (one node, several nodes; may use named groups), per-node detail (None: just the name)
+    (re.compile(r"^node is (?P<state>\w+)"), ("is {state}", "are {state}"), None),
+    (re.compile(r"^lacks label (?P<label>\S+)"), ("lacks label {label}", "lack label {label}"), None),
+    (re.compile(r"^does not have (?P<engine>\S+) installed"), ("lacks engine {engine}", "lack engine {engine}"), None),
+    (re.compile(r"^has (?P<have>[\d.]+) GiB of memory, needs (?P<need>[\d.]+)"),
+     ("has too little memory", "have too little memory"), "{have} GiB, needs {need}"),
     (re.compile(r"^has (?P<have>[\d.]+) GiB free on \S+ for weights it does not hold, needs (?P<need>[\d.]+)"),
-     "have too little disk for the weights", "{have} GiB free, needs {need}"),
-    (re.compile(r"^has (?P<have>\d+) free (?P<cls>\S+) GPUs, needs (?P<need>\d+)"), "have too few free {cls} GPUs", "{have} free, needs {need}"),
-    (re.compile(r"^already hosts "), "already host this model", None),
-    (re.compile(r"^runs the copy being replaced"), "run the copy being replaced", None),
-    (re.compile(r"^is not attached to any fabric"), "are on no fabric", None),
-    (re.compile(r"^is attached to \S+ but has no adapters"), "have no adapters on the fabric", None),
+     ("has too little disk for the weights", "have too little disk for the weights"), "{have} GiB free, needs {need}"),
+    (re.compile(r"^has (?P<have>\d+) free (?P<cls>\S+) GPUs, needs (?P<need>\d+)"),
+     ("has too few free {cls} GPUs", "have too few free {cls} GPUs"), "{have} free, needs {need}"),
+    (re.compile(r"^already hosts "), ("already hosts this model", "already host this model"), None),
+    (re.compile(r"^runs the copy being replaced"), ("runs the copy being replaced", "run the copy being replaced"), None),
+    (re.compile(r"^is not attached to any fabric"), ("is on no fabric", "are on no fabric"), None),
+    (re.compile(r"^is attached to \S+ but has no adapters"), ("has no adapters on the fabric", "have no adapters on the fabric"), None),
 ]
 
 
-def _classify(reason: str) -> tuple[str, str | None]:
-    for pattern, label, detail in _GROUPS:
+def _classify(reason: str) -> tuple[tuple[str, str], str | None]:
+    for pattern, (one, many), detail in _GROUPS:
         m = pattern.match(reason)
         if m:
             d = m.groupdict()
-            return label.format(**d), detail.format(**d) if detail else None
-    return reason, None
+            return (one.format(**d), many.format(**d)), detail.format(**d) if detail else None
+    return (reason, reason), None
 
 
 def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool = False) -> list[str]:
@@ -656,7 +658,7 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
         by_profile.setdefault(r.profile, []).append(r)
     lines = []
     for profile, rejs in by_profile.items():
-        groups: dict[str, list[str]] = {}
+        groups: dict[tuple[str, str], list[str]] = {}
         pool_lines: list[str] = []
         rejected_nodes: set[str] = set()
         for r in rejs:
@@ -673,7 +675,7 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
             shown = names if show_all or len(names) <= SUMMARY_NAMES else names[:SUMMARY_NAMES]
             sep = "; " if any(":" in s for s in shown) else ", "
             more = "" if len(shown) == len(names) else f"{sep}... {len(names) - len(shown)} more"
-            parts.append(f"{len(names)} {label} ({sep.join(shown)}{more})")
+            parts.append(f"{len(names)} {label[0] if len(names) == 1 else label[1]} ({sep.join(shown)}{more})")
         fit = max(total_nodes - len(rejected_nodes), 0)
         head = f"{fit}/{total_nodes} nodes fit profile {profile}"
         body = ", ".join(parts)

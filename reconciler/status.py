@@ -137,8 +137,11 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
             for a in placement.nodes:
                 spec = fleet.node(a.node)
                 addr = spec.data_address if spec is not None else a.node
-                nodes.append({"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port,
-                              "endpoint": endpoint_url(addr, a.port)})
+                entry_node = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
+                if a.rank == 0:
+                    # Only the head serves; other ranks' ports are for the engine's own traffic.
+                    entry_node["endpoint"] = endpoint_url(addr, a.port)
+                nodes.append(entry_node)
         entry = {
             "id": rid,
             "profile": placement.profile if placement is not None else None,
@@ -159,7 +162,7 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
             entry["message"] = reasons.get(rid, "")
         replicas.append(entry)
     return {
-        "model": model.name,
+        "name": model.name,
         "desired": model.replicas,
         "ready": sum(1 for r in replicas if r["phase"] == "Ready"),
         "replicas": replicas,
@@ -182,7 +185,7 @@ def endpoints_document(catalog, plan, phases: _Mapping[str, str] | None = None) 
             head = placement.nodes[0]
             spec = catalog.fleet.node(head.node)
             urls.append(endpoint_url(spec.data_address if spec is not None else head.node, head.port))
-        models[model.name] = urls
+        models[model.name] = sorted(urls)
     return {"models": models}
 
 
