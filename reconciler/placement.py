@@ -80,7 +80,7 @@ class _Node:
     __slots__ = (
         "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
         "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
-        "ranks", "models", "ports_used", "ports_observed", "obs",
+        "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked",
     )
 
     def __init__(self, idx: int, spec, obs: ObservedNode | None):
@@ -127,6 +127,10 @@ class _Node:
                 self.busy[g.index] = f"foreign process {p.pid} ({p.name})" if p.name else f"foreign process {p.pid}"
             else:
                 self.free.setdefault(cls, set()).add(g.index)
+        indices = set(self.nvlink)
+        self.all_nvlinked = len(indices) > 1 and all(
+            set(peers) | {g} >= indices for g, peers in self.nvlink.items()
+        )
         self.ranks = 0
         self.models: dict[str, str] = {}  # model -> a replica of it hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
@@ -159,27 +163,39 @@ class _Index:
     order, so the first entry of a bucket is the deterministic tie-break.
     """
 
-    __slots__ = ("gpu_class", "buckets", "members")
+    __slots__ = ("gpu_class", "buckets", "levels", "members")
 
     def __init__(self, gpu_class: str | None):
         self.gpu_class = gpu_class
         self.buckets: dict[int, list[int]] = {}
+        self.levels: list[int] = []  # every level that has had a bucket, ascending
         self.members: set[int] = set()
+
+    def _bucket(self, level: int) -> list[int]:
+        b = self.buckets.get(level)
+        if b is None:
+            b = self.buckets[level] = []
+            insort(self.levels, level)
+        return b
 
     def add(self, idx: int, level: int) -> None:
         self.members.add(idx)
-        insort(self.buckets.setdefault(level, []), idx)
+        insort(self._bucket(level), idx)
 
     def move(self, idx: int, old: int, new: int) -> None:
         if old == new:
             return
         b = self.buckets[old]
         del b[bisect_left(b, idx)]
-        insort(self.buckets.setdefault(new, []), idx)
+        insort(self._bucket(new), idx)
 
     def scan(self, min_level: int, descending: bool) -> Iterator[int]:
-        for level in sorted((lv for lv, b in self.buckets.items() if b and lv >= min_level), reverse=descending):
-            yield from self.buckets[level]
+        levels = self.levels[bisect_left(self.levels, min_level):]
+        buckets = self.buckets
+        for level in reversed(levels) if descending else levels:
+            b = buckets[level]
+            if b:
+                yield from b
 
 
 # --------------------------------------------------------------------------
@@ -226,14 +242,24 @@ class PlacementResult:
 # --------------------------------------------------------------------------
 
 
+def _replace_profile(profile: Profile) -> Profile:
+    """The profile without its disk requirement (the part of the filter that depends on the model)."""
+    from dataclasses import replace
+
+    return replace(profile, min_disk_gb=0) if profile.min_disk_gb else profile
+
+
 def _selector_key(profile: Profile) -> tuple:
     return tuple(sorted(profile.node_selector.items()))
 
 
-def _static_key(model: Model, profile: Profile) -> tuple:
+def _base_key(profile: Profile) -> tuple:
     engine = None if profile.engine == "command" else profile.engine
-    disk = (profile.min_disk_gb, model.source) if profile.min_disk_gb else None
-    return (engine, _selector_key(profile), profile.min_memory_gb or 0, disk)
+    return (engine, _selector_key(profile), profile.min_memory_gb or 0)
+
+
+def _static_key(model: Model, profile: Profile) -> tuple:
+    return _base_key(profile) + ((profile.min_disk_gb, model.source) if profile.min_disk_gb else None,)
 
 
 class Placer:
@@ -251,9 +277,11 @@ class Placer:
         self.nodes = [_Node(i, spec, inventory.node(spec.id)) for i, spec in enumerate(specs)]
         self.by_id = {n.id: n for n in self.nodes}
         self.fabric_names = sorted({f for n in self.nodes for f in n.fabrics})
-        self._static: dict[tuple, list[Rejection | None]] = {}
         self._static_reasons: dict[tuple, list[str | None]] = {}
         self._indexes: dict[tuple, _Index] = {}
+        # Lookups by object identity: a profile's filters are hashed once, not once per replica.
+        self._index_by_profile: dict[tuple, _Index] = {}
+        self._keepalive: list = []  # keeps the ids above from being reused while this placer lives
         # node idx -> the indexes it belongs to, so a change of level updates each of them
         self._node_indexes: list[list[_Index]] = [[] for _ in self.nodes]
         holders: dict[str, list[int]] = {}
@@ -276,11 +304,15 @@ class Placer:
             return f"does not have {profile.engine} installed"
         if profile.min_memory_gb and node.memory_gib is not None and node.memory_gib < profile.min_memory_gb:
             return f"has {_num(round(node.memory_gib, 1))} GiB of memory, needs {_num(profile.min_memory_gb)}"
+        if profile.min_disk_gb:
+            return self._disk_reason(node, model, profile)
+        return None
+
+    def _disk_reason(self, node: _Node, model: Model, profile: Profile) -> str | None:
         if (
-            profile.min_disk_gb
-            and node.disk_free_gib is not None
-            and not (node.weights is not None and model.source in node.weights)
+            node.disk_free_gib is not None
             and node.disk_free_gib < profile.min_disk_gb
+            and not (node.weights is not None and model.source in node.weights)
         ):
             have = math.floor(node.disk_free_gib * 10) / 10
             return (
@@ -289,21 +321,45 @@ class Placer:
             )
         return None
 
+    def _base_list(self, profile: Profile) -> list[str | None]:
+        """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
+        base_key = _base_key(profile)
+        base = self._static_reasons.get(base_key)
+        if base is None:
+            plain = _replace_profile(profile)
+            base = [self._static_reason(n, None, plain) for n in self.nodes]
+            self._static_reasons[base_key] = base
+        return base
+
     def _static_list(self, model: Model, profile: Profile) -> list[str | None]:
+        """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
+        base = self._base_list(profile)
+        if not profile.min_disk_gb:
+            return base
         key = _static_key(model, profile)
         lst = self._static_reasons.get(key)
         if lst is None:
-            lst = [self._static_reason(n, model, profile) for n in self.nodes]
+            lst = [r if r is not None else self._disk_reason(n, model, profile) for r, n in zip(base, self.nodes)]
             self._static_reasons[key] = lst
         return lst
 
     def _index(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
-        skey = _static_key(model, profile)
-        key = (skey, profile.gpu_class, fabric, holders_of)
+        fast = (id(profile), fabric, holders_of)
+        idx = self._index_by_profile.get(fast)
+        if idx is not None:
+            return idx
+        idx = self._index_slow(model, profile, fabric, holders_of)
+        self._index_by_profile[fast] = idx
+        self._keepalive.append(profile)
+        return idx
+
+    def _index_slow(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
+        # Disk is left out of the index (it depends on the model's source) and checked while scanning.
+        key = (_base_key(profile), profile.gpu_class, fabric, holders_of)
         idx = self._indexes.get(key)
         if idx is not None:
             return idx
-        static = self._static_list(model, profile)
+        static = self._base_list(profile)
         idx = _Index(profile.gpu_class)
         pool = range(len(self.nodes)) if holders_of is None else self._holders.get(holders_of, ())
         for i in pool:
@@ -321,12 +377,20 @@ class Placer:
 
     # ---- resource bookkeeping --------------------------------------------
 
-    def _levels(self, n: _Node) -> dict[str | None, int]:
-        return {cls: n.level(cls) for cls in {ix.gpu_class for ix in self._node_indexes[n.idx]}}
+    def _levels(self, n: _Node, gpus: Iterable[int]) -> dict[str | None, int]:
+        """The levels a change to these GPUs (and to the rank count) can move."""
+        levels: dict[str | None, int] = {None: n.ranks}
+        for g in gpus:
+            cls = n.gpu_class.get(g)
+            if cls is not None and cls not in levels:
+                levels[cls] = n.level(cls)
+        return levels
 
     def _relevel(self, n: _Node, before: dict[str | None, int]) -> None:
         for ix in self._node_indexes[n.idx]:
-            ix.move(n.idx, before[ix.gpu_class], n.level(ix.gpu_class))
+            old = before.get(ix.gpu_class, -1)
+            if old != -1:
+                ix.move(n.idx, old, n.level(ix.gpu_class))
 
     def hold(self, placement: Placement) -> None:
         """Count a running (or just placed) replica's GPUs, ports and presence against its nodes."""
@@ -334,7 +398,7 @@ class Placer:
             n = self.by_id.get(a.node)
             if n is None:
                 continue  # a node no longer in the fleet holds nothing we hand out
-            before = self._levels(n)
+            before = self._levels(n, a.gpus)
             for g in a.gpus:
                 cls = n.gpu_class.get(g)
                 if cls is None:
@@ -357,7 +421,7 @@ class Placer:
             n = self.by_id.get(a.node)
             if n is None:
                 continue
-            before = self._levels(n)
+            before = self._levels(n, a.gpus)
             for g in a.gpus:
                 cls = n.gpu_class.get(g)
                 if cls is None or n.busy.get(g) != placement.replica:
@@ -386,7 +450,8 @@ class Placer:
         domain large enough) this takes the lowest free indices.
         """
         free = sorted(n.free[gpu_class])
-        if want == 1 or want == len(free):
+        if want == 1 or want == len(free) or n.all_nvlinked:
+            # One GPU, all of them, or every GPU linked to every other: any set is one domain.
             return tuple(free[:want])
         free_set = set(free)
         seen: set[int] = set()
@@ -410,23 +475,36 @@ class Placer:
             return tuple(best[:want])
         return tuple(free[:want])
 
-    def _ok(self, n: _Node, model: Model, exclude: frozenset, avoid_hosting: bool) -> bool:
-        return n.id not in exclude and not (avoid_hosting and model.name in n.models)
+    def _ok(self, n: _Node, model: Model, profile: Profile, exclude: frozenset, avoid_hosting: bool) -> bool:
+        if n.id in exclude or (avoid_hosting and model.name in n.models):
+            return False
+        return not profile.min_disk_gb or self._disk_reason(n, model, profile) is None
 
     def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[_Node] | None:
         need = profile.gpus_per_node if profile.gpu_class else 0
         main = self._index(model, profile, None, None)
         holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
+        nodes = self.nodes
+        name = model.name
+        disk = profile.min_disk_gb
         # Avoiding nodes that host the model comes before the weights preference when the
         # spread is only preferred: the weights are most likely on the node already running it.
-        passes = [True] if model.spread != "preferred" else [True, False]
-        for avoid in passes:
+        for avoid in (True,) if model.spread != "preferred" else (True, False):
             for ix in (holders, main):
                 if ix is None:
                     continue
-                for i in ix.scan(need, descending=False):
-                    n = self.nodes[i]
-                    if self._ok(n, model, exclude, avoid):
+                # The scan of _Index.scan, inlined: this loop is the hot path of a fleet-sized pass.
+                levels = ix.levels
+                buckets = ix.buckets
+                for level in levels[bisect_left(levels, need):]:
+                    for i in buckets[level]:
+                        n = nodes[i]
+                        if avoid and name in n.models:
+                            continue
+                        if exclude and n.id in exclude:
+                            continue
+                        if disk and self._disk_reason(n, model, profile) is not None:
+                            continue
                         return [n]
         return None
 
@@ -450,7 +528,7 @@ class Placer:
                         if i in taken:
                             continue
                         n = self.nodes[i]
-                        if self._ok(n, model, exclude, avoid):
+                        if self._ok(n, model, profile, exclude, avoid):
                             chosen.append(n)
                             taken.add(i)
                             if len(chosen) == profile.nodes:

@@ -1,0 +1,198 @@
+"""Placement at fleet scale: core throughput, and `reconciler plan --inventory` end to end.
+
+    python bench/placement.py [--nodes 4000] [--replicas 10000] [--scaling 500,1000,2000,4000] [--keep DIR]
+
+Generates a fleet (8 GPUs per GPU node, four fabrics, three GPU classes, CPU-only
+nodes, labels, some cordoned/unreachable nodes, foreign GPU processes, weights
+present on some nodes) and a catalog of single-node, multi-node and CPU-only
+models, writes both to a temporary directory (catalog files, a JSON snapshot and
+the same snapshot as YAML), and prints:
+
+- core: replicas placed per second by reconciler.plan.plan() on loaded objects;
+- end to end: wall time and peak RSS of `python -m reconciler plan CATALOG
+  --inventory nodes.json --format json` (and the same with nodes.yaml), the child's
+  own maxrss from wait4;
+- both again for smaller fleets, to show how they grow.
+
+Targets (issue 3): >= 10,000 replicas/s in the core; < 3 s end to end on the JSON snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+CLASSES = [("H100-80GB", "NVIDIA H100 80GB HBM3", 81559), ("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920),
+           ("L40S-48GB", "NVIDIA L40S", 46068)]
+FABRICS = ["ib-pod1", "ib-pod2", "ib-pod3", "ib-pod4"]
+ZONES = ["a", "b", "c"]
+
+
+def generate(nodes: int, replicas: int, seed: int = 7):
+    """(fleet.yaml document, {model file name: document}, snapshot document)."""
+    rnd = random.Random(seed)
+    fleet_nodes, snap_nodes = [], []
+    for i in range(nodes):
+        cpu_only = i % 10 == 9
+        cls, gname, gmem = CLASSES[(i // 10) % 3]
+        fabric = None if cpu_only or cls == "L40S-48GB" else FABRICS[(i // 3) % 4]
+        nid = f"cpu-{i:05d}" if cpu_only else f"{cls.split('-')[0].lower()}-{i:05d}"
+        zone = ZONES[i % 3]
+        spec = {"id": nid, "address": f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}",
+                "data_address": f"10.{100 + i // 65536}.{(i // 256) % 256}.{i % 256}",
+                "labels": {"zone": zone, "rack": f"r{i // 40}"}, "model_dirs": ["/models"]}
+        if i % 97 == 0:
+            spec["state"] = "cordoned"
+        if fabric:
+            spec["fabrics"] = {fabric: ["mlx5_0", "mlx5_1"]}
+        fleet_nodes.append(spec)
+        gpus = []
+        if not cpu_only:
+            for g in range(8):
+                gd = {"index": g, "uuid": f"GPU-{i:05d}-{g}", "name": gname, "class": cls, "memory_total_mb": gmem,
+                      "memory_used_mb": 0, "nvlink_peers": [p for p in range(8) if p != g]}
+                if rnd.random() < 0.01:
+                    gd["processes"] = [{"pid": 1000 + g, "name": "python", "used_mb": 2048}]
+                gpus.append(gd)
+        state = "unreachable" if i % 211 == 0 else "ready"
+        snap_nodes.append({
+            "id": nid, "state": state, "reason": "timed out" if state == "unreachable" else "",
+            "labels": spec["labels"], "memory_total_mb": 1024 * (256 if cpu_only else 1024),
+            "engines": {"vllm": "", "llama.cpp": ""} if i % 13 else {"llama.cpp": ""},
+            "gpus": gpus,
+            "fabrics": [{"name": fabric, "hcas": ["mlx5_0", "mlx5_1"]}] if fabric else [],
+            "disks": [{"path": "/models", "free_bytes": (200 + rnd.randrange(2000)) << 30, "total_bytes": 4000 << 30}],
+            "weights": [f"/models/m{j:03d}" for j in rnd.sample(range(200), 3)] if i % 4 else None,
+            "replicas": [], "ports_in_use": [22],
+        })
+    # Models: replica counts sum to `replicas`; a mix of shapes.
+    shapes = [
+        # (share of the replicas, profiles); sized to fill most of the fleet, not all of it
+        (0.35, [{"engine": "vllm", "gpu_class": "L40S-48GB", "gpus_per_node": 1, "priority": 10},
+                {"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 1, "priority": 5}]),
+        (0.20, [{"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 2, "priority": 10, "min_disk_gb": 100}]),
+        (0.10, [{"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 4, "priority": 10, "node_selector": {"zone": "a"}},
+                {"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 4, "priority": 5}]),
+        (0.05, [{"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 8, "priority": 10, "min_memory_gb": 512}]),
+        (0.02, [{"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 8, "nodes": 2, "priority": 10},
+                {"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 8, "nodes": 2, "priority": 5}]),
+        (0.28, [{"engine": "llama.cpp", "priority": 10}]),
+    ]
+    models = {}
+    per_model = max(replicas // 200, 1)
+    mi = 0
+    for share, profiles in shapes:
+        want = int(replicas * share)
+        while want > 0:
+            n = min(per_model, want)
+            want -= n
+            name = f"m{mi:03d}"
+            profs = [{"name": f"p{k}", **p} for k, p in enumerate(profiles)]
+            models[f"{name}.yaml"] = {"name": name, "source": f"/models/{name}", "replicas": n,
+                                     "spread": "preferred" if "nodes" not in profiles[0] and n > nodes // 20 else "required",
+                                     "profiles": profs}
+            mi += 1
+    # Two models that cannot be placed, to exercise rejections at scale.
+    models["zz-huge.yaml"] = {"name": "zz-huge", "source": "org/huge", "replicas": 20,
+                              "profiles": [{"name": "tp16", "engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 16}]}
+    models["zz-rack.yaml"] = {"name": "zz-rack", "source": "org/rack", "replicas": 20,
+                              "profiles": [{"name": "gpu", "engine": "vllm", "gpu_class": "L40S-48GB", "node_selector": {"zone": "nowhere"}}]}
+    return {"nodes": fleet_nodes}, models, {"nodes": snap_nodes}
+
+
+def write_catalog(root: Path, fleet_doc, models, snapshot):
+    (root / "models").mkdir(parents=True)
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet_doc, sort_keys=False))
+    for name, doc in models.items():
+        (root / "models" / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    (root / "nodes.json").write_text(json.dumps(snapshot))
+    from reconciler.status import dump_yaml
+
+    (root / "nodes.yaml").write_text(dump_yaml(snapshot))
+
+
+def core(root: Path) -> tuple[float, int, int, float]:
+    """(replicas/s, replicas decided, unplaced, seconds) of plan() on loaded objects."""
+    from reconciler.catalog import load_catalog
+    from reconciler.inventory import load_inventory
+    from reconciler.plan import plan
+
+    catalog = load_catalog(root, with_revision=False)
+    inv = load_inventory(root / "nodes.json", catalog.fleet)
+    gc.collect()
+    best = None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        p = plan(catalog, inv)
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    total = sum(m.replicas for m in catalog.models)
+    return total / best, total, len(p.unplaced), best
+
+
+def end_to_end(root: Path, snapshot: str) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB of the child, exit code) of `reconciler plan --inventory` to /dev/null."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    t0 = time.perf_counter()
+    with open(os.devnull, "wb") as devnull:
+        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "plan", str(root), "--inventory",
+                                 str(root / snapshot), "--format", "json"], stdout=devnull, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss / 1024, proc.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=4000)
+    ap.add_argument("--replicas", type=int, default=10000)
+    ap.add_argument("--scaling", default="500,1000,2000,4000", help="fleet sizes for the growth table ('' to skip)")
+    ap.add_argument("--keep", metavar="DIR", help="write the generated catalog here and keep it")
+    args = ap.parse_args()
+
+    sizes = [int(s) for s in args.scaling.split(",") if s] or [args.nodes]
+    if args.nodes not in sizes:
+        sizes.append(args.nodes)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="placement-bench-") as tmp:
+        for n in sorted(sizes):
+            reps = max(args.replicas * n // args.nodes, 1)
+            root = Path(args.keep) / f"n{n}" if args.keep else Path(tmp) / f"n{n}"
+            fleet_doc, models, snap = generate(n, reps)
+            write_catalog(root, fleet_doc, models, snap)
+            rate, total, unplaced, secs = core(root)
+            e2e_json = end_to_end(root, "nodes.json")
+            e2e_yaml = end_to_end(root, "nodes.yaml")
+            size_json = (root / "nodes.json").stat().st_size / 1e6
+            size_yaml = (root / "nodes.yaml").stat().st_size / 1e6
+            rows.append((n, total, unplaced, rate, secs, e2e_json, e2e_yaml, size_json, size_yaml, len(models)))
+            print(f"  {n} nodes done", file=sys.stderr)
+
+    print(f"{'nodes':>6} {'models':>6} {'replicas':>8} {'unplaced':>8} {'core rep/s':>11} {'core s':>7} "
+          f"{'e2e json s':>10} {'rss MiB':>8} {'e2e yaml s':>10} {'rss MiB':>8} {'json MB':>8} {'yaml MB':>8}")
+    for n, total, unplaced, rate, secs, (wj, rj, cj), (wy, ry, cy), sj, sy, nm in rows:
+        print(f"{n:>6} {nm:>6} {total:>8} {unplaced:>8} {rate:>11,.0f} {secs:>7.3f} {wj:>10.2f} {rj:>8.0f} "
+              f"{wy:>10.2f} {ry:>8.0f} {sj:>8.1f} {sy:>8.1f}" + ("" if cj == cy == 0 else f"  (exit {cj}/{cy})"))
+    n, total, unplaced, rate, secs, (wj, rj, _), *_ = rows[-1]
+    ok_core, ok_e2e = rate >= 10_000, wj < 3.0
+    print(f"\ntargets at {n} nodes: core {rate:,.0f} replicas/s (>= 10,000: {'met' if ok_core else 'NOT met'}); "
+          f"end to end {wj:.2f} s on JSON (< 3 s: {'met' if ok_e2e else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
