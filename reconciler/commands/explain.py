@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from reconciler.catalog import load_catalog
@@ -13,6 +14,10 @@ from reconciler.plan import plan
 
 
 def main(args) -> int:
+    # A one-shot process that builds millions of long-lived objects (catalog, snapshot) and
+    # frees them at exit: cyclic collection only re-walks them. Measured at 4,000 nodes it
+    # costs a third of the run.
+    gc.disable()
     catalog = load_catalog(args.catalog)
     model = catalog.model(args.model)
     if model is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import gc
 import sys
 
 from reconciler.catalog import load_catalog
@@ -114,6 +115,10 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
 
 
 def main(args) -> int:
+    # A one-shot process that builds millions of long-lived objects (catalog, snapshot) and
+    # frees them at exit: cyclic collection only re-walks them. Measured at 4,000 nodes it
+    # costs a third of the run.
+    gc.disable()
     catalog = load_catalog(args.catalog)
     inventory = observe(catalog, args.catalog, args.inventory)
     pl = plan(catalog, inventory)
