@@ -35,7 +35,7 @@ import math
 import re
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from reconciler.errors import Problem
 from reconciler.model import (
@@ -821,12 +821,17 @@ def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profil
     return f"profile {profile.name}: no node in the fleet matches its selector, engine, memory and GPUs", set()
 
 
-def unfittable_problems(catalog: Catalog, inventory: Inventory) -> list[Problem]:
+def unfittable_problems(
+    catalog: Catalog, inventory: Inventory, locate: Callable[[str, tuple], tuple[int, int]] | None = None,
+) -> list[Problem]:
     """Models that no profile could ever fit on this fleet, even with nothing running.
 
     Left alone these would sit Pending forever with a rejection list that reads
     like a capacity problem; they are a catalog mistake (16 GPUs per node on a
     fleet of 8-GPU nodes) and `validate --inventory` says so.
+
+    locate(file, path) -> (line, column) places a problem at a field (path like
+    ("profiles", 0, "gpus_per_node")); without it problems point at 1:1 of the model file.
     """
     problems = []
     for model in catalog.models:
@@ -840,11 +845,16 @@ def unfittable_problems(catalog: Catalog, inventory: Inventory) -> list[Problem]
             else:
                 reasons.append(why)
         where = model.file or f"models/{model.name}.yaml"
+
+        def at(path: tuple) -> tuple[int, int]:
+            return locate(where, path) if locate is not None else (1, 1)
+
         if model.profiles and len(reasons) == len(model.profiles):
-            problems.append(Problem(where, 1, 1, f"model {model.name} can never be placed on this inventory: " + "; ".join(reasons)))
+            problems.append(Problem(where, *at(("profiles",)),
+                                    f"model {model.name} can never be placed on this inventory: " + "; ".join(reasons)))
         elif single_only and model.spread != "preferred" and model.replicas > len(hosts):
             problems.append(Problem(
-                where, 1, 1,
+                where, *at(("replicas",)),
                 f"model {model.name} asks for {model.replicas} replicas, but only {len(hosts)} nodes can ever hold one "
                 f"and replicas of a model never share a node (set spread: preferred to allow it)",
             ))

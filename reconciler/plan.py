@@ -88,6 +88,11 @@ class Plan:
     history: Mapping[str, ReplicaHistory]
     revision: str | None = None
 
+    @property
+    def placed_on(self) -> dict[str, tuple[str, ...]]:
+        """Per desired replica, the nodes it is on or goes to: the `placed_on` input of the next pass."""
+        return {rid: tuple(a.node for a in o.placement.nodes) for rid, o in self.outcomes.items() if o.placement is not None}
+
     def restarts(self, replica: str) -> int:
         h = self.history.get(replica)
         return h.restarts if h else 0
@@ -244,13 +249,7 @@ def _no_gc():
             gc.enable()
 
 
-def plan(catalog: Catalog, inventory: Inventory, **kwargs) -> "Plan":
-    """Compare the catalog with what runs and decide what to do; see _plan for every argument."""
-    with _no_gc():
-        return _plan(catalog, inventory, **kwargs)
-
-
-def _plan(
+def plan(
     catalog: Catalog,
     inventory: Inventory,
     *,
@@ -261,7 +260,7 @@ def _plan(
     last_seen: Inventory | None = None,
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
-) -> Plan:
+) -> "Plan":
     """Compare the catalog with what runs and decide what to do, each action with its reason.
 
     catalog            desired state (models, fleet); `catalog.revision` is copied into the plan.
@@ -276,6 +275,26 @@ def _plan(
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     """
+    with _no_gc():
+        return _plan(
+            catalog, inventory, now=now, history=history, unreachable_since=unreachable_since, grace_s=grace_s,
+            last_seen=last_seen, explain=explain, placed_on=placed_on,
+        )
+
+
+def _plan(
+    catalog: Catalog,
+    inventory: Inventory,
+    *,
+    now: float = 0.0,
+    history: Mapping[str, ReplicaHistory] | None = None,
+    unreachable_since: Mapping[str, float] | None = None,
+    grace_s: float = UNREACHABLE_GRACE_S,
+    last_seen: Inventory | None = None,
+    explain: Iterable[str] = (),
+    placed_on: Mapping[str, tuple[str, ...]] | None = None,
+) -> Plan:
+    """The diff itself; see plan() for the arguments."""
     history = dict(history or {})
     unreachable_since = unreachable_since or {}
     placed_on = placed_on or {}
@@ -334,9 +353,12 @@ def _plan(
                 outcomes[rid] = Outcome(rid, model_name, current, kept=True)
                 new_history[rid] = hist
                 first = min(unreachable_since.get(n, now) for n in lost)
+                if any(n in unreachable_since for n in lost):
+                    when = f"after {_iso(first + grace_s)} (grace {int(grace_s)} s)"
+                else:
+                    when = f"if it stays unreachable for {int(grace_s)} s"
                 waiting.append(Waiting(rid, model_name,
-                                       f"node {', '.join(lost)} unreachable; replaced elsewhere after "
-                                       f"{_iso(first + grace_s)} (grace {int(grace_s)} s)", first + grace_s))
+                                       f"node {', '.join(lost)} unreachable; replaced elsewhere {when}", first + grace_s))
                 continue
             placer.hold(current)
             n = overdue[0]

@@ -187,3 +187,64 @@ def test_a_plan_applied_then_planned_again_changes_nothing(fi, ms):
     second = plan(c, applied(inv, f, ms, first))
     assert second.actions == (), "running replicas are sticky: an applied plan is a fixed point"
     assert [o.replica for o in second.unplaced] == [o.replica for o in first.unplaced]
+
+
+@st.composite
+def changes(draw, ms, f):
+    """Which models get a new spec, which node is drained, which replicas crash."""
+    changed = draw(st.sets(st.sampled_from([m.name for m in ms])))
+    drained = draw(st.one_of(st.none(), st.sampled_from([s.id for s in f.nodes])))
+    crash_seed = draw(st.integers(0, 3))
+    return changed, drained, crash_seed
+
+
+@SETTINGS
+@given(fleets(), models(), st.data())
+def test_second_pass_over_running_replicas_keeps_every_rule(fi, ms, data):
+    f, inv = fi
+    first = plan(catalog(f, *ms), inv)
+    running = applied(inv, f, ms, first)
+    changed, drained, crash_seed = data.draw(changes(ms, f))
+    # crash some ranks
+    nodes = []
+    for k, n in enumerate(running.nodes):
+        reps = tuple(replace(r, alive=False) if (k + r.rank + crash_seed) % 4 == 0 else r for r in n.replicas)
+        nodes.append(replace(n, replicas=reps))
+    running = type(inv)(tuple(nodes))
+    ms2 = [replace(m, profiles=tuple(replace(p, args=p.args + ("--new",)) for p in m.profiles)) if m.name in changed else m
+           for m in ms]
+    f2 = type(f)(nodes=tuple(replace(s, state="drained") if s.id == drained else s for s in f.nodes))
+    second = plan(catalog(f2, *ms2), running, now=100)
+
+    assert set(second.outcomes) == {rid for m in ms2 for rid in m.replica_ids()}
+    spec_replaces: dict[str, int] = {}
+    new = []
+    for a in second.actions:
+        assert a.action in ("restart", "replace", "start"), a
+        if a.action == "replace":
+            if a.reason.startswith("spec changed"):
+                spec_replaces[a.model] = spec_replaces.get(a.model, 0) + 1
+            if a.placement is not None:
+                assert drained not in [x.node for x in a.placement.nodes]
+                if not a.stop_first:
+                    # beside the old copy, never on its nodes
+                    assert not {x.node for x in a.placement.nodes} & {x.node for x in a.previous.nodes}
+        if a.action in ("start", "replace") and a.placement is not None:
+            new.append(a.placement)
+    assert all(v == 1 for v in spec_replaces.values()), "one spec change at a time per model"
+    check_invariants(f2, running, ms2, type("R", (), {"placements": new, "unplaced": [], "outcomes": second.outcomes})())
+    # no GPU is promised to two copies that run at the same time
+    held: dict[tuple[str, int], str] = {}
+    stopped_first = {a.replica for a in second.actions if a.action == "replace" and a.stop_first}
+    for rid, o in second.outcomes.items():
+        if o.placement is None:
+            continue
+        for x in o.placement.nodes:
+            for g in x.gpus:
+                assert (x.node, g) not in held, f"{x.node}:{g} held by {held[(x.node, g)]} and {rid}"
+                held[(x.node, g)] = rid
+    for a in second.actions:
+        if a.action == "replace" and a.placement is not None and a.replica not in stopped_first:
+            for x in a.previous.nodes:
+                for g in x.gpus:
+                    assert (x.node, g) not in held or held[(x.node, g)] == a.replica

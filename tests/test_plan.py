@@ -227,3 +227,36 @@ def test_nodes_not_in_the_fleet_are_ignored():
     p = plan(catalog(f, model("m", P, replicas=1)), inv)
     assert kinds(p) == [("start", "m-0")]
     assert "x-0" not in p.observed
+
+
+def test_unreachable_node_first_seen_now_says_how_long_it_may_stay_so():
+    b_obs = observed("b", state="unreachable", reason="timed out",
+                     replicas=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)])
+    f, inv = two_nodes(b_obs=b_obs)
+    p = plan(catalog(f, M), inv, now=50)
+    assert [w.reason for w in p.waiting] == ["node b unreachable; replaced elsewhere if it stays unreachable for 300 s"]
+    assert p.outcomes["m-1"].kept and kinds(p) == [("start", "m-0")]
+
+
+def test_dead_rank_of_multi_node_replica_restarts_all_ranks_in_place_with_a_rendezvous_port():
+    fab = {"ib": ["mlx5_0"]}
+    mp = profile("mp", gpus_per_node=8, nodes=2)
+    mm = model("mm", mp)
+    h = spec_hash(mm, mp)
+    f = fleet(node_spec("a", fabrics=fab), node_spec("b", fabrics=fab))
+    inv = inventory(
+        observed("a", gpu=gpus(8), ports_in_use=[8000, 29500],
+                 replicas=[rank("mm-0", "mm", "mp", gpus=range(8), spec_hash=h, nnodes=2)]),
+        observed("b", gpu=gpus(8), replicas=[rank("mm-0", "mm", "mp", r=1, gpus=range(8), spec_hash=h, nnodes=2, alive=False)]),
+    )
+    p = plan(catalog(f, mm), inv, now=5)
+    (a,) = p.actions
+    assert a.action == "restart" and "rank 1 on b is dead" in a.reason
+    assert [(x.node, x.rank, x.hcas) for x in a.placement.nodes] == [("a", 0, ("mlx5_0",)), ("b", 1, ("mlx5_0",))]
+    assert a.placement.fabric == "ib" and a.placement.dist_port == 29501
+
+
+def test_plan_reports_where_replicas_are_for_the_next_pass():
+    f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)])
+    p = plan(catalog(f, M), inv)
+    assert p.placed_on == {"m-0": ("a",), "m-1": ("b",)}

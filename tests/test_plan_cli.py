@@ -197,3 +197,17 @@ def test_validate_with_inventory_reports_a_model_that_can_never_fit(cli, repo):
     assert r.returncode == 1
     assert "needs 16 H100-80GB GPUs per node, the most any node has is 8" in r.stderr
     assert "models/huge.yaml:" in r.stderr
+
+
+def test_explain_names_the_profiles_a_placed_replica_skipped(cli, repo, tmp_path):
+    # Every H100 taken by a foreign process: llama-3-70b falls back to its A100 profile.
+    doc = snapshot_doc()
+    for n in doc["nodes"]:
+        for g in n.get("gpus") or ():
+            if g["class"] == "H100-80GB":
+                g["processes"] = [{"pid": 4242, "name": "train.py", "used_mb": 70000}]
+    snap = write_snapshot(tmp_path / "nodes.yaml", doc)
+    r = cli("explain", "llama-3-70b", str(repo), "--inventory", str(snap))
+    assert r.returncode == 0, r.stderr
+    assert "profiles that did not fit first:" in r.stdout
+    assert "nodes fit profile h100-tp8" in r.stdout and "have too few free H100-80GB GPUs" in r.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
@@ -24,7 +25,7 @@ def main(args) -> int:
         names = ", ".join(m.name for m in catalog.models) or "none"
         raise UsageError(f"model {args.model} is not in the catalog (models: {names})")
     inventory = observe(catalog, args.catalog, args.inventory)
-    pl = plan(catalog, inventory, explain=[model.name])
+    pl = plan(catalog, inventory, now=time.time(), explain=[model.name])
     actions = {a.replica: a for a in pl.actions if a.model == model.name}
     waiting = {w.replica: w for w in pl.waiting if w.model == model.name}
     out = [f"{model.name}: {model.replicas} replica{'s' if model.replicas != 1 else ''}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import gc
 import sys
+import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
@@ -121,7 +122,8 @@ def main(args) -> int:
     gc.disable()
     catalog = load_catalog(args.catalog)
     inventory = observe(catalog, args.catalog, args.inventory)
-    pl = plan(catalog, inventory)
+    # The clock only matters for backoff and grace periods, which an offline plan reports, not waits for.
+    pl = plan(catalog, inventory, now=time.time())
     if args.format == "json":
         sys.stdout.write(json.dumps(plan_document(pl, args.all), separators=(",", ":")) + "\n")
     else:
