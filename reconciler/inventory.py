@@ -199,7 +199,7 @@ class _Checker:
     def err(self, node, path, msg):
         self.errors.append((node, path, msg))
 
-    def typed(self, node, path, value, kind, *, minimum=None, nullable=False) -> bool:
+    def typed(self, node, path, value, kind, *, minimum=None, maximum=None, nullable=False) -> bool:
         if value is None and nullable:
             return True
         ok = {
@@ -216,14 +216,17 @@ class _Checker:
         if minimum is not None and value < minimum:
             self.err(node, path, f"must be at least {minimum}, not {value}")
             return False
+        if maximum is not None and value > maximum:
+            self.err(node, path, f"must be at most {maximum}, not {value}")
+            return False
         return True
 
-    def int_list(self, node, path, value, minimum=0) -> list[int]:
+    def int_list(self, node, path, value, minimum=0, maximum=None) -> list[int]:
         if not self.typed(node, path, value, "list"):
             return []
         out = []
         for i, v in enumerate(value):
-            if self.typed(node, f"{path}[{i}]", v, "int", minimum=minimum):
+            if self.typed(node, f"{path}[{i}]", v, "int", minimum=minimum, maximum=maximum):
                 out.append(v)
         return out
 
@@ -352,8 +355,8 @@ def _check_node(c: _Checker, i: int, d) -> str | None:
     if "weights" in d and c.typed(n, "weights", d["weights"], "list", nullable=True):
         for wi, w in enumerate(d["weights"] or ()):
             c.typed(n, f"weights[{wi}]", w, "str")
-    if "ports_in_use" in d:
-        c.int_list(n, "ports_in_use", d["ports_in_use"])
+    if d.get("ports_in_use") is not None:
+        c.int_list(n, "ports_in_use", d["ports_in_use"], maximum=65535)
     holders: dict[int, str] = {}
     if "replicas" in d and c.typed(n, "replicas", d["replicas"], "list", nullable=True):
         for ri, r in enumerate(d["replicas"] or ()):
@@ -367,7 +370,8 @@ def _check_node(c: _Checker, i: int, d) -> str | None:
                     c.typed(n, f"{rp}.{key}", r[key], "str")
             for key, minimum in (("rank", 0), ("nnodes", 1), ("port", 0), ("pid", 0)):
                 if key in r:
-                    c.typed(n, f"{rp}.{key}", r[key], "int", minimum=minimum, nullable=key == "pid")
+                    c.typed(n, f"{rp}.{key}", r[key], "int", minimum=minimum, nullable=key == "pid",
+                            maximum=65535 if key == "port" else None)
             if "spec_hash" in r:
                 c.typed(n, f"{rp}.spec_hash", r["spec_hash"], "str")
             if "alive" in r:

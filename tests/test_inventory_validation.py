@@ -47,6 +47,9 @@ MUTATIONS = [
     ("replica without model", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0", "profile": "p"}]), "replicas[0].model: is required"),
     ("replica nnodes zero", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0", "model": "a", "profile": "p", "nnodes": 0}]),
      "replicas[0].nnodes: must be at least 1"),
+    ("port out of range", lambda d: n0(d).__setitem__("ports_in_use", [70000]), "ports_in_use[0]: must be at most 65535"),
+    ("replica port out of range", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0", "model": "a", "profile": "p", "port": 65536}]),
+     "replicas[0].port: must be at most 65535"),
     ("alive not bool", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0", "model": "a", "profile": "p", "alive": "yes"}]),
      "replicas[0].alive: must be true or false"),
 ]
