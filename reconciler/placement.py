@@ -132,7 +132,7 @@ class _Node:
             set(peers) | {g} >= indices for g, peers in self.nvlink.items()
         )
         self.ranks = 0
-        self.models: dict[str, str] = {}  # model -> a replica of it hosted here
+        self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
         self.ports_used: set[int] = set(self.ports_observed)
 
@@ -408,7 +408,7 @@ class Placer:
             if a.port:
                 n.ports_used.add(a.port)
             n.ranks += 1
-            n.models.setdefault(placement.model, placement.replica)
+            n.models.setdefault(placement.model, []).append(placement.replica)
             self._relevel(n, before)
         if placement.dist_port and placement.nodes:
             head = self.by_id.get(placement.nodes[0].node)
@@ -431,8 +431,11 @@ class Placer:
             if a.port and a.port not in n.ports_observed:
                 n.ports_used.discard(a.port)
             n.ranks -= 1
-            if n.models.get(placement.model) == placement.replica:
-                del n.models[placement.model]
+            hosted = n.models.get(placement.model)
+            if hosted and placement.replica in hosted:
+                hosted.remove(placement.replica)
+                if not hosted:
+                    del n.models[placement.model]
             self._relevel(n, before)
         if placement.dist_port and placement.nodes:
             head = self.by_id.get(placement.nodes[0].node)
@@ -590,7 +593,7 @@ class Placer:
         if n.id in exclude:
             return "runs the copy being replaced"
         if model.spread != "preferred" and model.name in n.models:
-            return f"already hosts {n.models[model.name]} of this model"
+            return f"already hosts {n.models[model.name][0]} of this model"
         if profile.gpu_class is not None:
             have = n.level(profile.gpu_class)
             if have < profile.gpus_per_node:

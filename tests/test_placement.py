@@ -401,3 +401,19 @@ def test_more_replicas_than_nodes_that_could_ever_hold_one_is_a_problem():
     problems = unfittable_problems(catalog(f, model("m", replicas=3)), inv)
     assert len(problems) == 1 and "asks for 3 replicas, but only 2 nodes" in problems[0].message
     assert unfittable_problems(catalog(f, model("m", replicas=3, spread="preferred")), inv) == []
+
+
+def test_releasing_one_of_two_colocated_replicas_keeps_the_node_marked_as_hosting_the_model():
+    f = fleet(node_spec("a"), node_spec("b"))
+    inv = inventory(observed("a", gpu=gpus(8)), observed("b", gpu=gpus(1)))
+    shared = model("m", replicas=2, spread="preferred")
+    placer = Placer(f, inv, [shared])
+    first = placer.place(shared, "m-0").placement
+    second = placer.place(shared, "m-1").placement
+    assert [first.nodes[0].node, second.nodes[0].node] == ["b", "a"]
+    third = placer.place(shared, "m-2").placement
+    assert third.nodes[0].node == "a"  # both nodes host it now: preferred spread shares the one with room
+    placer.release(third)
+    strict = model("m", replicas=3)
+    out = placer.place(strict, "m-3")
+    assert out.placement is None and "already hosts m-1 of this model" in [r.reason for r in out.rejections]
