@@ -93,9 +93,10 @@ class Plan:
         """Per desired replica, the nodes it is on or goes to: the `placed_on` input of the next pass."""
         return {rid: tuple(a.node for a in o.placement.nodes) for rid, o in self.outcomes.items() if o.placement is not None}
 
-    def restarts(self, replica: str) -> int:
-        h = self.history.get(replica)
-        return h.restarts if h else 0
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Per replica, how many times the reconciler restarted it (for status)."""
+        return {rid: h.restarts for rid, h in self.history.items() if h.restarts}
 
 
 def backoff_delay(streak: int) -> float:

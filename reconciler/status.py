@@ -148,7 +148,7 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
             "phase": phases.get(rid, "Unknown"),
             "nodes": nodes,
             "message": messages.get(rid, ""),
-            "restarts": plan.restarts(rid),
+            "restarts": plan.restarts.get(rid, 0),
         }
         if out is not None and out.placement is None:
             if out.rejections_same_as:

@@ -134,7 +134,7 @@ def test_dead_rank_is_restarted_in_place_and_counted():
     assert a.action == "restart" and a.placement.nodes[0].gpus == (0, 1, 2, 3)
     assert "rank 0 on a is dead" in a.reason
     assert p.history["m-0"] == ReplicaHistory(restarts=1, streak=1, last_restart=1000)
-    assert p.restarts("m-0") == 1
+    assert p.restarts == {"m-0": 1}
 
 
 def test_crash_loop_waits_out_an_exponential_backoff():
