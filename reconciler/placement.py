@@ -732,6 +732,11 @@ def _classify(reason: str) -> tuple[tuple[str, str], str | None]:
     return (reason, reason), None
 
 
+def _nearest_first(entry: str) -> tuple:
+    m = re.search(r": ([\d.]+)", entry)
+    return (-float(m.group(1)), entry) if m else (0.0, entry)
+
+
 def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool = False) -> list[str]:
     """One line per profile: `0/12 nodes fit profile h100-tp8: 8 have too few free H100-80GB GPUs (a1: 4 free, needs 8; ...), 4 lack label zone=a (...)`."""
     by_profile: dict[str, list[Rejection]] = {}
@@ -752,6 +757,9 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
             label, detail = _classify(r.reason)
             groups.setdefault(label, []).append(f"{r.node}: {detail}" if detail else r.node)
         parts = []
+        for names in groups.values():
+            # The nearest misses first ("h100-a3: 7 free, needs 8" before "l40s-c1: 0 free, needs 8").
+            names.sort(key=_nearest_first)
         for label, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             shown = names if show_all or len(names) <= SUMMARY_NAMES else names[:SUMMARY_NAMES]
             sep = "; " if any(":" in s for s in shown) else ", "

@@ -77,6 +77,10 @@ def _where(p: Placement | None) -> str:
     return " ".join(f"{a.node}{_gpus(a.gpus)}:{a.port}" for a in p.nodes)
 
 
+def _span(replicas: list[str]) -> str:
+    return replicas[0] if len(replicas) == 1 else f"{replicas[0]} .. {replicas[-1]}"
+
+
 def render_text(pl: Plan, show_all: bool = False) -> str:
     rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
     for a in pl.actions:
@@ -94,11 +98,17 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
     if pl.unplaced:
         out.append("")
         out.append("unplaced:")
+        same: dict[str, list[str]] = {}
         for o in pl.unplaced:
             if o.rejections_same_as:
-                out.append(f"  {o.replica}: same rejections as {o.rejections_same_as}")
+                same.setdefault(o.rejections_same_as, []).append(o.replica)
+        for o in pl.unplaced:
+            if o.rejections_same_as:
                 continue
-            out.append(f"  {o.replica}:")
+            others = same.get(o.replica, [])
+            more = f" (and {len(others)} more replica{'s' if len(others) != 1 else ''} of {o.model}: " \
+                   f"{_span(others)}, same rejections)" if others else ""
+            out.append(f"  {o.replica}{more}:")
             for line in summarize(o.rejections, o.nodes_considered, show_all):
                 out.append(f"    {line}")
     if pl.waiting:
