@@ -325,13 +325,16 @@ def _plan(
         observed[rid] = current
         ordinal = replica_ordinal(model_name, rid)
 
-        if model is None:
-            stops_removed.append(Action("stop", rid, model_name, "model removed from the catalog",
-                                        _stop_placement(rid, model_name, entries)))
-            continue
-        if ordinal is None or ordinal >= model.replicas:
-            stops_scaled.append(Action("stop", rid, model_name, f"scaled down to {model.replicas} replicas",
-                                       _stop_placement(rid, model_name, entries)))
+        if model is None or ordinal is None or ordinal >= model.replicas:
+            why = "model removed from the catalog" if model is None else f"scaled down to {model.replicas} replicas"
+            reachable = [(n, r) for n, r in entries if state(n) != "unreachable"]
+            away = sorted({n for n, r in entries if state(n) == "unreachable"})
+            if reachable:
+                (stops_removed if model is None else stops_scaled).append(
+                    Action("stop", rid, model_name, why, _stop_placement(rid, model_name, reachable)))
+            if away:
+                # A node that does not answer cannot be told to stop; its copy is stopped when it is back.
+                waiting.append(Waiting(rid, model_name, f"{why}; stopped on {', '.join(away)} when it answers again"))
             continue
 
         reachable_stale = [(n, r) for n, r in stale if state(n) != "unreachable"]

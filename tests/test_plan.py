@@ -260,3 +260,13 @@ def test_plan_reports_where_replicas_are_for_the_next_pass():
     f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)])
     p = plan(catalog(f, M), inv)
     assert p.placed_on == {"m-0": ("a",), "m-1": ("b",)}
+
+
+def test_copy_of_removed_model_on_unreachable_node_waits_until_it_answers():
+    b_obs = observed("b", state="unreachable", reason="timed out")
+    f, inv = two_nodes(a=[rank("old-0", "old", "x", gpus=(0,), spec_hash="q")], b_obs=b_obs)
+    last = inventory(observed("b", gpu=gpus(8), replicas=[rank("old-1", "old", "x", gpus=(0,), spec_hash="q")]))
+    p = plan(catalog(f, model("m", P, replicas=0)), inv, last_seen=last)
+    assert kinds(p) == [("stop", "old-0")]
+    assert [(w.replica, w.reason) for w in p.waiting] == [
+        ("old-1", "model removed from the catalog; stopped on b when it answers again")]
