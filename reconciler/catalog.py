@@ -469,6 +469,38 @@ def _looks_like_model(path: Path) -> bool:
     return bool(re.search(r"(?m)^profiles\s*:", text)) and bool(re.search(r"(?m)^(source|name)\s*:", text))
 
 
+def field_locator(root: str | os.PathLike):
+    """(file, path) -> (line, column) of a field in a catalog file, for problems found after loading.
+
+    The file is read again with positions, once, on the first question. A str step on a
+    list picks the item with that `name` (("profiles", "h100-tp8", "gpus_per_node")).
+    """
+    root = Path(root)
+    docs: dict[str, Any] = {}
+
+    def locate(rel: str, path: tuple) -> tuple[int, int]:
+        if rel not in docs:
+            doc, _ = _read(root, root / rel, rel)
+            docs[rel] = doc.data if doc is not None else None
+        data = docs[rel]
+        if data is None:
+            return 1, 1
+        steps, node = [], data
+        for step in path:
+            if isinstance(step, str) and isinstance(node, list):
+                step = next((i for i, item in enumerate(node) if isinstance(item, dict) and item.get("name") == step), None)
+                if step is None:
+                    break
+            steps.append(step)
+            try:
+                node = node[step]
+            except (KeyError, IndexError, TypeError):
+                break
+        return position(data, tuple(steps), key=True)
+
+    return locate
+
+
 def git_revision(root: Path) -> str | None:
     if not (root / ".git").exists():
         return None

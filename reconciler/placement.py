@@ -799,8 +799,8 @@ def _hardware_reason(spec, obs: ObservedNode | None, model: Model, profile: Prof
     return None
 
 
-def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profile) -> tuple[str | None, set[str]]:
-    """(None, nodes that can hold a rank) when the profile fits an empty fleet; else (why not, {})."""
+def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profile) -> tuple[str | None, str, set[str]]:
+    """(None, "", nodes that can hold a rank) when the profile fits an empty fleet; else (why not, field to blame, {})."""
     ok_nodes = []
     for spec in fleet.nodes:
         obs = inventory.node(spec.id)
@@ -808,7 +808,7 @@ def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profil
             ok_nodes.append((spec, obs))
     if profile.nodes <= 1:
         if ok_nodes:
-            return None, {s.id for s, _ in ok_nodes}
+            return None, "", {s.id for s, _ in ok_nodes}
     else:
         per_fabric: dict[str, int] = {}
         for spec, obs in ok_nodes:
@@ -816,10 +816,11 @@ def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profil
             for f in names:
                 per_fabric[f] = per_fabric.get(f, 0) + 1
         if any(c >= profile.nodes for c in per_fabric.values()):
-            return None, {s.id for s, _ in ok_nodes}
-        best = max(per_fabric.values(), default=0)
-        return (f"profile {profile.name} needs {profile.nodes} nodes on one fabric, "
-                f"the most any fabric has that could hold a rank is {best}"), set()
+            return None, "", {s.id for s, _ in ok_nodes}
+        if ok_nodes:
+            best = max(per_fabric.values(), default=0)
+            return (f"profile {profile.name} needs {profile.nodes} nodes on one fabric, "
+                    f"the most any fabric has that could hold a rank is {best}"), "nodes", set()
     if profile.gpu_class is not None:
         most = 0
         for spec in fleet.nodes:
@@ -828,8 +829,9 @@ def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profil
                 most = max(most, sum(1 for g in obs.gpus if (spec.gpu_class or g.gpu_class) == profile.gpu_class))
         if most < profile.gpus_per_node:
             return (f"profile {profile.name} needs {profile.gpus_per_node} {profile.gpu_class} GPUs per node, "
-                    f"the most any node has is {most}"), set()
-    return f"profile {profile.name}: no node in the fleet matches its selector, engine, memory and GPUs", set()
+                    f"the most any node has is {most}"), "gpus_per_node", set()
+    return (f"profile {profile.name}: no node in the fleet matches its selector, engine, memory and GPUs",
+            "name", set())
 
 
 def unfittable_problems(
@@ -841,27 +843,31 @@ def unfittable_problems(
     like a capacity problem; they are a catalog mistake (16 GPUs per node on a
     fleet of 8-GPU nodes) and `validate --inventory` says so.
 
-    locate(file, path) -> (line, column) places a problem at a field (path like
-    ("profiles", 0, "gpus_per_node")); without it problems point at 1:1 of the model file.
+    locate(file, path) -> (line, column) places a problem at a field; a path names list items
+    by their `name` (("profiles", "h100-tp16", "gpus_per_node")). Without it, problems point
+    at 1:1 of the model file.
     """
     problems = []
     for model in catalog.models:
         reasons = []
+        blame: tuple | None = None
         hosts: set[str] = set()
         single_only = all(p.nodes <= 1 for p in model.profiles)
         for profile in model.profiles:
-            why, ok = _why_never(catalog.fleet, inventory, model, profile)
+            why, fieldname, ok = _why_never(catalog.fleet, inventory, model, profile)
             if why is None:
                 hosts |= ok
             else:
                 reasons.append(why)
+                if blame is None:
+                    blame = ("profiles", profile.name, fieldname)
         where = model.file or f"models/{model.name}.yaml"
 
         def at(path: tuple) -> tuple[int, int]:
             return locate(where, path) if locate is not None else (1, 1)
 
         if model.profiles and len(reasons) == len(model.profiles):
-            problems.append(Problem(where, *at(("profiles",)),
+            problems.append(Problem(where, *at(blame or ("profiles",)),
                                     f"model {model.name} can never be placed on this inventory: " + "; ".join(reasons)))
         elif single_only and model.spread != "preferred" and model.replicas > len(hosts):
             problems.append(Problem(

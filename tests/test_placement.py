@@ -417,3 +417,18 @@ def test_releasing_one_of_two_colocated_replicas_keeps_the_node_marked_as_hostin
     strict = model("m", replicas=3)
     out = placer.place(strict, "m-3")
     assert out.placement is None and "already hosts m-1 of this model" in [r.reason for r in out.rejections]
+
+
+def test_unfittable_problem_points_at_the_field_to_change():
+    f = fleet(node_spec("a"))
+    inv = inventory(observed("a", gpu=gpus(8)))
+    c = catalog(f, model("huge", profile("tp16", gpus_per_node=16)))
+    asked = []
+
+    def locate(file, path):
+        asked.append((file, path))
+        return 7, 5
+
+    (problem,) = unfittable_problems(c, inv, locate=locate)
+    assert asked == [("models/huge.yaml", ("profiles", "tp16", "gpus_per_node"))]
+    assert (problem.line, problem.column) == (7, 5)

@@ -196,7 +196,8 @@ def test_validate_with_inventory_reports_a_model_that_can_never_fit(cli, repo):
     r = cli("validate", str(repo), "--inventory", str(SNAPSHOT))
     assert r.returncode == 1
     assert "needs 16 H100-80GB GPUs per node, the most any node has is 8" in r.stderr
-    assert "models/huge.yaml:" in r.stderr
+    # at the field to change: gpus_per_node of profile tp16, line 7
+    assert "models/huge.yaml:7:5: model huge can never be placed" in r.stderr
 
 
 def test_explain_names_the_profiles_a_placed_replica_skipped(cli, repo, tmp_path):
