@@ -117,3 +117,22 @@ def test_unknown_nodes_can_be_ignored_as_spec_section_3_says(tmp_path):
     path.write_text(json.dumps(doc))
     inv = load_inventory(path, FLEET, unknown_nodes="ignore")
     assert inv.node("stranger") is None and len(inv.nodes) == len(EXAMPLE["nodes"]) - 1
+
+
+def test_every_field_of_the_snapshot_schema_is_described():
+    undocumented = []
+
+    def walk(node, where):
+        if not isinstance(node, dict):
+            return
+        for name, sub in (node.get("properties") or {}).items():
+            if "description" not in sub:
+                undocumented.append(f"{where}.{name}")
+            walk(sub, f"{where}.{name}")
+        walk(node.get("items"), f"{where}[]")
+        for name, sub in (node.get("$defs") or {}).items():
+            walk(sub, f"$defs.{name}")
+
+    walk(SCHEMA, "")
+    assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert undocumented == []
