@@ -397,23 +397,35 @@ def _ranges(indices: set[int]) -> str:
     return ", ".join(map(str, s))
 
 
-def _line_of(text: str | None, node: str | None, path: str) -> int:
-    """Best-effort line of a problem: the node's `id` line, then the first line after it naming the field."""
-    if text is None:
-        return 1
-    start = 0
-    if node is not None:
-        m = _re.search(r"""(?m)["']?id["']?\s*:\s*["']?%s["']?\s*[,}\n]""" % _re.escape(node), text)
-        if m is None:
+class _Lines:
+    """Best-effort lines for problems in a snapshot's text, built in one pass over it.
+
+    A node's problem goes to the first line naming its field after the node's `id`
+    line; failing that, to the `id` line itself.
+    """
+
+    _ID = _re.compile(r"""(?m)["']?\bid["']?\s*:\s*["']?([a-z0-9][a-z0-9-]*)["']?\s*(?:,|}|$)""")
+
+    def __init__(self, text: str):
+        self.text = text
+        self.starts = [0] + [m.end() for m in _re.finditer("\n", text)]
+        self.ids: dict[str, int] = {}
+        for m in self._ID.finditer(text):
+            self.ids.setdefault(m.group(1), m.start())
+
+    def line(self, node: str | None, path: str) -> int:
+        from bisect import bisect_right
+
+        start = self.ids.get(node, 0) if node is not None else 0
+        if node is not None and node not in self.ids:
             return 1
-        start = m.start()
-    key = _re.match(r"^(?:nodes\[\d+\]\.)?([a-z_]+)", path)
-    pos = start
-    if key:
-        k = text.find(key.group(1), start)
-        if k != -1 and (node is None or k - start < 200_000):
-            pos = k
-    return text.count("\n", 0, pos) + 1
+        pos = start
+        key = _re.match(r"^(?:nodes\[\d+\]\.)?([a-z_]+)", path)
+        if key and key.group(1) != "id":
+            k = self.text.find(key.group(1), start, start + 200_000)
+            if k != -1:
+                pos = k
+        return bisect_right(self.starts, pos)
 
 
 def validate_inventory_document(doc, fleet: Fleet | None = None, *, file: str = "<inventory>",
@@ -443,10 +455,11 @@ def validate_inventory_document(doc, fleet: Fleet | None = None, *, file: str = 
                 if fleet is not None and unknown_nodes == "error" and fleet.node(nid) is None:
                     c.err(nid, "id", f"node {nid} is not in fleet.yaml (a snapshot of another fleet, "
                                      "or a node removed from it: take it out of the snapshot or add it back)")
+    lines = _Lines(text) if text is not None and c.errors else None
     problems = []
     for node, path, msg in c.errors:
         where = f"node {node}: {path}" if node else path
-        problems.append(Problem(file, _line_of(text, node, path), 1, f"{where}: {msg}"))
+        problems.append(Problem(file, lines.line(node, path) if lines else 1, 1, f"{where}: {msg}"))
     return problems
 
 
