@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from reconciler.errors import Problem
@@ -48,7 +48,6 @@ from reconciler.model import (
     Placement,
     Profile,
     Rejection,
-    replica_id,
 )
 
 MAX_PORT = 65535

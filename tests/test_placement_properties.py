@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.model import ObservedNode, RunningRank, spec_hash
+from reconciler.model import RunningRank, spec_hash
 from reconciler.placement import place
 from reconciler.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile
