@@ -145,6 +145,33 @@ def core(root: Path) -> tuple[float, int, int, float]:
     return total / best, total, len(p.unplaced), best
 
 
+def breakdown(root: Path) -> dict[str, float]:
+    """CPU seconds of each stage of `plan --inventory nodes.json --format json`, in this process."""
+    from reconciler.catalog import load_catalog
+    from reconciler.commands.plan import plan_document
+    from reconciler.inventory import load_inventory
+    from reconciler.plan import plan
+
+    gc.disable()
+    try:
+        out = {}
+        t = time.process_time()
+        catalog = load_catalog(root, with_revision=False)
+        out["catalog"] = time.process_time() - t
+        t = time.process_time()
+        inv = load_inventory(root / "nodes.json", catalog.fleet)
+        out["snapshot"] = time.process_time() - t
+        t = time.process_time()
+        p = plan(catalog, inv, now=0)
+        out["plan"] = time.process_time() - t
+        t = time.process_time()
+        json.dumps(plan_document(p), separators=(",", ":"))
+        out["json out"] = time.process_time() - t
+        return out
+    finally:
+        gc.enable()
+
+
 def end_to_end(root: Path, snapshot: str) -> tuple[float, float, float, int]:
     """(wall s, CPU s, peak RSS MiB, exit code) of the child `reconciler plan --inventory ... --format json` > /dev/null."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -177,9 +204,10 @@ def main() -> int:
             fleet_doc, models, snap = generate(n, reps)
             write_catalog(root, fleet_doc, models, snap)
             rate, total, unplaced, secs = core(root)
+            stages = breakdown(root)
             runs = {name: end_to_end(root, name) for name in ("nodes.json", "nodes-flow.yaml", "nodes.yaml")}
             mb = {name: (root / name).stat().st_size / 1e6 for name in runs}
-            rows.append((n, len(models), total, unplaced, rate, secs, runs, mb))
+            rows.append((n, len(models), total, unplaced, rate, secs, runs, mb, stages))
             print(f"  {n} nodes done", file=sys.stderr)
 
     print("core: plan() on loaded objects, best of 3. e2e: `reconciler plan CATALOG --inventory SNAPSHOT --format json`")
@@ -189,12 +217,14 @@ def main() -> int:
     for label in ("json", "flow yaml", "block yaml"):
         head += f" | {label + ' wall/cpu s':>20} {'RSS MiB':>7} {'MB':>5}"
     print(head)
-    for n, nm, total, unplaced, rate, secs, runs, mb in rows:
+    for n, nm, total, unplaced, rate, secs, runs, mb, _ in rows:
         line = f"{n:>6} {nm:>6} {total:>8} {unplaced:>8} {rate:>10,.0f} {secs:>6.3f}"
         for name, (wall, cpu, rss, rc) in runs.items():
             line += f" | {wall:>11.2f} /{cpu:>6.2f} {rss:>7.0f} {mb[name]:>5.1f}" + ("" if rc == 0 else f" (exit {rc})")
         print(line)
-    n, nm, total, unplaced, rate, secs, runs, mb = rows[-1]
+    n, nm, total, unplaced, rate, secs, runs, mb, stages = rows[-1]
+    print(f"\nstages at {n} nodes (CPU s, in process): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + " (+ interpreter start and imports)")
     wj = runs["nodes.json"][0]
     print(f"\ntargets at {n} nodes: core {rate:,.0f} replicas/s (>= 10,000: {'met' if rate >= 10_000 else 'NOT met'}); "
           f"end to end {wj:.2f} s on JSON (< 3 s: {'met' if wj < 3.0 else 'NOT met'})")
