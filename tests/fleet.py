@@ -43,6 +43,7 @@ when that directory exists, else small placeholder scripts. `executables=` and
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -125,7 +126,7 @@ def gpu_entry(spec: str | Mapping, index: int, node_id: str) -> dict:
     else:
         raise ValueError(f"unknown GPU preset {spec!r}; use one of {sorted(GPU_PRESETS)} or a dict")
     d.setdefault("memory_used_mb", 0)
-    seed = f"{node_id}-{index}".encode().hex().ljust(32, "0")[:32]
+    seed = hashlib.sha1(f"{node_id}-{index}".encode()).hexdigest()
     d.setdefault("uuid", f"GPU-{seed[:8]}-{seed[8:12]}-{seed[12:16]}-{seed[16:20]}-{seed[20:32]}")
     return d
 
@@ -237,6 +238,7 @@ class TestFleet:
         self.nodes: dict[str, NodeHandle] = {}
         self._next_host = 10
         self._closed = False
+        self._spawned: list[subprocess.Popen] = []
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmfleet-{self.prefix}", "-f", str(self.key)])
         self.public_key = (self.root / "id_ed25519.pub").read_text().strip()
@@ -595,6 +597,15 @@ class TestFleet:
             raise RuntimeError(f"{node_id}: {argv} exited {proc.returncode}: {proc.stderr}")
         return proc
 
+    def spawn(self, node_id: str, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """Start argv in the background inside the node's namespaces; killed at teardown if still running."""
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stderr", subprocess.DEVNULL)
+        proc = subprocess.Popen(self._enter(self.nodes[node_id]) + list(argv), start_new_session=True, **kw)
+        self._spawned.append(proc)
+        return proc
+
     def ssh_argv(self, node_id: str) -> list[str]:
         """An OpenSSH client command line that logs into the node (for baselines and debugging)."""
         return [
@@ -660,6 +671,10 @@ class TestFleet:
         if self._closed:
             return
         self._closed = True
+        for proc in self._spawned:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for node in self.nodes.values():
             # Everything in the node's network namespace was started by this fleet or by a
             # test through it (sshd sessions, engines): kill those pids, then the holder.

@@ -280,13 +280,13 @@ def source_present(source, model_dirs):
     return False
 
 
-def infiniband(warnings):
+def infiniband(warnings, root=IB_ROOT):
     """HCA ports from sysfs; None when this node has no InfiniBand class at all."""
-    if not os.path.isdir(IB_ROOT):
+    if not os.path.isdir(root):
         return None
     ports = []
-    for hca in sorted(os.listdir(IB_ROOT)):
-        ports_dir = os.path.join(IB_ROOT, hca, "ports")
+    for hca in sorted(os.listdir(root)):
+        ports_dir = os.path.join(root, hca, "ports")
         try:
             port_names = sorted(os.listdir(ports_dir), key=lambda p: (len(p), p))
         except OSError as e:
