@@ -22,6 +22,7 @@ not resolve, a timeout, a refused connection, an unreachable network.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
 import getpass
 import hashlib
@@ -248,7 +249,11 @@ class _Connector:
                 known_hosts=settings.known_hosts, connect_timeout_s=settings.connect_timeout_s,
             )
             hop_target = resolve_target(host, hop_settings, self.shared.config)
-            hop_target = Target(**{**hop_target.__dict__, "proxy_jump": None})
+            found = self.shared.config.lookup(host) if self.shared.config is not None else {}
+            # A jump host with no IdentityFile of its own is logged into with the node's key:
+            # fleets usually have one key for the bastion and the nodes behind it.
+            identities = hop_target.identity_files if "identityfile" in found else target.identity_files
+            hop_target = dataclasses.replace(hop_target, proxy_jump=None, identity_files=identities)
             via = self._jump(node_id, hop_target, via)
         assert via is not None
         try:

@@ -12,7 +12,8 @@ namespace), its own:
   - python directory on the login PYTHONPATH (where a fake `sglang` lives);
   - /sys/class/infiniband tree;
   - model directory (the same path on every node, different contents);
-  - home directory (/root), hence its own ~/.local/state/llm-reconciler.
+  - home directory (HOME in the login environment), hence its own
+    ~/.local/state/llm-reconciler.
 
 Use (pytest)::
 
@@ -452,7 +453,7 @@ class TestFleet:
                     "MaxSessions 100",
                     "LogLevel ERROR",
                     "Subsystem sftp internal-sftp",
-                    f"SetEnv PATH={path} PYTHONPATH={m}/python LLMFLEET_NODE={node.id}",
+                    f"SetEnv PATH={path} PYTHONPATH={m}/python HOME={node.dir}/home LLMFLEET_NODE={node.id}",
                     "",
                 ]
             )
@@ -492,7 +493,6 @@ class TestFleet:
             (node.dir / "engines", m / "engines"),
             (node.dir / "python", m / "python"),
             (node.dir / "models", m / "models"),
-            (node.dir / "home", Path("/root")),
             (node.dir / "sysclass", Path("/sys/class")),
         ]
         script = " && ".join(f"mount --bind {src} {dst}" for src, dst in mounts) + " && exec sleep infinity"
