@@ -39,7 +39,7 @@ import paramiko
 
 from reconciler.errors import CommandTimeout, HostKeyError, TransportError
 from reconciler.model import NodeSpec, SshSettings
-from reconciler.transport import CommandResult, LocalTransport, Transport
+from reconciler.transport import CommandResult, LocalTransport, StreamClosed, Transport
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
@@ -343,6 +343,60 @@ def _base_type(key_type: str) -> str:
     return "ssh-rsa" if key_type.startswith("rsa-sha2-") else key_type
 
 
+class _Stream:
+    """transport.Stream over one SSH channel: a command that answers a line per request line."""
+
+    _STDERR_KEPT = 4096
+
+    def __init__(self, node_id: str, chan: paramiko.Channel, clock: Callable[[], float]):
+        self.node_id = node_id
+        self._chan = chan
+        self._clock = clock
+        self._buf = b""
+        self._stderr = b""
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return not self._chan.closed and not self._chan.eof_received
+
+    def request(self, line: bytes, *, timeout: float) -> bytes:
+        with self._lock:
+            deadline = self._clock() + timeout
+            try:
+                self._chan.sendall(line if line.endswith(b"\n") else line + b"\n")
+                while b"\n" not in self._buf:
+                    got = False
+                    while self._chan.recv_stderr_ready():
+                        self._stderr = (self._stderr + self._chan.recv_stderr(_READ_CHUNK))[-self._STDERR_KEPT:]
+                        got = True
+                    if self._chan.recv_ready():
+                        data = self._chan.recv(_READ_CHUNK)
+                        self._buf += data
+                        got = True
+                        if data:
+                            continue
+                    if not got and (self._chan.eof_received or self._chan.closed):
+                        self._chan.settimeout(1.0)
+                        rc = self._chan.recv_exit_status() if self._chan.exit_status_ready() else None
+                        self.close()
+                        raise StreamClosed(self.node_id, f"command ended (exit {rc})", rc, self._stderr)
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        self.close()
+                        raise CommandTimeout(self.node_id, f"no answer within {timeout:g}s")
+                    if not got:
+                        select.select([self._chan], [], [], min(left, 1.0))
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                self.close()
+                raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
+            answer, _, self._buf = self._buf.partition(b"\n")
+            return answer
+
+    def close(self) -> None:
+        self._chan.close()
+
+
 class SshTransport:
     """transport.Transport over one persistent SSH connection to one node."""
 
@@ -367,6 +421,7 @@ class SshTransport:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error: TransportError | None = None
+        self._streams: dict[str, tuple[paramiko.Transport, _Stream]] = {}
 
     # -- connection -------------------------------------------------------
 
@@ -404,6 +459,9 @@ class SshTransport:
 
     def close(self) -> None:
         with self._lock:
+            for _, stream in self._streams.values():
+                stream.close()
+            self._streams.clear()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -427,6 +485,33 @@ class SshTransport:
                 continue
             return self._run_on(chan, argv, command, stdin, timeout)
         raise AssertionError("unreachable")
+
+    def stream(self, key: str, argv: Sequence[str], *, preamble: bytes = b"", timeout: float = 60.0) -> _Stream:
+        """The running stream named `key`, started with argv (and `preamble` sent first) if it is not running.
+
+        It lives as long as the connection: a reconnect starts it afresh, and
+        closing the connection ends it (the remote command sees end of input).
+        """
+        conn = self._connected()
+        with self._lock:
+            held = self._streams.get(key)
+            if held is not None and held[0] is conn and held[1].alive:
+                return held[1]
+            if held is not None:
+                held[1].close()
+                del self._streams[key]
+        try:
+            chan = conn.open_session(timeout=min(timeout, self.target.connect_timeout_s))
+            chan.exec_command(shlex.join(argv))
+            if preamble:
+                chan.sendall(preamble)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.close()
+            raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
+        stream = _Stream(self.node_id, chan, self._clock)
+        with self._lock:
+            self._streams[key] = (conn, stream)
+        return stream
 
     def _run_on(self, chan: paramiko.Channel, argv, command: str, stdin: bytes | None, timeout: float) -> CommandResult:
         deadline = self._clock() + timeout

@@ -21,6 +21,7 @@ from reconciler.probe.parse import (
     parse_compute_apps_csv,
     parse_gpu_csv,
     parse_ib_port,
+    parse_inet_diag,
     parse_meminfo,
     parse_proc_net_tcp,
     parse_proc_stat,
@@ -460,3 +461,32 @@ def test_records_become_running_ranks_with_liveness():
     (r,) = node.replicas
     assert (r.id, r.rank, r.nnodes, r.gpus, r.port, r.pid, r.alive) == ("m-0", 1, 2, (2, 3), 8001, 77, False)
     assert any("bad.json" in w for w in warnings)
+
+
+def test_sock_diag_answer_gives_the_local_ports_and_ends_at_done():
+    import struct
+
+    def msg(kind, body):
+        return struct.pack("=LHHLL", 16 + len(body), kind, 2, 1, 0) + body
+
+    sockid = struct.pack("!HH", 8000, 0) + b"\0" * 44
+    listen = msg(20, struct.pack("=BBBB", 2, 10, 0, 0) + sockid + b"\0" * 20)
+    data = listen + msg(3, struct.pack("=i", 0))
+    assert parse_inet_diag(data) == ([8000], True)
+    assert parse_inet_diag(listen) == ([8000], False)
+    with pytest.raises(ParseError):
+        parse_inet_diag(msg(2, struct.pack("=i", -1)))
+
+
+def test_listening_ports_through_sock_diag_see_a_real_listener():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port in script.listening_ports_netlink()
+        assert port in script.listening_ports([])
+    with socket.socket() as s:  # bound but not listening: not a port in use for serving
+        s.bind(("127.0.0.1", 0))
+        assert s.getsockname()[1] not in script.listening_ports_netlink()

@@ -23,8 +23,8 @@ from reconciler.model import (
     frozen_map,
 )
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
-from reconciler.probe.script import payload
-from reconciler.transport import Transport
+from reconciler.probe.script import BOOTSTRAP, payload
+from reconciler.transport import StreamClosed, Transport
 
 PROBE_TIMEOUT_S = 60.0
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
@@ -68,6 +68,15 @@ def probe_args(spec: NodeSpec, sources: Iterable[str] | None) -> dict:
     }
 
 
+SESSION_KEY = "llm-reconciler-probe"
+
+
+def session_command() -> tuple[list[str], bytes]:
+    """The argv and preamble of a probe session: `python3 -c BOOTSTRAP --serve`, the program on stdin."""
+    body = _payload()
+    return [PYTHON, "-c", BOOTSTRAP, "--serve"], str(len(body)).encode() + b"\n" + body
+
+
 def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None) -> tuple[list[str], bytes]:
     """The argv and stdin that probe `spec`: `python3 - '<json>'` with the script on stdin."""
     args = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":"))
@@ -93,6 +102,27 @@ def probe_node(
 ) -> NodeProbe:
     """Probe one node. Never raises for anything the node or the network did: see NodeProbe."""
     started = clock()
+    open_stream = getattr(transport, "stream", None)
+    if open_stream is not None:
+        # Warm path: the probe interpreter stays up on the open connection between passes.
+        # Anything odd about it falls through to the one-shot probe below, whose
+        # exit code and output say what is wrong with the node.
+        argv, preamble = session_command()
+        request = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":")).encode()
+        try:
+            line = open_stream(SESSION_KEY, argv, preamble=preamble, timeout=timeout).request(request, timeout=timeout)
+            report = json.loads(line)
+            if isinstance(report, dict) and "error" not in report:
+                node, warnings = observed_from_report(spec, report)
+                return NodeProbe(node, tuple(warnings), True, clock() - started)
+        except CommandTimeout:
+            return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
+        except StreamClosed:
+            pass
+        except TransportError as exc:
+            return NodeProbe(unreachable(spec, exc.reason), (), False, clock() - started)
+        except ValueError:
+            pass
     argv, stdin = probe_command(spec, sources)
     try:
         result = transport.run(argv, stdin=stdin, timeout=timeout)

@@ -35,8 +35,11 @@ try:  # management side; on a node parse.py's text precedes this file and define
     from reconciler.probe.parse import (  # noqa: F401
         APPS_QUERY,
         GPU_QUERY,
+        NETLINK_SOCK_DIAG,
         ParseError,
+        inet_diag_listen_request,
         parse_compute_apps_csv,
+        parse_inet_diag,
         parse_gpu_csv,
         parse_ib_port,
         parse_meminfo,
@@ -54,6 +57,10 @@ MANAGED_BY = "llm-reconciler"
 ENGINE_BINARIES = {"vllm": "vllm", "llama.cpp": "llama-server"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 IB_ROOT = "/sys/class/infiniband"
+
+
+def _now():
+    return os.times()[4]  # elapsed real time, without importing time
 
 
 def which(name, path=None):
@@ -192,24 +199,52 @@ def _finish(proc, timeout, what):
 
 
 class NvidiaSmi:
-    """The three nvidia-smi queries, started together so their latencies overlap."""
+    """The nvidia-smi queries, started together so their latencies overlap.
 
-    def __init__(self, binary, timeout):
+    In a session, `cache` keeps the NVLink matrix for as long as the set of GPUs
+    (their UUIDs) is unchanged: topology only changes with the hardware.
+    """
+
+    def __init__(self, binary, timeout, cache=None):
+        self.binary = binary
         self.timeout = timeout
+        self.cache = cache
         self.gpus = _start([binary, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"])
         self.apps = _start([binary, "--query-compute-apps=" + APPS_QUERY, "--format=csv,noheader,nounits"])
-        self.topo = _start([binary, "topo", "-m"])
+        self.topo = _start([binary, "topo", "-m"]) if cache is None else None
+
+    def _peers(self, gpus, warnings):
+        key = tuple(g["uuid"] for g in gpus)
+        if self.cache is not None:
+            held = self.cache.get("topo")
+            if held and held[0] == key:
+                return held[1]
+        if self.topo is None:
+            self.topo = _start([self.binary, "topo", "-m"])
+        out, why = _finish(self.topo, self.timeout, "nvidia-smi topo -m")
+        if why:
+            warnings.append(why + " (NVLink peers unknown)")
+            return {}
+        try:
+            peers = parse_topo_matrix(out)
+        except ParseError as e:
+            warnings.append("%s (NVLink peers unknown)" % e)
+            return {}
+        if self.cache is not None:
+            self.cache["topo"] = (key, peers)
+        return peers
 
     def collect(self, warnings):
         gpus_out, why = _finish(self.gpus, self.timeout, "nvidia-smi --query-gpu")
         apps_out, apps_why = _finish(self.apps, self.timeout, "nvidia-smi --query-compute-apps")
-        topo_out, topo_why = _finish(self.topo, self.timeout, "nvidia-smi topo -m")
         if why:
+            self._drop_topo()
             warnings.append(why)
             return None
         try:
             gpus = parse_gpu_csv(gpus_out)
         except ParseError as e:
+            self._drop_topo()
             warnings.append("nvidia-smi printed an unexpected format: %s" % e)
             return None
         by_uuid = {}
@@ -228,16 +263,16 @@ class NvidiaSmi:
             except ParseError as e:
                 warnings.append("nvidia-smi --query-compute-apps printed an unexpected format: %s" % e)
         if len(gpus) > 1:
-            if topo_why:
-                warnings.append(topo_why + " (NVLink peers unknown)")
-            else:
-                try:
-                    peers = parse_topo_matrix(topo_out)
-                    for g in gpus:
-                        g["nvlink_peers"] = peers.get(g["index"], [])
-                except ParseError as e:
-                    warnings.append("%s (NVLink peers unknown)" % e)
+            peers = self._peers(gpus, warnings)
+            for g in gpus:
+                g["nvlink_peers"] = peers.get(g["index"], [])
+        else:
+            self._drop_topo()
         return gpus
+
+    def _drop_topo(self):
+        if self.topo is not None:
+            _finish(self.topo, self.timeout, "nvidia-smi topo -m")
 
 
 # --------------------------------------------------------------------------
@@ -366,7 +401,28 @@ def exclude_managed(gpus, records):
         g["processes"] = kept
 
 
+def listening_ports_netlink():
+    """Listening TCP ports of this network namespace through sock_diag; raises OSError/ParseError."""
+    import socket
+
+    ports = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as sock:
+        sock.settimeout(5)
+        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+            sock.send(inet_diag_listen_request(family, seq))
+            while True:
+                found, done = parse_inet_diag(sock.recv(1 << 16))
+                ports.update(found)
+                if done:
+                    break
+    return sorted(ports)
+
+
 def listening_ports(warnings):
+    try:
+        return listening_ports_netlink()
+    except (OSError, ParseError, ValueError):
+        pass  # no sock_diag (old kernel, seccomp): the slower /proc files say the same
     ports = set()
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -407,13 +463,19 @@ def finish_sglang_check(proc, timeout, warnings):
     return True
 
 
-def collect(args):
+SGLANG_RECHECK_S = 300  # in a session, `import sglang` is re-run at most this often
+
+
+def collect(args, cache=None):
+    """One probe pass. `cache` (a dict kept by a session across passes) may hold slow facts."""
     warnings = []
     model_dirs = [d for d in args.get("model_dirs") or [] if isinstance(d, str)]
     report = {"probe_version": PROBE_VERSION, "python": "%d.%d.%d" % sys.version_info[:3], "warnings": warnings}
 
     # Slow children first, so they run while this process reads files.
-    sglang = start_sglang_check()
+    held = cache.get("sglang") if cache is not None else None
+    sglang_fresh = held is not None and _now() - held[0] < SGLANG_RECHECK_S
+    sglang = None if sglang_fresh else start_sglang_check()
     gpus, smi = None, None
     try:
         import pynvml  # noqa: F811 - optional on nodes
@@ -429,7 +491,7 @@ def collect(args):
         binary = which("nvidia-smi")
         if binary:
             try:
-                smi = NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)))
+                smi = NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache)
             except OSError as e:
                 warnings.append("cannot run nvidia-smi: %s" % (e.strerror or e))
 
@@ -458,13 +520,53 @@ def collect(args):
         report.setdefault("gpu_source", "none")
     exclude_managed(gpus, records)
     report["gpus"] = gpus
-    if sglang is not None and finish_sglang_check(sglang, float(args.get("sglang_timeout_s", 20)), warnings):
+    if sglang_fresh:
+        sglang_installed, notes = held[1], held[2]
+    else:
+        notes = []
+        sglang_installed = sglang is not None and finish_sglang_check(sglang, float(args.get("sglang_timeout_s", 20)), notes)
+        if cache is not None:
+            cache["sglang"] = (_now(), sglang_installed, notes)
+    warnings.extend(notes)
+    if sglang_installed:
         engines["sglang"] = ""
     report["engines"] = engines
     return report
 
 
+SESSION_IDLE_EXIT_S = 900  # a session nobody asks for a quarter of an hour ends itself
+
+
+def serve(cache):
+    """Session mode: one JSON request per line in, one JSON report per line out, until end of input.
+
+    The interpreter stays up between passes (it lives on the management side's
+    open connection and dies with it), so a warm pass costs a few file reads,
+    not a Python start-up and a compile.
+    """
+    import signal
+
+    inp = sys.stdin.buffer
+    while True:
+        if hasattr(signal, "alarm"):
+            signal.alarm(SESSION_IDLE_EXIT_S)  # SIGALRM's default action ends the process
+        line = inp.readline()
+        if hasattr(signal, "alarm"):
+            signal.alarm(0)
+        if not line:
+            return 0
+        try:
+            args = json.loads(line)
+            report = collect(args if isinstance(args, dict) else {}, cache)
+        except Exception as e:  # one bad pass must not end the session
+            report = {"probe_version": PROBE_VERSION, "error": "%s: %s" % (type(e).__name__, e)}
+        sys.stdout.write(json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+
 def main(argv):
+    if len(argv) > 1 and argv[1] == "--serve":
+        return serve({})
     try:
         args = json.loads(argv[1]) if len(argv) > 1 else {}
     except ValueError:
@@ -474,6 +576,14 @@ def main(argv):
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0
+
+
+# Session bootstrap, run as `python3 -c BOOTSTRAP --serve`: reads a length line, then that many
+# bytes of program (this payload), and runs it; the rest of stdin is the request stream.
+BOOTSTRAP = (
+    "import sys;f=sys.stdin.buffer;"
+    "exec(compile(f.read(int(f.readline())),'llm-reconciler-probe','exec'))"
+)
 
 
 def payload():
