@@ -189,3 +189,24 @@ def test_changed_hardware_is_seen_on_the_next_pass_over_the_same_connection(flee
         second = probe_fleet_report(spec, pool).results[0].node
     assert [g.gpu_class for g in first.gpus] == ["RTX4090-24GB"]
     assert [g.gpu_class for g in second.gpus] == ["H200-140GB", "H200-140GB"] and second.gpus[0].nvlink_peers == (1,)
+
+
+def test_warm_passes_reuse_one_probe_session_which_ends_with_the_connection(fleet):  # noqa: F811
+    import time
+
+    fleet.add_node("session")
+    spec = fleet.fleet_spec(["session"])
+
+    def sessions() -> list[str]:
+        return fleet.exec("session", ["pgrep", "-f", "llm-reconciler-probe"], check=False).stdout.split()
+
+    with TransportPool() as pool:
+        probe_fleet_report(spec, pool)
+        first = sessions()
+        probe_fleet_report(spec, pool)
+        probe_fleet_report(spec, pool)
+        assert len(first) == 1 and sessions() == first
+    deadline = time.monotonic() + 20
+    while sessions() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sessions() == []

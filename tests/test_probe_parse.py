@@ -490,3 +490,30 @@ def test_listening_ports_through_sock_diag_see_a_real_listener():
     with socket.socket() as s:  # bound but not listening: not a port in use for serving
         s.bind(("127.0.0.1", 0))
         assert s.getsockname()[1] not in script.listening_ports_netlink()
+
+
+def test_a_session_answers_a_report_per_request_and_imports_sglang_once_per_recheck_window(tmp_path):
+    from reconciler.probe.collect import session_command
+
+    pkg = tmp_path / "py" / "sglang"
+    pkg.mkdir(parents=True)
+    counter = tmp_path / "imports"
+    (pkg / "__init__.py").write_text(f"open({str(counter)!r}, 'a').write('x')\n")
+    argv, preamble = session_command()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path / "py")}
+    proc = subprocess.Popen([sys.executable] + argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/")
+    try:
+        proc.stdin.write(preamble)
+        reports = []
+        for _ in range(3):
+            proc.stdin.write(json.dumps({"model_dirs": [str(tmp_path)]}).encode() + b"\n")
+            proc.stdin.flush()
+            reports.append(json.loads(proc.stdout.readline()))
+        assert all(r["engines"] == {"sglang": ""} for r in reports)
+        assert counter.read_text() == "x"  # one child import, not one per pass
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0  # end of input ends the session
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,9 +56,19 @@ class FleetProbe:
         return sum(1 for r in self.results if r.reached)
 
 
+_payload_lock = threading.Lock()
+
+
 @lru_cache(maxsize=1)
-def _payload() -> bytes:
+def _build_payload() -> bytes:
     return payload()
+
+
+def _payload() -> bytes:
+    # Built once, under a lock: the probe threads all ask at once on the first pass, and
+    # CPython 3.11's ast module is not safe to use from several threads at the same time.
+    with _payload_lock:
+        return _build_payload()
 
 
 def probe_args(spec: NodeSpec, sources: Iterable[str] | None) -> dict:

@@ -27,7 +27,6 @@ Arguments (JSON object, all optional):
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -55,7 +54,16 @@ PROBE_VERSION = 1
 MANAGED_BY = "llm-reconciler"
 # Engine -> the executable whose presence on PATH means the engine is installed.
 ENGINE_BINARIES = {"vllm": "vllm", "llama.cpp": "llama-server"}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+_HUB_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def is_hub_id(source):
+    """`org/name` with the characters the Hugging Face hub allows; no `..`, no leading dot or dash."""
+    parts = source.split("/")
+    return (
+        len(parts) == 2
+        and all(p and set(p) <= _HUB_NAME_CHARS and p[0].isalnum() and ".." not in p for p in parts)
+    )
 IB_ROOT = "/sys/class/infiniband"
 
 
@@ -307,7 +315,7 @@ def source_present(source, model_dirs):
             if (path == d or path.startswith(d.rstrip("/") + "/")) and os.path.exists(path):
                 return True
         return False
-    if _HUB_ID.match(source):
+    if is_hub_id(source):
         org, name = source.split("/", 1)
         for d in model_dirs:
             if os.path.isdir(os.path.join(d, org, name)) or os.path.isdir(os.path.join(d, "models--%s--%s" % (org, name))):
@@ -586,12 +594,33 @@ BOOTSTRAP = (
 )
 
 
-def payload():
-    """The program text sent to a node: parse.py, then this file, as one module."""
+def payload(minify=True):
+    """The program text sent to a node: parse.py, then this file, as one module.
+
+    Minified (docstrings dropped, comments and layout gone through an AST
+    round trip): the node compiles it at every cold start, and a third less
+    text is a third less compile time, fifty nodes at a time.
+    """
     here = os.path.dirname(os.path.abspath(__file__))
     parse_src = read_text(os.path.join(here, "parse.py"))
     script_src = read_text(os.path.abspath(__file__))
-    return (parse_src + "\n\n# ---- script.py ----\n" + script_src).encode()
+    source = parse_src + "\n\n# ---- script.py ----\n" + script_src
+    if minify:
+        import ast
+
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (
+                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+        source = ast.unparse(tree) + "\n"
+    return source.encode()
 
 
 if __name__ == "__main__":
