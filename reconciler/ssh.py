@@ -519,9 +519,15 @@ class SshTransport:
         err: list[bytes] = []
         try:
             chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            try:
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except OSError:
+                # The command exited without reading all its input (a node whose python3
+                # is something else): its output and exit status still say what happened.
+                if not (chan.exit_status_ready() or chan.eof_received or chan.closed):
+                    raise
             while True:
                 while chan.recv_ready():
                     out.append(chan.recv(_READ_CHUNK))

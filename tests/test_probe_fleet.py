@@ -36,6 +36,7 @@ def probed(fleet):  # noqa: F811
     fleet.add_node("smi-fails", gpus=["L40S"], nvidia_smi="fail")
     fleet.add_node("smi-garbage", gpus=["L40S"], nvidia_smi="garbage")
     fleet.add_node("nopython", python=False)
+    fleet.add_node("garbage", executables={"python3": "#!/bin/sh\necho 'Welcome to garbage OS'\n"})
     fleet.add_node("cut")
     fleet.cut("cut")
     fleet.add_node("sshd-dead")
@@ -133,13 +134,14 @@ def test_failing_or_garbled_nvidia_smi_is_a_warning_and_the_node_is_still_probed
 
 def test_each_unreachable_node_has_its_own_reason_while_the_others_are_probed(probed):
     _, result, by_id = probed
-    reasons = {i: by_id[i].node.reason for i in ("nopython", "cut", "sshd-dead", "rekeyed")}
+    reasons = {i: by_id[i].node.reason for i in ("nopython", "garbage", "cut", "sshd-dead", "rekeyed")}
     assert all(by_id[i].node.state == "unreachable" for i in reasons)
     assert "python3 is not on the node's login PATH" in reasons["nopython"]
+    assert "not a JSON report" in reasons["garbage"] and "Welcome to garbage OS" in reasons["garbage"]
     assert "timed out connecting" in reasons["cut"] or "no route" in reasons["cut"]
     assert "connection refused" in reasons["sshd-dead"]
     assert "HOST KEY CHANGED" in reasons["rekeyed"] and "SHA256:" in reasons["rekeyed"]
-    assert len(set(reasons.values())) == 4
+    assert len(set(reasons.values())) == 5
     assert {n.id for n in result.inventory.nodes if n.state != "unreachable"} == {"h100", "a100", "t4", "cpu", "smi-fails", "smi-garbage"}
     assert by_id["cut"].node.engines is None and by_id["cut"].node.weights is None
 

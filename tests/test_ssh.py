@@ -176,3 +176,49 @@ def test_fingerprint_matches_ssh_keygen(nodes):
     key = paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(blob))
     expected = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True).stdout.split()[1]
     assert fingerprint(key) == expected
+
+
+class CountingConnector:
+    """A connector seam: fails the first `failures` opens with a refused connection, counting attempts."""
+
+    def __init__(self, failures: int):
+        import paramiko
+
+        from reconciler.ssh import _Shared
+
+        self.shared = _Shared(None, 4)
+        self.failures = failures
+        self.attempts = 0
+        self._paramiko = paramiko
+
+    def open(self, node_id, target, settings):
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise TransportError(node_id, "connection refused by x:22 (no SSH server listening)")
+        raise TransportError(node_id, "stop here")
+
+
+def test_a_node_that_failed_is_not_retried_before_its_backoff_and_then_is():
+    from reconciler.ssh import SshTransport
+
+    now = [100.0]
+    connector = CountingConnector(failures=2)
+    node = NodeSpec(id="flaky", address="10.0.0.9", data_address="10.0.0.9")
+    t = SshTransport(node, connector=connector, min_backoff_s=1, max_backoff_s=8, clock=lambda: now[0])
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])  # within the backoff: the last error again, without a new attempt
+    assert connector.attempts == 1
+    now[0] += 1.0
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])
+    assert connector.attempts == 2
+    now[0] += 1.5  # the second failure doubled the backoff to 2 s
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])
+    assert connector.attempts == 2
+    now[0] += 0.5
+    with pytest.raises(TransportError, match="stop here"):
+        t.run(["true"])
+    assert connector.attempts == 3

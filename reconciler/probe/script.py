@@ -65,6 +65,7 @@ def is_hub_id(source):
         and all(p and set(p) <= _HUB_NAME_CHARS and p[0].isalnum() and ".." not in p for p in parts)
     )
 IB_ROOT = "/sys/class/infiniband"
+NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND = 9, 12  # nvml.h return codes
 
 
 def _now():
@@ -495,7 +496,10 @@ def collect(args, cache=None):
             gpus = gpus_from_nvml(pynvml)
             report["gpu_source"] = "nvml"
         except pynvml.NVMLError as e:
-            warnings.append("NVML unusable (%s), trying nvidia-smi" % e)
+            # No library or no driver is simply a machine without NVIDIA GPUs (pynvml is often
+            # installed with Python packages everywhere); anything else is worth saying.
+            if getattr(e, "value", None) not in (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND):
+                warnings.append("NVML unusable (%s), trying nvidia-smi" % e)
     except ImportError:
         pass
     if gpus is None:
