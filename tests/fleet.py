@@ -210,6 +210,7 @@ class NodeHandle:
     fabrics: dict = field(default_factory=dict)  # declared in fleet.yaml
     state: str = "ready"
     python: bool = True
+    login_env: dict = field(default_factory=dict)
     holder: subprocess.Popen | None = None
     sshd: subprocess.Popen | None = None
     host_key_line: str = ""
@@ -281,6 +282,7 @@ class TestFleet:
         state: str = "ready",
         python: bool = True,
         nvidia_smi: str | None = None,
+        login_env: Mapping[str, str] | None = None,
     ) -> NodeHandle:
         """Create and start a node.
 
@@ -296,6 +298,7 @@ class TestFleet:
         models: directories created under the node's model dir (`llama`, or hub ids `org/name`).
         python: False leaves python3 off the login PATH.
         nvidia_smi: None (present when the node has GPUs), "absent", "fail" or "garbage".
+        login_env: extra environment of every SSH login on the node (e.g. FAKE_ENGINE_RECORD_DIR).
         """
         if node_id in self.nodes:
             raise ValueError(f"node {node_id} already exists")
@@ -318,6 +321,7 @@ class TestFleet:
             fabrics={k: list(v) for k, v in (fabrics or {}).items()} if declare_fabrics else {},
             state=state,
             python=python,
+            login_env=dict(login_env or {}),
         )
         self.nodes[node_id] = node
         self._install_engines(node, engines, executables or {}, python_modules or {})
@@ -433,6 +437,8 @@ class TestFleet:
         if node.python:
             path += ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         (node.dir / "authorized_keys").write_text(self.public_key + "\n")
+        env = {"PATH": path, "PYTHONPATH": f"{m}/python", "HOME": f"{node.dir}/home", "LLMFLEET_NODE": node.id, **node.login_env}
+        setenv = " ".join(f'"{k}={v}"' if " " in str(v) else f"{k}={v}" for k, v in env.items())
         (node.dir / "sshd_config").write_text(
             "\n".join(
                 [
@@ -455,7 +461,7 @@ class TestFleet:
                     "MaxSessions 100",
                     "LogLevel ERROR",
                     "Subsystem sftp internal-sftp",
-                    f"SetEnv PATH={path} PYTHONPATH={m}/python HOME={node.dir}/home LLMFLEET_NODE={node.id}",
+                    f"SetEnv {setenv}",
                     "",
                 ]
             )
@@ -715,6 +721,17 @@ def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess
 @pytest.fixture(scope="module")
 def fleet():
     """A fresh, empty TestFleet per test module; add nodes with fleet.add_node(...)."""
+    f = TestFleet()
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.fixture(scope="session")
+def shared_fleet():
+    """One TestFleet for the whole session, for tests that only add nodes with ids of their own
+    and leave them as they found them (restore what they cut, restart what they kill)."""
     f = TestFleet()
     try:
         yield f

@@ -84,7 +84,9 @@ def test_engine_check_runs_the_version_on_purpose(cli, catalog, fleet):  # noqa:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "gpu-a: vllm: 0.6.3.post1"
     r = cli("engine-check", "cpu-b", "sglang", str(catalog))
-    assert r.returncode == 0 and r.stdout.strip() == "cpu-b: sglang: 0.0.0-fleet-placeholder"
+    installed = (fleet.node("cpu-b").dir / "python" / "sglang" / "__init__.py").read_text()
+    version = installed.split("__version__ = ", 1)[1].split()[0].strip("\"'")
+    assert r.returncode == 0 and r.stdout.strip() == f"cpu-b: sglang: {version}"
 
 
 def test_engine_check_of_a_missing_engine_unknown_node_and_unreachable_node(cli, catalog):
