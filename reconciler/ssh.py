@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import paramiko
 
-from reconciler.errors import CommandTimeout, HostKeyError, TransportError
+from reconciler.errors import CommandTimeout, HostKeyError, TransportError, UsageError
 from reconciler.model import NodeSpec, SshSettings
 from reconciler.transport import CommandResult, LocalTransport, StreamClosed, Transport
 
@@ -127,7 +127,10 @@ class _Shared:
 
     def __init__(self, ssh_config_path: str | None, max_handshakes: int):
         path = os.path.expanduser(ssh_config_path or "~/.ssh/config")
-        self.config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else None
+        try:
+            self.config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else None
+        except (paramiko.SSHException, OSError, ValueError) as exc:
+            raise UsageError(f"{path}: cannot read this SSH config: {exc}") from None
         self.handshakes = threading.BoundedSemaphore(max_handshakes)
         self._lock = threading.Lock()
         self._host_keys: dict[str, tuple[float, paramiko.HostKeys]] = {}
@@ -147,6 +150,17 @@ class _Shared:
             self._host_keys[path] = (mtime, keys)
         return keys
 
+    def key_problem(self, path: str) -> str | None:
+        """Why the key file at `path` could not be used, once private_key() has tried it."""
+        exc = self._keys.get(path)
+        if isinstance(exc, FileNotFoundError):
+            return None  # a default identity that simply is not there: not worth a word
+        if isinstance(exc, paramiko.PasswordRequiredException) or "password" in str(exc).lower():
+            return f"{path} is encrypted (load it into ssh-agent)"
+        if isinstance(exc, Exception):
+            return f"{path} is unreadable ({exc})"
+        return None
+
     def private_key(self, path: str) -> paramiko.PKey | None:
         with self._lock:
             if path in self._keys:
@@ -156,7 +170,8 @@ class _Shared:
             key: paramiko.PKey | Exception = paramiko.PKey.from_path(path)
         except FileNotFoundError as exc:
             key = exc
-        except (paramiko.SSHException, OSError, ValueError) as exc:
+        except (paramiko.SSHException, OSError, ValueError, TypeError) as exc:
+            # cryptography says "password-protected" with a TypeError
             key = exc
         with self._lock:
             self._keys[path] = key
@@ -329,10 +344,24 @@ class _Connector:
                 continue
             if t.is_authenticated():
                 return
+        if os.environ.get("SSH_AUTH_SOCK"):
+            # Keys held by ssh-agent, after the configured files, as OpenSSH tries them.
+            try:
+                agent_keys = paramiko.Agent().get_keys()
+            except paramiko.SSHException:
+                agent_keys = ()
+            for key in agent_keys:
+                tried.append(f"agent key {fingerprint(key)}")
+                try:
+                    t.auth_publickey(target.user, key)
+                except paramiko.AuthenticationException:
+                    continue
+                if t.is_authenticated():
+                    return
         if not tried:
-            raise TransportError(
-                node_id, f"no usable private key to log in as {target.user} (tried {', '.join(target.identity_files)})"
-            )
+            problems = [p for p in (self.shared.key_problem(f) for f in target.identity_files) if p]
+            detail = "; ".join(problems) if problems else f"none of {', '.join(target.identity_files)} exists"
+            raise TransportError(node_id, f"no usable private key to log in as {target.user}: {detail}")
         raise TransportError(
             node_id, f"authentication refused for {target.user}@{target.hostname} with key {', '.join(tried)}"
         )

@@ -222,3 +222,40 @@ def test_a_node_that_failed_is_not_retried_before_its_backoff_and_then_is():
     with pytest.raises(TransportError, match="stop here"):
         t.run(["true"])
     assert connector.attempts == 3
+
+
+def test_keys_held_by_ssh_agent_log_in_when_no_key_file_does(nodes, tmp_path, monkeypatch):
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        env = {"SSH_AUTH_SOCK": str(sock), "PATH": os.environ["PATH"]}
+        for _ in range(200):
+            if sock.exists():
+                break
+            __import__("time").sleep(0.01)
+        subprocess.run(["ssh-add", "-q", str(nodes.key)], env=env, check=True, capture_output=True)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        node = spec_of(nodes, "alpha", identity_file=str(tmp_path / "no-such-key"))
+        with TransportPool() as pool:
+            assert pool.transport_for(node).run(["true"]).rc == 0
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def test_an_encrypted_key_without_an_agent_is_named_as_the_reason(nodes, tmp_path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    locked = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
+    with TransportPool() as pool:
+        with pytest.raises(TransportError, match=r"no usable private key to log in as root: .*locked is encrypted"):
+            pool.transport_for(spec_of(nodes, "alpha", identity_file=str(locked))).run(["true"])
+
+
+def test_an_unreadable_ssh_config_is_a_usage_error_not_a_traceback(tmp_path):
+    from reconciler.errors import UsageError
+
+    bad = tmp_path / "config"
+    bad.write_text("Host x\n  ProxyCommand\n")
+    with pytest.raises(UsageError, match="cannot read this SSH config"):
+        TransportPool(ssh_config_path=str(bad))
