@@ -160,6 +160,14 @@ def main() -> int:
                 raise RuntimeError(f"probe failed on {bad[:5]}: {fp.results[0].node.reason}")
 
         results.append(("probe_fleet cold (in-process)", *median_of(args.rounds, cold_probe)))
+
+        def connect_only() -> None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with TransportPool() as pool, ThreadPoolExecutor(n) as ex:
+                list(ex.map(lambda node: pool.transport_for(node).run(["true"]), spec.nodes))
+
+        results.append((f"TransportPool connect + true, cold", *median_of(args.rounds, connect_only)))
         with TransportPool() as pool:
             check(probe_fleet_report(spec, pool, sources=sources))
             results.append(("probe_fleet warm (in-process)", *median_of(max(args.rounds, 5), lambda: check(probe_fleet_report(spec, pool, sources=sources)))))
@@ -174,6 +182,8 @@ def main() -> int:
     print(f"cold probe / paramiko cold: in-process {by['probe_fleet cold (in-process)'] / base:.2f}x, "
           f"CLI {by['reconciler nodes (cold, CLI)'] / base:.2f}x (target 1.3x)")
     print(f"warm probe pass: {by['probe_fleet warm (in-process)'] * 1000:.0f} ms (target 250 ms for 50 nodes)")
+    print(f"SSH layer alone, cold: TransportPool {by['TransportPool connect + true, cold'] / base:.2f}x paramiko; "
+          f"the rest of a cold probe is the node side (python3 start, compile, first collect) on {os.cpu_count()} shared cores")
     return 0
 
 
