@@ -212,3 +212,14 @@ def test_warm_passes_reuse_one_probe_session_which_ends_with_the_connection(flee
     while sessions() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sessions() == []
+
+
+def test_a_node_whose_sshd_restarted_between_passes_is_probed_again_not_unreachable(fleet):  # noqa: F811
+    fleet.add_node("restarts", gpus=["T4"])
+    spec = fleet.fleet_spec(["restarts"])
+    with TransportPool() as pool:
+        assert probe_fleet_report(spec, pool).results[0].node.state == "ready"
+        fleet.kill_sshd("restarts")
+        fleet.start_sshd("restarts")
+        again = probe_fleet_report(spec, pool).results[0]
+    assert again.node.state == "ready" and [g.gpu_class for g in again.node.gpus] == ["T4-15GB"]

@@ -517,3 +517,14 @@ def test_a_session_answers_a_report_per_request_and_imports_sglang_once_per_rech
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_payload_never_imports_the_reconciler_package_on_a_node(tmp_path):
+    # A node with some other version of the package installed must still run what was sent.
+    fake = tmp_path / "reconciler" / "probe"
+    fake.mkdir(parents=True)
+    (tmp_path / "reconciler" / "__init__.py").write_text("raise SystemExit('the installed package was imported')\n")
+    proc = subprocess.run([sys.executable, "-", "{}"], input=script.payload(), capture_output=True, cwd=str(tmp_path),
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["probe_version"] == script.PROBE_VERSION

@@ -25,7 +25,7 @@ from reconciler.model import (
 )
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
 from reconciler.probe.script import BOOTSTRAP, payload
-from reconciler.transport import StreamClosed, Transport
+from reconciler.transport import Transport
 
 PROBE_TIMEOUT_S = 60.0
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
@@ -128,11 +128,9 @@ def probe_node(
                 return NodeProbe(node, tuple(warnings), True, clock() - started)
         except CommandTimeout:
             return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
-        except StreamClosed:
-            pass
-        except TransportError as exc:
-            return NodeProbe(unreachable(spec, exc.reason), (), False, clock() - started)
-        except ValueError:
+        except (TransportError, ValueError):
+            # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
+            # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
             pass
     argv, stdin = probe_command(spec, sources)
     try:

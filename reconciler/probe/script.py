@@ -30,7 +30,10 @@ import os
 import subprocess
 import sys
 
-try:  # management side; on a node parse.py's text precedes this file and defines these names
+if "parse_gpu_csv" not in globals():
+    # Management side. On a node, parse.py's text precedes this file in the payload and has
+    # defined these names already; never let an installed copy of the package (maybe another
+    # version) replace what was sent.
     from reconciler.probe.parse import (  # noqa: F401
         APPS_QUERY,
         GPU_QUERY,
@@ -38,17 +41,14 @@ try:  # management side; on a node parse.py's text precedes this file and define
         ParseError,
         inet_diag_listen_request,
         parse_compute_apps_csv,
-        parse_inet_diag,
         parse_gpu_csv,
         parse_ib_port,
+        parse_inet_diag,
         parse_meminfo,
         parse_proc_net_tcp,
         parse_proc_stat,
         parse_topo_matrix,
     )
-except ImportError:
-    if "parse_gpu_csv" not in globals():
-        raise
 
 PROBE_VERSION = 1
 MANAGED_BY = "llm-reconciler"
