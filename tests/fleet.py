@@ -60,10 +60,12 @@ from typing import Iterable, Mapping, Sequence
 import pytest
 
 HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
 FAKES = HERE / "fakes"
 SSHD = "/usr/sbin/sshd"
 SUBNET_BASE = "10.213"
 LOCK_FILE = "/run/llmfleet.lock"
+REGISTRY = Path("/run/llmfleet")  # <prefix>.json per live fleet: owner pid, bridge, namespaces
 
 # Names and memory sizes real drivers report (nvidia-smi --query-gpu=name,memory.total).
 GPU_PRESETS = {
@@ -251,15 +253,53 @@ class TestFleet:
 
     # -- network ----------------------------------------------------------
 
+    def _register(self) -> None:
+        REGISTRY.mkdir(exist_ok=True)
+        doc = {"pid": os.getpid(), "bridge": self.bridge, "root": str(self.root),
+               "netns": [n.netns for n in self.nodes.values()], "veths": [n.veth_host for n in self.nodes.values()]}
+        tmp = REGISTRY / f".{self.prefix}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, REGISTRY / f"{self.prefix}.json")
+
+    @staticmethod
+    def _reap_stale() -> None:
+        """Remove fleets left behind by test runs that died without teardown (their owner pid is gone):
+        otherwise each killed run keeps a /24, a bridge and its sshds forever."""
+        if not REGISTRY.is_dir():
+            return
+        for entry in REGISTRY.glob("*.json"):
+            try:
+                doc = json.loads(entry.read_text())
+                os.kill(doc["pid"], 0)
+                continue  # its owner is alive: not ours to touch
+            except ProcessLookupError:
+                pass
+            except (OSError, ValueError, KeyError):
+                continue
+            for ns in doc.get("netns", []):
+                for pid in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                _run(["ip", "netns", "del", ns], check=False)
+            for link in doc.get("veths", []) + [doc.get("bridge", "")]:
+                if link:
+                    _run(["ip", "link", "del", link], check=False)
+            shutil.rmtree(doc.get("root", "/nonexistent"), ignore_errors=True)
+            entry.unlink(missing_ok=True)
+
     def _make_bridge(self) -> int:
         # Allocation of a /24 is serialised across runs by a lock file: two runs must never share one.
         with open(LOCK_FILE, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            self._reap_stale()
             used = _run(["ip", "-4", "-o", "addr", "show"]).stdout
             octet = next(o for o in range(7, 255) if f" {SUBNET_BASE}.{o}." not in used)
             _run(["ip", "link", "add", "name", self.bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{SUBNET_BASE}.{octet}.1/24", "dev", self.bridge])
             _run(["ip", "link", "set", self.bridge, "up"])
+            self._register()
         return octet
 
     # -- nodes ------------------------------------------------------------
@@ -337,6 +377,7 @@ class TestFleet:
         self.set_hardware(node_id, gpus=gpus, nvlink=nvlink, processes=processes, nvidia_smi=nvidia_smi)
         self._write_sshd_config(node)
         self._make_host_key(node)
+        self._register()  # before the namespace exists, so a crash right after still gets it reaped
         self._make_namespace(node)
         self.start_sshd(node_id)
         return node
@@ -703,6 +744,7 @@ class TestFleet:
             _run(["ip", "netns", "del", node.netns], check=False)
         _run(["ip", "link", "del", self.bridge], check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        (REGISTRY / f"{self.prefix}.json").unlink(missing_ok=True)
 
     def __enter__(self) -> "TestFleet":
         return self
