@@ -255,7 +255,7 @@ class TestFleet:
 
     def _register(self) -> None:
         REGISTRY.mkdir(exist_ok=True)
-        doc = {"pid": os.getpid(), "bridge": self.bridge, "root": str(self.root),
+        doc = {"pid": os.getpid(), "pidns": _pid_namespace(), "bridge": self.bridge, "root": str(self.root),
                "netns": [n.netns for n in self.nodes.values()], "veths": [n.veth_host for n in self.nodes.values()]}
         tmp = REGISTRY / f".{self.prefix}.tmp"
         tmp.write_text(json.dumps(doc))
@@ -270,6 +270,8 @@ class TestFleet:
         for entry in REGISTRY.glob("*.json"):
             try:
                 doc = json.loads(entry.read_text())
+                if doc.get("pidns") != _pid_namespace():
+                    continue  # its owner's pid means nothing here: cannot tell whether it lives
                 os.kill(doc["pid"], 0)
                 continue  # its owner is alive: not ours to touch
             except ProcessLookupError:
@@ -751,6 +753,13 @@ class TestFleet:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
