@@ -528,3 +528,51 @@ def test_the_payload_never_imports_the_reconciler_package_on_a_node(tmp_path):
                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path)}, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["probe_version"] == script.PROBE_VERSION
+
+
+def test_a_local_node_is_probed_without_ssh_through_the_one_shot_path(tmp_path):
+    from reconciler.probe import probe_node
+    from reconciler.transport import LocalTransport
+
+    (tmp_path / "weights").mkdir()
+    node = spec(transport="local", model_dirs=(str(tmp_path),), state_dir=str(tmp_path / "state"))
+    result = probe_node(node, LocalTransport(node.id), sources=[str(tmp_path / "weights"), str(tmp_path / "absent")])
+    assert result.reached and result.node.state == "ready", result.node.reason
+    assert result.node.weights == (str(tmp_path / "weights"),)
+    assert result.node.disks[0].path == str(tmp_path) and result.node.memory_total_mb > 0
+
+
+class ScriptedTransport:
+    """A transport seam that answers every command with one canned result."""
+
+    def __init__(self, node_id, rc, stdout=b"", stderr=b""):
+        from reconciler.transport import CommandResult
+
+        self.node_id = node_id
+        self.result = CommandResult(rc, stdout, stderr)
+        self.argvs = []
+
+    def run(self, argv, *, stdin=None, timeout=60.0):
+        self.argvs.append(list(argv))
+        return self.result
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "rc, stdout, stderr, reason",
+    [
+        (127, b"", b"bash: line 1: python3: command not found\n", "python3 is not on the node's login PATH"),
+        (0, b"Last login: yesterday\n", b"", "not a JSON report: 'Last login: yesterday'"),
+        (1, b"", b"Traceback ...\nMemoryError\n", "probe exited 1: 'Traceback ...\\nMemoryError'"),
+        (0, b"[1, 2]", b"", "not a JSON report"),
+    ],
+)
+def test_what_a_broken_node_prints_becomes_its_reason(rc, stdout, stderr, reason):
+    from reconciler.probe import probe_node
+
+    t = ScriptedTransport("n1", rc, stdout, stderr)
+    result = probe_node(spec(), t)
+    assert result.node.state == "unreachable" and reason in result.node.reason
+    assert t.argvs[0][:2] == ["python3", "-"]  # the command line is fixed; arguments travel as one JSON word
