@@ -10,6 +10,8 @@ Prints, per measurement, the median wall time of --rounds runs:
   paramiko N threads, warm           exec `true` on the already open connections
   reconciler nodes (cold, CLI)       the whole command: interpreter, imports, connect, probe, status file
   probe_fleet cold (in-process)      a fresh TransportPool: connect + probe
+  TransportPool connect + true, cold the SSH layer alone, for comparison with paramiko cold
+  one node alone, cold probe         one node's connect + probe latency
   probe_fleet warm (in-process)      the same pool again: probe over open connections
 Targets (issue 4): cold probe within 1.3x paramiko cold; warm pass under 250 ms for 50 nodes.
 """
@@ -168,6 +170,13 @@ def main() -> int:
                 list(ex.map(lambda node: pool.transport_for(node).run(["true"]), spec.nodes))
 
         results.append((f"TransportPool connect + true, cold", *median_of(args.rounds, connect_only)))
+        one = fleet.fleet_spec([next(iter(fleet.nodes))])
+
+        def one_node_cold() -> None:
+            with TransportPool() as pool:
+                check(probe_fleet_report(one, pool, sources=sources))
+
+        results.append(("one node alone, cold probe (latency)", *median_of(max(args.rounds, 5), one_node_cold)))
         with TransportPool() as pool:
             check(probe_fleet_report(spec, pool, sources=sources))
             results.append(("probe_fleet warm (in-process)", *median_of(max(args.rounds, 5), lambda: check(probe_fleet_report(spec, pool, sources=sources)))))
@@ -184,6 +193,8 @@ def main() -> int:
     print(f"warm probe pass: {by['probe_fleet warm (in-process)'] * 1000:.0f} ms (target 250 ms for 50 nodes)")
     print(f"SSH layer alone, cold: TransportPool {by['TransportPool connect + true, cold'] / base:.2f}x paramiko; "
           f"the rest of a cold probe is the node side (python3 start, compile, first collect) on {os.cpu_count()} shared cores")
+    print(f"one node's cold probe takes {by['one node alone, cold probe (latency)'] * 1000:.0f} ms: on nodes with CPUs of their own "
+          f"a cold fleet probe would be about paramiko cold + that")
     return 0
 
 

@@ -27,7 +27,6 @@ Arguments (JSON object, all optional):
 
 import json
 import os
-import subprocess
 import sys
 
 if "parse_gpu_csv" not in globals():
@@ -189,12 +188,21 @@ def _comm(pid):
         return ""
 
 
+def _subprocess():
+    # Imported on first use: a CPU node with no nvidia-smi and no sglang never pays for it.
+    import subprocess
+
+    return subprocess
+
+
 def _start(argv):
+    subprocess = _subprocess()
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
 
 def _finish(proc, timeout, what):
     """(stdout text, None) or (None, reason)."""
+    subprocess = _subprocess()
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -455,12 +463,14 @@ def start_sglang_check():
             return None
     except (ImportError, ValueError):
         return None
+    subprocess = _subprocess()
     return subprocess.Popen(
         [sys.executable, "-c", "import sglang"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
 
 
 def finish_sglang_check(proc, timeout, warnings):
+    subprocess = _subprocess()
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
