@@ -235,6 +235,7 @@ class _Connector:
     def __init__(self, shared: _Shared):
         self.shared = shared
         self._jumps: dict[tuple, paramiko.Transport] = {}
+        self._jump_locks: dict[tuple, threading.Lock] = {}
         self._jump_lock = threading.Lock()
 
     def open(self, node_id: str, target: Target, settings: SshSettings) -> paramiko.Transport:
@@ -283,9 +284,17 @@ class _Connector:
     def _jump(self, node_id: str, hop: Target, via: paramiko.Transport | None) -> paramiko.Transport:
         key = (hop.hostname, hop.port, hop.user, id(via) if via else None)
         with self._jump_lock:
+            hop_lock = self._jump_locks.setdefault(key, threading.Lock())
+        # One connection per jump host, however many nodes behind it connect at once.
+        with hop_lock:
             t = self._jumps.get(key)
             if t is not None and t.is_active():
                 return t
+            t = self._open_jump(node_id, hop, via)
+            self._jumps[key] = t
+            return t
+
+    def _open_jump(self, node_id: str, hop: Target, via: paramiko.Transport | None) -> paramiko.Transport:
         if via is None:
             sock = self._tcp(node_id, hop)
         else:
@@ -294,12 +303,16 @@ class _Connector:
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise TransportError(node_id, f"jump host could not reach {hop.label}: {exc}") from None
         try:
-            t = self._handshake(node_id, hop, sock)
+            return self._handshake(node_id, hop, sock)
         except TransportError as exc:
             raise type(exc)(node_id, f"via jump host {hop.label}: {exc.reason}") from None
+
+    def close(self) -> None:
         with self._jump_lock:
-            self._jumps[key] = t
-        return t
+            jumps = list(self._jumps.values())
+            self._jumps.clear()
+        for t in jumps:
+            t.close()
 
     def _handshake(self, node_id: str, target: Target, sock) -> paramiko.Transport:
         check = _HostKeyCheck(node_id, target, self.shared)
@@ -629,12 +642,9 @@ class TransportPool:
         with self._lock:
             held = list(self._transports.values())
             self._transports.clear()
-            jumps = list(self._connector._jumps.values())
-            self._connector._jumps.clear()
         for _, t in held:
             t.close()
-        for j in jumps:
-            j.close()
+        self._connector.close()  # jump hosts last: the connections above ran through them
 
     def __enter__(self) -> "TransportPool":
         return self

@@ -259,3 +259,23 @@ def test_an_unreadable_ssh_config_is_a_usage_error_not_a_traceback(tmp_path):
     bad.write_text("Host x\n  ProxyCommand\n")
     with pytest.raises(UsageError, match="cannot read this SSH config"):
         TransportPool(ssh_config_path=str(bad))
+
+
+def test_nodes_behind_one_jump_host_share_one_connection_to_it(fleet, tmp_path):  # noqa: F811
+    from concurrent.futures import ThreadPoolExecutor
+
+    fleet.add_node("bastion")
+    bastion = fleet.node("bastion").address
+    for i in range(4):
+        fleet.add_node(f"behind{i}")
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(
+        f"Host behind{i}\n  HostName {fleet.node(f'behind{i}').address}\n  ProxyJump root@{bastion}\n" for i in range(4)
+    ))
+    aliased = [dataclasses.replace(spec_of(fleet, f"behind{i}"), address=f"behind{i}") for i in range(4)]
+    with TransportPool(ssh_config_path=str(config)) as pool:
+        with ThreadPoolExecutor(4) as ex:
+            clients = list(ex.map(lambda s: pool.transport_for(s).run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split(), aliased))
+        into_bastion = fleet.exec("bastion", ["ss", "-Htn", "state", "established", "( sport = :22 )"]).stdout.splitlines()
+    assert {c[0].decode() for c in clients} == {bastion}
+    assert len(into_bastion) == 1, into_bastion
