@@ -24,11 +24,25 @@ Use (pytest)::
         fleet.add_node("cpu-b", engines=["llama.cpp"], fabrics={"ib-pod1": ["mlx5_0"]})
         fleet.fleet_yaml(tmp_path)            # tmp_path/fleet.yaml (+ the key/known_hosts it names)
         spec = fleet.fleet_spec()             # or a reconciler.model.Fleet directly
-        fleet.cut("cpu-b"); fleet.restore("cpu-b")
-        fleet.exec("gpu-a", ["cat", "/proc/meminfo"])
+        fleet.cut("cpu-b"); fleet.restore("cpu-b")    # link down / up
+        fleet.kill_sshd("cpu-b"); fleet.start_sshd("cpu-b")
+        fleet.rekey("gpu-a")                  # new host key; known_hosts keeps the old one
+        fleet.set_hardware("gpu-a", gpus=["A100-80"] * 2, processes=[{"gpu": 0, "pid": 42, "used_mb": 10}])
+        fleet.exec("gpu-a", ["cat", "/proc/meminfo"])      # inside the node, as root, no SSH
+        proc = fleet.spawn("gpu-a", ["sleep", "60"])       # background, killed at teardown
+        subprocess.run(fleet.ssh_argv("gpu-a") + ["vllm --version"])  # OpenSSH client login
 
-or outside pytest: `with TestFleet() as f: ...`. Teardown kills every process
-started in the nodes' namespaces (by pid) and deletes namespaces and bridge.
+`shared_fleet` is the same, session-scoped. Outside pytest: `with TestFleet() as f: ...`.
+Teardown kills every process in the nodes' namespaces (by pid, all started through
+this fleet) and deletes namespaces, links, bridge and files; a run that dies without
+teardown is reaped by the next one (registry in /run/llmfleet).
+
+What runs on a node sees the machine's own /usr, so `python3` on a node is
+/usr/bin/python3 (the system Python, without the packages of the interpreter
+running pytest). Logins get PATH=<engines>:<bin>:/usr/local/sbin:... (no python3 at
+all with python=False), PYTHONPATH=<python dir>, HOME=<node home>,
+LLMFLEET_NODE=<node id>, plus `login_env=`. `fleet.exec` and `fleet.spawn` run
+as root with the caller's environment, not the login one.
 
 Names carry a per-run random prefix (namespaces `lf-<prefix>-<node>`, links
 `lf<prefix>...`) and each run takes its own /24 in 10.213.0.0/16, so two test
