@@ -169,7 +169,7 @@ def main() -> int:
             with TransportPool() as pool, ThreadPoolExecutor(n) as ex:
                 list(ex.map(lambda node: pool.transport_for(node).run(["true"]), spec.nodes))
 
-        results.append((f"TransportPool connect + true, cold", *median_of(args.rounds, connect_only)))
+        results.append(("TransportPool connect + true, cold", *median_of(args.rounds, connect_only)))
         one = fleet.fleet_spec([next(iter(fleet.nodes))])
 
         def one_node_cold() -> None:
