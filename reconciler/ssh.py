@@ -446,11 +446,13 @@ class SshTransport:
         self,
         node: NodeSpec,
         *,
-        connector: _Connector,
+        connector: _Connector | None = None,
         min_backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ):
+        if connector is None:  # standalone use; a TransportPool shares one connector among its nodes
+            connector = _Connector(_Shared(None, 4))
         self.node_id = node.id
         self.node = node
         self.target = resolve_target(node.address, node.ssh, connector.shared.config)
