@@ -1,0 +1,38 @@
+"""Where plan and explain get the observed state from: a snapshot file, or a live probe.
+
+`--inventory FILE` plans from a snapshot with no SSH at all (what a pull
+request check uses). Without it the fleet is probed now, the same way
+`reconciler nodes` and the daemon do, so a plan never rests on stale facts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from reconciler.errors import FleetUnreachable, UsageError
+from reconciler.inventory import load_inventory
+from reconciler.model import Catalog, Inventory
+
+
+def observe(catalog: Catalog, catalog_dir: str, inventory_path: str | None) -> Inventory:
+    if inventory_path is not None:
+        if not Path(inventory_path).is_file():
+            raise UsageError(f"--inventory {inventory_path}: no such file")
+        return load_inventory(inventory_path, catalog.fleet, unknown_nodes="error")
+    return probe_fleet(catalog)
+
+
+def probe_fleet(catalog: Catalog) -> Inventory:
+    from reconciler.probe import probe_fleet_report
+    from reconciler.ssh import TransportPool
+
+    sources = sorted({m.source for m in catalog.models})
+    with TransportPool() as pool:
+        result = probe_fleet_report(catalog.fleet, pool, sources=sources)
+    for r in sorted(result.results, key=lambda r: r.node.id):
+        for warning in r.warnings:
+            print(f"{r.node.id}: warning: {warning}", file=sys.stderr)
+    if catalog.fleet.nodes and result.reached == 0:
+        raise FleetUnreachable("no node of the fleet could be reached; pass --inventory FILE to plan from a snapshot")
+    return result.inventory
