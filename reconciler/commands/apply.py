@@ -53,7 +53,7 @@ def main(args) -> int:
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    if not result.decisions:
+    if not result.decisions and not as_json:
         print("nothing to do")
     if not args.dry_run:
         endpoints = result.endpoints()
