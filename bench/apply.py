@@ -64,6 +64,47 @@ def lifecycle(launcher: SshLauncher, node: str, ranks: int, record_dir: Path, ho
     print(f"  stop (SIGTERM, confirmed gone, record removed)              {ms(stops)}")
 
 
+def noop_pass(tmp: Path, replicas: int) -> None:
+    """The real pass (probe, plan, health checks, status) on one local node with N Ready replicas."""
+    import yaml
+
+    from reconciler.apply import run_pass
+    from reconciler.catalog import load_catalog
+    from reconciler.transport import LocalTransport
+    from tests.apply_support.local import TINY_ENGINE
+
+    root = tmp / "catalog"
+    (root / "models").mkdir(parents=True)
+    (root / "fleet.yaml").write_text(yaml.safe_dump({
+        "state_dir": str(tmp / "pass-state"),
+        "nodes": [{"id": "local", "address": "127.0.0.1", "transport": "local"}],
+    }))
+    (root / "models" / "bench.yaml").write_text(yaml.safe_dump({
+        "name": "bench", "source": "bench", "replicas": replicas, "spread": "preferred",
+        "profiles": [{"name": "cpu", "engine": "command", "port": 21000, "start_timeout_s": 60,
+                      "command": ["python3", TINY_ENGINE, "--host", "127.0.0.1", "--port", "${PORT}",
+                                  "--record", str(tmp / "pass-${REPLICA_ID}.json")]}],
+    }))
+    catalog = load_catalog(root, with_revision=False)
+    transports = {"local": LocalTransport("local")}
+    t = time.perf_counter()
+    first = run_pass(catalog, transports=transports, ready_wait_s=60)
+    took = time.perf_counter() - t
+    ready = sum(s.phase == "Ready" for s in first.replicas.values())
+    print(f"  first pass: {replicas} replicas started and Ready ({ready} Ready)      {took * 1000:7.0f} ms")
+    samples, written = [], 0
+    memory = first.memory
+    for _ in range(5):
+        t = time.perf_counter()
+        again = run_pass(catalog, transports=transports, history=memory, ready_wait_s=60)
+        samples.append(time.perf_counter() - t)
+        memory = again.memory
+        written += len(again.written)
+    print(f"  pass with nothing to do ({replicas} Ready replicas)            {ms(samples)}, status files written: {written}")
+    empty = catalog.__class__(root=catalog.root, fleet=catalog.fleet, models=(), revision=None)
+    run_pass(empty, transports=transports, ready_wait_s=0)  # stops them all
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", type=int, default=20)
@@ -75,6 +116,9 @@ def main() -> None:
         print(f"LocalTransport, {args.ranks} ranks:")
         launcher = SshLauncher({"local": LocalTransport("local")}, {"local": str(tmp / "state")})
         lifecycle(launcher, "local", args.ranks, tmp, "127.0.0.1")
+
+        print("Real pass (probe, plan, health, status) on a local node:")
+        noop_pass(tmp, args.ranks)
 
         if args.ssh:
             from reconciler.apply import FleetTransports

@@ -8,6 +8,7 @@ have the same shape. Until then this follows SPEC section 2 field by field.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,13 @@ def write_pass_status(catalog: Catalog, result) -> list[str]:
     if shared is not None and hasattr(result.plan, "outcomes"):
         phases = {rid: st.phase for rid, st in result.replicas.items()}
         messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
-        written.extend(str(p) for p in shared(catalog.root, catalog, result.plan, phases, messages))
+        # The pass observed every replica, so its messages are the whole story: without the plan's
+        # action reasons ("start: not running") a replica started in this pass reads the same as
+        # in the next, quiet one, and status does not change for nothing.
+        observed_plan = result.plan
+        if dataclasses.is_dataclass(observed_plan):
+            observed_plan = dataclasses.replace(observed_plan, actions=(), waiting=())
+        written.extend(str(p) for p in shared(catalog.root, catalog, observed_plan, phases, messages))
     elif result.plan is not None:
         models_dir = status_dir / "models"
         docs = model_documents(catalog, result)

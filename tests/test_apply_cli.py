@@ -85,3 +85,19 @@ def test_an_invalid_catalog_applies_nothing_and_exits_1(cli, example):
     assert result.returncode == 1
     assert "broken.yaml:" in result.stderr and "Traceback" not in result.stderr
     assert not (state / "replicas").exists()
+
+
+def test_the_pass_after_a_start_with_nothing_changed_writes_no_status_file(example):
+    from reconciler.apply import run_pass
+    from reconciler.catalog import load_catalog
+    from reconciler.transport import LocalTransport
+
+    root, model, state = example
+    catalog = load_catalog(root, with_revision=False)
+    transports = {"local": LocalTransport("local")}
+    first = run_pass(catalog, transports=transports, ready_wait_s=30)
+    assert first.replicas[f"{model['name']}-0"].phase == "Ready"
+    before = {p: p.read_bytes() for p in (root / "status").rglob("*.yaml")}
+    second = run_pass(catalog, transports=transports, history=first.memory, ready_wait_s=30)
+    assert second.decisions == [] and second.written == []
+    assert {p: p.read_bytes() for p in (root / "status").rglob("*.yaml")} == before

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import signal
+import socketserver
 import subprocess
 import sys
 import threading
@@ -58,7 +59,15 @@ class Health(BaseHTTPRequestHandler):
         pass
 
 
-server = ThreadingHTTPServer((args.host, args.port), Health)
+class Server(ThreadingHTTPServer):
+    def server_bind(self):
+        # HTTPServer.server_bind asks reverse DNS for its own name (socket.getfqdn): seconds
+        # of timeout on a test node that has no resolver. The name is never used.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+server = Server((args.host, args.port), Health)
 print(f"tiny engine listening on {args.host}:{args.port}, loading weights...", flush=True)
 if args.exit_after is not None:
     threading.Timer(args.exit_after, lambda: (print("tiny engine: crashing on purpose", flush=True), os._exit(3))).start()
