@@ -153,6 +153,8 @@ def test_a_two_node_replica_spans_two_hosts_and_its_worker_reaches_the_head_befo
 
     # The seed's two assertions, on what really ran on the nodes.
     argvs = launched_argv(pool, catalog_dir, "pair-llm-0")
+    given = argvs[worker_node]
+    assert worker["rendezvous"] == f"{given[given.index('--master-addr') + 1]}:{given[given.index('--master-port') + 1]}"
     assert set(argvs) == {head_node, worker_node}  # at least one rank on a host that is not the head
     for node, argv in argvs.items():
         line = " ".join(argv)
