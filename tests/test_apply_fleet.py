@@ -34,8 +34,8 @@ def fleet():
     f = TestFleet()
     try:
         f.add_node("solo", gpus=["H100", "H100"], engines=["vllm"], labels={"role": "solo"})
-        f.add_node("head", gpus=["H100"], engines=["vllm"], labels={"role": "pair"}, fabrics={"ib-t": ["mlx5_0"]})
-        f.add_node("work", gpus=["H100"], engines=["vllm"], labels={"role": "pair"}, fabrics={"ib-t": ["mlx5_0"]})
+        f.add_node("head", gpus=["H100"], engines=["vllm", "llama.cpp"], labels={"role": "pair"}, fabrics={"ib-t": ["mlx5_0"]})
+        f.add_node("work", gpus=["H100"], engines=["vllm", "llama.cpp"], labels={"role": "pair"}, fabrics={"ib-t": ["mlx5_0"]})
         yield f
     finally:
         f.close()
@@ -268,3 +268,23 @@ def test_a_killed_worker_takes_its_multi_node_replica_down_and_it_is_restarted_w
     assert not alive(engines["head"]["pid"])
     fresh = [r for r in engine_records(records) if r["pid"] not in (engines["head"]["pid"], engines["worker"]["pid"])]
     assert sorted(r["role"] for r in fresh) == ["head", "worker"]
+
+
+def test_a_two_node_llama_cpp_replica_starts_its_rpc_worker_before_the_head_that_dials_it(fleet, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_model(catalog_dir, {"name": "gguf", "source": "/models/gguf", "profiles": [{
+        "name": "cpu-pair", "engine": "llama.cpp", "nodes": 2, "node_selector": {"role": "pair"}, "port": 8200,
+        "start_timeout_s": 30, "env": {"FAKE_ENGINE_RECORD_DIR": str(records)},
+    }]})
+    log = []
+    cat = load_catalog(catalog_dir, with_revision=False)
+    result = run_pass(cat, transports=pool, ready_wait_s=30, log=log.append)
+    state = result.replicas["gguf-0"]
+    assert state.phase == "Ready", state.message
+    head_node, worker_node = [a.node for a in state.nodes]
+    assert [(d.node, d.action) for d in log if d.action == "start"] == [(worker_node, "start"), (head_node, "start")]
+    engines = {r["name"]: r for r in engine_records(records)}
+    server, rpc = engines["llama-server"], engines["rpc-server"]
+    assert [p["address"] for p in server["peers"]] == [fleet.node(worker_node).address]
+    assert [p["address"] for p in rpc["peers"]] == [fleet.node(head_node).address]
