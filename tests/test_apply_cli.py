@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from reconciler.apply import http_health
-from tests.apply_support.local import free_port, is_running, wait_for
+from tests.apply_support.local import free_port, is_running
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from reconciler.launcher import SshLauncher
 from reconciler.model import Gpu, GpuProcess, Inventory, ObservedNode, RunningRank
 from reconciler.transport import LocalTransport
 from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch
-from tests.apply_support.seams import SimplePlanner, catalog, local_fleet, local_probe, tiny_model, tiny_render
+from tests.apply_support.seams import SimplePlanner, as_plan, catalog, local_fleet, local_probe, tiny_model, tiny_render
 
 
 @pytest.fixture
@@ -36,12 +36,15 @@ def env(tmp_path):
 
 
 def one_pass(cat, transports, launcher, planner, records, log=None, **kw):
-    decisions = []
-    result = run_pass(
+    """One run_pass with the stand-in probe and renderer; the planner's bare actions become a real Plan."""
+
+    def plan(catalog, inventory, **k):
+        return as_plan(catalog, inventory, planner(catalog, inventory, **k))
+
+    return run_pass(
         cat, transports=transports, launcher=launcher, probe=kw.pop("probe", None) or local_probe(launcher),
-        planner=planner, render=tiny_render(records), log=log or decisions.append, **kw,
+        planner=plan, render=tiny_render(records), log=log or (lambda d: None), **kw,
     )
-    return result
 
 
 def read_yaml(path: Path):

@@ -10,10 +10,10 @@ import socket
 
 import yaml
 
-from reconciler.apply import FleetTransports, _default_probe, run_pass
+from reconciler.apply import _default_probe, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.transport import LocalTransport
-from tests.apply_support.local import TINY_ENGINE, free_port, is_running
+from tests.apply_support.local import TINY_ENGINE, is_running
 
 
 def test_a_port_taken_after_the_probe_fails_that_launch_and_the_next_pass_picks_another(tmp_path):

@@ -107,6 +107,34 @@ class SimplePlanner:
         return actions
 
 
+def as_plan(catalog: Catalog, inventory: Inventory, actions):
+    """Bare actions wrapped as the real plan.Plan, so status is written by the real writer.
+
+    A desired replica's outcome is where its action puts it, else where it runs now.
+    """
+    from reconciler.placement import Outcome
+    from reconciler.plan import Plan
+
+    actions = tuple(actions)
+    running: dict[str, list] = {}
+    for node in inventory.nodes:
+        for r in node.replicas:
+            running.setdefault(r.id, []).append((node.id, r))
+    observed = {
+        rid: Placement(rid, ranks[0][1].model, ranks[0][1].profile, None, "",
+                       tuple(Assignment(n, r.rank, r.gpus, (), r.port) for n, r in sorted(ranks, key=lambda x: x[1].rank)))
+        for rid, ranks in running.items()
+    }
+    moved = {a.replica: a.placement for a in actions if a.action in ("start", "replace", "restart")}
+    outcomes = {}
+    for model in catalog.models:
+        for rid in model.replica_ids():
+            placement = moved.get(rid) or observed.get(rid)
+            outcomes[rid] = Outcome(rid, model.name, placement, kept=rid not in moved and placement is not None)
+    return Plan(actions=actions, outcomes=outcomes, unplaced=tuple(o for o in outcomes.values() if o.placement is None),
+                waiting=(), observed=observed, history={}, revision=catalog.revision)
+
+
 def tiny_render(record_dir: Path):
     """Renders every rank as the tiny engine; rank > 0 is told where its head is (recorded in its argv)."""
 
