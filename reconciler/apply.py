@@ -22,6 +22,7 @@ LocalTransport without SSH and the daemon reuses its connection pool.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from reconciler.errors import ReconcilerError, RenderError, TransportError
+from reconciler.inventory import inventory_from_document, inventory_to_document
 from reconciler.launcher import Launcher, SshLauncher, StartOutcome
 from reconciler.model import (
     Action,
@@ -710,6 +712,31 @@ def remember(
         last_seen=Inventory(tuple(last_nodes)),
         placed_on=placed_on,
     )
+
+
+def memory_to_document(memory: PassMemory) -> dict:
+    """PassMemory as JSON-able data, so one-shot `apply` runs remember backoff and grace periods."""
+    return {
+        "history": {rid: dataclasses.asdict(h) for rid, h in sorted(memory.history.items())},
+        "unreachable_since": dict(sorted(memory.unreachable_since.items())),
+        "last_seen": inventory_to_document(memory.last_seen) if memory.last_seen is not None else None,
+        "placed_on": {rid: list(nodes) for rid, nodes in sorted(memory.placed_on.items())},
+    }
+
+
+def memory_from_document(doc: Any) -> PassMemory:
+    """The inverse of memory_to_document; anything unreadable is forgotten, never an error."""
+    from reconciler.plan import ReplicaHistory
+
+    try:
+        return PassMemory(
+            history={rid: ReplicaHistory(**h) for rid, h in (doc.get("history") or {}).items()},
+            unreachable_since={n: float(t) for n, t in (doc.get("unreachable_since") or {}).items()},
+            last_seen=inventory_from_document(doc["last_seen"]) if doc.get("last_seen") else None,
+            placed_on={rid: tuple(nodes) for rid, nodes in (doc.get("placed_on") or {}).items()},
+        )
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return PassMemory()
 
 
 def _default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:

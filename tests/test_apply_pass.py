@@ -343,3 +343,22 @@ def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_tak
     [new] = after.node("b").replicas
     assert (new.id, new.port, new.pid, new.alive) == ("new-0", 9100, 42, True)
     assert after.node("b").ports_in_use == (22, 9100, 9200)
+
+
+def test_pass_memory_survives_a_round_trip_through_its_document():
+    import json as _json
+
+    from reconciler.apply import PassMemory, memory_from_document, memory_to_document
+    from reconciler.plan import ReplicaHistory
+
+    memory = PassMemory(
+        history={"m-0": ReplicaHistory(restarts=2, streak=1, last_restart=123.5)},
+        unreachable_since={"a": 100.0},
+        last_seen=Inventory((ObservedNode("a", replicas=(RunningRank("m-0", "m", "p", 0, (1,), 9000, "h", pid=7),)),)),
+        placed_on={"m-0": ("a",)},
+    )
+    again = memory_from_document(_json.loads(_json.dumps(memory_to_document(memory))))
+    assert again.history == memory.history and again.unreachable_since == memory.unreachable_since
+    assert again.placed_on == memory.placed_on
+    assert again.last_seen.node("a").replicas == memory.last_seen.node("a").replicas
+    assert memory_from_document({"history": {"x": {"bogus": 1}}}) == PassMemory()  # unreadable: forgotten

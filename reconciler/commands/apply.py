@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
+from pathlib import Path
 from reconciler.errors import TransportError
 from reconciler.transport import LocalTransport, Transport
 
@@ -31,6 +34,34 @@ def open_transports():
     return TransportPool()
 
 
+def memory_path(catalog_root: str) -> Path:
+    """Where one-shot `apply` keeps what the daemon keeps in memory (restart backoff, when a node
+    became unreachable, where replicas were placed): per catalog, on this management host,
+    outside the catalog (it is not desired state and must not show in `git status`)."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
+    return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
+
+
+def load_memory(path: Path):
+    from reconciler.apply import PassMemory, memory_from_document
+
+    try:
+        return memory_from_document(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return PassMemory()
+
+
+def save_memory(path: Path, memory) -> None:
+    from reconciler.apply import memory_to_document
+    from reconciler.status import write_if_changed
+
+    try:
+        write_if_changed(path, json.dumps(memory_to_document(memory), sort_keys=True))
+    except OSError as exc:  # losing the memory costs a backoff step, never the pass
+        print(f"reconciler: could not save {path}: {exc.strerror}", file=sys.stderr)
+
+
 def main(args) -> int:
     from reconciler.apply import run_pass
     from reconciler.catalog import load_catalog
@@ -42,11 +73,15 @@ def main(args) -> int:
         line = json.dumps(decision.as_dict()) if as_json else str(decision)
         print(line, flush=True)
 
+    memory_file = memory_path(catalog.root)
     transports = open_transports()
     try:
-        result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log)
+        result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log,
+                          history=load_memory(memory_file))
     finally:
         transports.close()
+    if result.memory is not None and not args.dry_run:
+        save_memory(memory_file, result.memory)
 
     nodes = result.inventory.nodes if result.inventory is not None else ()
     if nodes and all(n.state == "unreachable" for n in nodes):
