@@ -7,31 +7,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from reconciler.errors import TransportError
-from reconciler.transport import LocalTransport, Transport
+
+from reconciler.ssh import TransportPool
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
-
-
-class _LocalOnly:
-    """Transports when the SSH pool is not available: `transport: local` nodes only."""
-
-    def transport_for(self, node) -> Transport:
-        if node.transport == "local":
-            return LocalTransport(node.id)
-        raise TransportError(node.id, "SSH transport not available in this build")
-
-    def close(self) -> None:
-        pass
-
-
-def open_transports():
-    """The SSH pool (LocalTransport for `transport: local` nodes, SSH otherwise)."""
-    try:
-        from reconciler.ssh import TransportPool
-    except ImportError:  # pragma: no cover - only before the SSH transport is merged
-        return _LocalOnly()
-    return TransportPool()
 
 
 def memory_path(catalog_root: str) -> Path:
@@ -74,7 +53,7 @@ def main(args) -> int:
         print(line, flush=True)
 
     memory_file = memory_path(catalog.root)
-    transports = open_transports()
+    transports = TransportPool()  # LocalTransport for `transport: local` nodes, SSH otherwise
     try:
         result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log,
                           history=load_memory(memory_file))
