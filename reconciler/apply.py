@@ -497,8 +497,13 @@ class Actor:
                 if launch in self.started:
                     self.started.remove(launch)
             self.inventory = before
-            self.fail(action.replica, action.model, state.profile,
-                      f"new copy not Ready ({state.message}); old copy kept running", placement=placement)
+            message = f"new copy not Ready ({state.message}); old copy kept running"
+            self.fail(action.replica, action.model, state.profile, message, placement=placement)
+            # What serves is the old copy: report it as it is, so its endpoint stays listed.
+            model = self.catalog.model(action.model)
+            kept = observed_state(self.catalog, before, action.replica, model, self.launcher, self.health) if model else None
+            if kept is not None:
+                self.states[action.replica] = replace(kept, message=f"replacement failed: {message}")
         self.pending.pop(action.replica, None)
 
     def replace_wait_s(self, action: Action) -> float:

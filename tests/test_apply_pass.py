@@ -362,3 +362,19 @@ def test_pass_memory_survives_a_round_trip_through_its_document():
     assert again.placed_on == memory.placed_on
     assert again.last_seen.node("a").replicas == memory.last_seen.node("a").replicas
     assert memory_from_document({"history": {"x": {"bogus": 1}}}) == PassMemory()  # unreadable: forgotten
+
+
+def test_a_replacement_that_never_gets_ready_is_taken_back_and_the_old_copy_keeps_serving(tmp_path, env):
+    fleet, transports, launcher, records = env
+    old_port = free_port()
+    cat = catalog(tmp_path, fleet, tiny_model("m"))
+    first = one_pass(cat, transports, launcher, SimplePlanner({"m-0": [("n1", old_port, ())]}), records)
+    assert first.replicas["m-0"].phase == "Ready"
+
+    broken = catalog(tmp_path, fleet, tiny_model("m", args=["--never-ready"], start_timeout_s=1.0))
+    second = one_pass(broken, transports, launcher, SimplePlanner({"m-0": [("n2", free_port(), ())]}), records)
+    state = second.replicas["m-0"]
+    assert state.phase == "Ready" and "replacement failed" in state.message and "not Ready after 1s" in state.message
+    assert second.endpoints() == {"m": [f"http://127.0.0.1:{old_port}"]}
+    assert [r.port for r in launcher.ranks("n1")] == [old_port] and launcher.ranks("n2") == []
+    assert not second.ok
