@@ -164,7 +164,7 @@ def test_a_two_node_replica_spans_two_hosts_and_its_worker_reaches_the_head_befo
         assert argv[argv.index("--node-rank") + 1] == ("0" if node == head_node else "1")
 
 
-def test_a_spec_change_replaces_the_replica(fleet, pool, catalog_dir, tmp_path):
+def test_a_spec_change_with_no_room_beside_the_old_copy_stops_it_first_and_replaces_it(fleet, pool, catalog_dir, tmp_path):
     records = tmp_path / "engines"
     records.mkdir()
     write_model(catalog_dir, vllm_model("swap-llm", records, role="solo"))
