@@ -1,0 +1,262 @@
+"""The daemon driven by git, with a recording fake pass (tests/daemon_driver.py).
+
+Real git repositories, real child processes, real signals, the real watcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+
+import pytest
+
+from tests.gitcatalog import CatalogRepo, DaemonProcess, git, model_yaml, wait_for
+
+QUIET = ["--interval", "3600"]  # only commits and signals trigger passes
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return CatalogRepo(tmp_path / "catalog")
+
+
+@pytest.fixture
+def daemon(tmp_path, repo):
+    started: list[DaemonProcess] = []
+
+    def start(*flags, env=None, name="daemon", catalog=None):
+        d = DaemonProcess(catalog or repo.path, *flags, workdir=tmp_path, env=env, name=name)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def test_committing_a_change_triggers_a_pass_with_the_new_revision(repo, daemon):
+    d = daemon(*QUIET)
+    first = d.wait_pass(repo.head())[0]
+    assert first["models"] == {"alpha": 1}
+
+    repo.write("models/alpha.yaml", model_yaml("alpha", 3))
+    bumped = repo.commit("alpha: 3 replicas")
+
+    p = d.wait_pass(bumped)[0]
+    assert p["models"] == {"alpha": 3}
+    assert p["pid"] == d.pid
+    status = repo.status()
+    assert status["last_attempted_revision"] == bumped
+    assert status["last_applied_revision"] == bumped
+    assert status["errors"] == []
+
+
+def test_invalid_commit_applies_nothing_records_every_error_and_next_valid_commit_applies(repo, daemon):
+    good = repo.head()
+    d = daemon(*QUIET)
+    d.wait_pass(good)
+
+    repo.write("models/beta.yaml", "name: beta\nreplicas: 2\n")  # no source
+    repo.write("models/gamma.yaml", "name: gamma\nsource: [unclosed\nreplicas: 1\n")  # YAML syntax
+    bad = repo.commit("two broken models")
+
+    wait_for(lambda: repo.status()["last_attempted_revision"] == bad, what="the bad revision attempted")
+    status = repo.status()
+    assert status["last_applied_revision"] == good
+    files = sorted(e["file"] for e in status["errors"])
+    assert files == ["models/beta.yaml", "models/gamma.yaml"]
+    for error in status["errors"]:
+        assert error["line"] >= 1 and error["column"] >= 1 and error["message"]
+    assert all(p["revision"] == good for p in d.passes("begin")), "the invalid revision reached the pass"
+    assert d.events("pass.refused")
+
+    repo.write("models/beta.yaml", model_yaml("beta", 2))
+    repo.write("models/gamma.yaml", model_yaml("gamma", 1))
+    fixed = repo.commit("fix both")
+    p = d.wait_pass(fixed)[0]
+    assert p["models"] == {"alpha": 1, "beta": 2, "gamma": 1}
+    status = repo.status()
+    assert (status["last_applied_revision"], status["errors"]) == (fixed, [])
+
+
+def test_a_daemon_started_on_an_invalid_head_keeps_the_revision_status_says_was_applied(repo, daemon):
+    good = repo.head()
+    d = daemon("--max-passes", "1")
+    assert d.wait_exit() == 0
+    repo.write("models/beta.yaml", "name: beta\n")
+    bad = repo.commit("broken while the daemon was down")
+
+    d2 = daemon(*QUIET, name="second")
+    wait_for(lambda: repo.status()["last_attempted_revision"] == bad, what="bad revision attempted")
+    assert repo.status()["last_applied_revision"] == good
+    d2.signal(signal.SIGHUP)  # a resync keeps reconciling the revision in force
+    assert d2.wait_pass(good)[0]["models"] == {"alpha": 1}
+    assert all(p["revision"] == good for p in d2.passes("begin"))
+
+
+def test_an_uncommitted_edit_is_not_applied_and_status_says_so(repo, daemon):
+    committed = repo.head()
+    d = daemon(*QUIET)
+    d.wait_pass(committed)
+
+    repo.write("models/alpha.yaml", model_yaml("alpha", 7))  # saved, never committed
+    repo.write("models/half.yaml", "name: half\nsource: [")  # half-written new file
+    d.signal(signal.SIGHUP)
+    d.wait_pass(committed, count=2)
+
+    assert all(p["models"] == {"alpha": 1} for p in d.passes())
+    status = repo.status()
+    assert status["uncommitted_changes"] == ["models/alpha.yaml", "models/half.yaml"]
+    assert status["errors"] == [] and status["last_applied_revision"] == committed
+    assert any("uncommitted" in w for w in status["warnings"])
+    assert d.events("worktree.uncommitted")
+
+
+def test_two_passes_with_nothing_changed_write_zero_bytes_and_leave_git_status_clean(repo, daemon):
+    d = daemon("--max-passes", "1", "--commit-status")
+    assert d.wait_exit() == 0
+    assert repo.porcelain() == ""
+
+    def snapshot():
+        out = {}
+        for p in sorted(repo.path.rglob("*")):
+            if ".git" not in p.relative_to(repo.path).parts and p.is_file():
+                st = p.stat()
+                out[str(p)] = (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
+
+    before, head = snapshot(), repo.head()
+    d2 = daemon("--max-passes", "2", "--interval", "0.2", name="second")
+    assert d2.wait_exit() == 0
+    assert len(d2.passes()) == 2
+    assert snapshot() == before
+    assert repo.porcelain() == ""
+    assert repo.head() == head
+
+
+def test_a_second_daemon_on_the_same_catalog_refuses_and_names_the_holder(repo, daemon):
+    first = daemon(*QUIET)
+    first.wait_pass()
+    second = daemon(*QUIET, name="second")
+    assert second.wait_exit() == 1
+    message = second.logfile.read_text()
+    assert f"pid {first.pid}" in message and "already running" in message
+    assert second.passes("begin") == []
+    assert first.proc.poll() is None
+
+
+def test_a_lock_left_by_a_killed_daemon_is_taken_over(repo, daemon):
+    first = daemon(*QUIET)
+    first.wait_pass()
+    first.proc.kill()
+    first.wait_exit()
+
+    second = daemon(*QUIET, name="second")
+    second.wait_pass()
+    taken = second.wait_event("lock.taken-over")[0]
+    assert taken["previous_pid"] == first.pid
+
+
+def test_sigterm_finishes_the_pass_in_progress_then_exits_leaving_status_written(repo, daemon):
+    d = daemon(*QUIET, env={"FAKE_PASS_SLEEP": "1.5"})
+    wait_for(lambda: d.passes("begin"), what="a pass to begin")
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit() == 0
+    assert len(d.passes("end")) == 1, "the pass in progress was cut short"
+    assert d.events("daemon.stopped")[0]["reason"] == "SIGTERM"
+    assert repo.status()["last_applied_revision"] == repo.head()
+
+
+def test_sigint_stops_the_daemon_cleanly(repo, daemon):
+    d = daemon(*QUIET)
+    d.wait_pass()
+    d.signal(signal.SIGINT)
+    assert d.wait_exit() == 0
+    assert d.events("daemon.stopped")[0]["reason"] == "SIGINT"
+
+
+def test_sighup_starts_a_pass_now(repo, daemon):
+    d = daemon(*QUIET)
+    d.wait_pass()
+    d.signal(signal.SIGHUP)
+    passes = d.wait_pass(count=2)
+    assert [p["revision"] for p in passes] == [repo.head(), repo.head()]
+    assert [e["trigger"] for e in d.events("pass.end")][:2] == ["start", "SIGHUP"]
+
+
+def test_commit_status_commits_only_status_and_a_status_commit_starts_no_pass(repo, daemon):
+    catalog_revision = repo.head()
+    repo.write("models/staged.yaml", model_yaml("staged", 1))
+    git(repo.path, "add", "models/staged.yaml")  # staged by a person, not committed
+
+    d = daemon(*QUIET, "--commit-status")
+    d.wait_event("status.committed")
+    d.wait_event("head.moved")  # the daemon saw its own commit move HEAD
+
+    changed = git(repo.path, "show", "--name-only", "--format=%s%n%b", "HEAD").split("\n")
+    assert catalog_revision[:12] in changed[0]
+    assert f"Reconciler-Status-For: {catalog_revision}" in changed
+    files = [f for f in changed[2:] if f and not f.startswith("Reconciler-")]
+    assert files and all(f.startswith("status/") for f in files)
+    assert git(repo.path, "diff", "--cached", "--name-only").split() == ["models/staged.yaml"]
+    assert len(d.passes()) == 1, "a status commit must not start a pass"
+    assert repo.status()["last_attempted_revision"] == catalog_revision
+
+
+def test_detached_head_is_applied_and_said_in_status(repo, daemon):
+    first = repo.head()
+    repo.write("models/alpha.yaml", model_yaml("alpha", 2))
+    repo.commit("alpha: 2")
+    git(repo.path, "checkout", "-q", "--detach", first)
+
+    d = daemon(*QUIET)
+    assert d.wait_pass(first)[0]["models"] == {"alpha": 1}
+    status = repo.status()
+    assert status["branch"] is None
+    assert any("detached" in w for w in status["warnings"])
+
+
+def test_metrics_endpoint_serves_pass_and_action_counters(repo, daemon):
+    d = daemon(*QUIET, "--metrics-address", "127.0.0.1:0")
+    d.wait_pass()
+    d.wait_event("pass.end")
+    address = d.wait_event("metrics.serving")[0]["address"]
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    assert 'reconciler_passes_total{result="applied"} 1' in body
+    assert 'reconciler_actions_total{action="start",outcome="ok"} 1' in body
+    assert 'reconciler_replicas{phase="Ready"} 1' in body
+    assert 'reconciler_replicas{phase="Failed"} 0' in body
+    assert "reconciler_pass_duration_seconds_count 1" in body
+
+
+def test_push_without_commit_status_is_a_usage_error(repo, tmp_path, cli):
+    result = cli("run", str(repo.path), "--push", cwd=tmp_path)
+    assert result.returncode == 2 and "--commit-status" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_catalog_that_is_no_directory_is_a_message_not_a_traceback(tmp_path, cli):
+    result = cli("run", str(tmp_path / "nope"), "--max-passes", "1", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "no such catalog directory" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_git_pull_fast_forwards_to_a_commit_pushed_upstream(tmp_path, daemon):
+    origin = CatalogRepo(tmp_path / "origin")
+    bare = tmp_path / "upstream.git"
+    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
+    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
+    deployed = CatalogRepo(tmp_path / "deployed", init=False)
+    git(origin.path, "remote", "add", "origin", str(bare))
+
+    d = daemon("--git-pull", "--interval", "0.2", catalog=deployed.path)
+    d.wait_pass(origin.head())
+
+    origin.write("models/alpha.yaml", model_yaml("alpha", 4))
+    pushed = origin.commit("alpha: 4")
+    git(origin.path, "push", "-q", "origin", "main")
+
+    assert d.wait_pass(pushed)[0]["models"] == {"alpha": 4}
+    assert deployed.head() == pushed
+    assert deployed.status()["upstream"] == {"ref": "origin/main", "state": "up-to-date", "message": ""}
