@@ -181,7 +181,7 @@ class GitCatalog:
         if not dest.is_dir():
             trees.mkdir(parents=True, exist_ok=True)
             treeish = f"{revision}:{self.prefix}" if self.prefix else revision
-            data = git(self.root, "archive", "--format=tar", treeish, binary=True).stdout
+            data = git(self.toplevel, "archive", "--format=tar", treeish, binary=True).stdout
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=trees))
             try:
                 with tarfile.open(fileobj=io.BytesIO(data)) as tar:

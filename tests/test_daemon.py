@@ -260,3 +260,47 @@ def test_git_pull_fast_forwards_to_a_commit_pushed_upstream(tmp_path, daemon):
     assert d.wait_pass(pushed)[0]["models"] == {"alpha": 4}
     assert deployed.head() == pushed
     assert deployed.status()["upstream"] == {"ref": "origin/main", "state": "up-to-date", "message": ""}
+
+
+def test_a_refused_pull_keeps_the_revision_in_force_and_says_why_in_status(tmp_path, daemon):
+    origin = CatalogRepo(tmp_path / "origin")
+    bare = tmp_path / "upstream.git"
+    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
+    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
+    deployed = CatalogRepo(tmp_path / "deployed", init=False)
+    git(deployed.path, "config", "user.email", "ops@example.com")
+    git(deployed.path, "config", "user.name", "Ops")
+    deployed.write("models/hotfix.yaml", model_yaml("hotfix", 1))
+    local = deployed.commit("hotfix made here")
+    git(origin.path, "remote", "add", "origin", str(bare))
+    origin.write("models/alpha.yaml", model_yaml("alpha", 5))
+    git(origin.path, "commit", "-q", "-a", "--amend", "-m", "rewritten")
+    git(origin.path, "push", "-q", "--force", "origin", "main")
+
+    d = daemon("--git-pull", *QUIET, catalog=deployed.path)
+    assert d.wait_pass(local)[0]["models"] == {"alpha": 1, "hotfix": 1}
+    upstream = deployed.status()["upstream"]
+    assert upstream["state"] == "refused" and "made only here" in upstream["message"]
+    assert d.events("git.pull.refused")
+    assert deployed.head() == local
+
+
+def test_text_log_lines_carry_the_decision_and_its_reason():
+    import io
+
+    from reconciler.daemon import EventLog
+
+    out = io.StringIO()
+    log = EventLog("text", out, clock=lambda: 0.0)
+    log("replica.start", replica="alpha-1", node="node-a", msg="replica missing")
+    log({"event": "replica.stop", "replica": "old-0", "reason": "model removed from the catalog"})
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "1970-01-01T00:00:00.000Z replica.start replica=alpha-1 node=node-a - replica missing",
+        '1970-01-01T00:00:00.000Z replica.stop replica=old-0 reason="model removed from the catalog"',
+    ]
+
+
+def test_metrics_address_must_be_host_and_port(repo, tmp_path, cli):
+    result = cli("run", str(repo.path), "--metrics-address", "localhost", cwd=tmp_path)
+    assert result.returncode == 2 and "HOST:PORT" in result.stderr
