@@ -35,6 +35,7 @@ from reconciler.metrics import Metrics, MetricsServer, count_by
 from reconciler.model import OBSERVED_STATES, PHASES, Catalog
 
 LOCK_NAME = ".llm-reconciler.lock"  # for a catalog that is not a git repository
+DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"
 
 
 class DaemonLocked(ReconcilerError):
@@ -249,7 +250,8 @@ class _State:
     uncommitted: list[str] = field(default_factory=list)
     branch: str | None = None
     pull: PullOutcome | None = None
-    warnings: list[str] = field(default_factory=list)
+    detached: bool = False
+    watcher_error: str | None = None
 
 
 class Daemon:
@@ -342,6 +344,7 @@ class Daemon:
                     self._wake.wait(timeout=max(0.0, next_resync - now))
                     continue
                 if "watcher-failed" in reasons and watcher is not None:
+                    self.state.watcher_error = watcher.error
                     self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
                 if self._wants_pass(reasons):
                     self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
@@ -374,8 +377,8 @@ class Daemon:
                 return True
             if revision != self.state.attempted:
                 return True
-            self.log("head.moved", revision=_short(revision), msg="HEAD moved but the catalog did not change "
-                     "(a status commit, or a commit outside the catalog): no pass")
+            self.log("head.moved", revision=_short(revision), msg="git refs moved but the catalog revision did not "
+                     "(a status commit, a fetch, or a commit outside the catalog): no pass")
         return False
 
     # ------------------------------------------------------------ one pass
@@ -403,7 +406,9 @@ class Daemon:
                 result = self.pass_fn(catalog, self.log)
                 self._observe(result)
                 result_kind = "applied"
-        except Exception as exc:  # a bug or an unexpected failure: log it whole, keep the daemon alive
+        except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass
+            self.log("pass.failed", error=str(exc))
+        except Exception as exc:  # a bug: log it whole, keep the daemon alive
             self.log("pass.error", error=f"{type(exc).__name__}: {exc}", msg="".join(traceback.format_exc()))
         finally:
             self._write_status()
@@ -425,16 +430,20 @@ class Daemon:
             outcome = self.git.pull()
         except GitError as exc:
             outcome = PullOutcome("fetch-failed", None, str(exc))
-        self.state.pull = outcome
+        previous, self.state.pull = self.state.pull, outcome
         if outcome.state in ("fast-forwarded", "followed-rewrite"):
             self.log("git.pull", state=outcome.state, upstream=outcome.upstream, msg=outcome.message)
-        elif outcome.problem:
+        elif outcome.problem and (previous is None or previous.message != outcome.message):  # once, not per interval
             self.log("git.pull.refused", state=outcome.state, upstream=outcome.upstream, msg=outcome.message)
 
     def _read_worktree_facts(self) -> None:
         if self.git is None:
             return
         self.state.branch = self.git.branch()
+        detached = self.state.branch is None and self.git.head() is not None
+        if detached and not self.state.detached:
+            self.log("git.detached", msg=DETACHED)
+        self.state.detached = detached
         uncommitted = self.git.uncommitted()
         if uncommitted and uncommitted != self.state.uncommitted:
             self.log("worktree.uncommitted", paths=uncommitted,
@@ -448,8 +457,6 @@ class Daemon:
             # Not a git repository: the directory is the revision (said once at start-up).
             return self._load_tree(self.root, None, first=not st.attempted_any)
         self._read_worktree_facts()
-        if st.branch is None and self.git.head() is not None:
-            self._warn_once("HEAD is detached: the committed HEAD is applied; --git-pull has nothing to follow")
         revision = self.git.catalog_revision()
         if st.attempted_any and revision == st.attempted:
             return False
@@ -498,11 +505,6 @@ class Daemon:
         self.state.in_force = dataclasses.replace(catalog, root=str(self.root), revision=previous)
         self.state.applied = previous
 
-    def _warn_once(self, text: str) -> None:
-        if text not in self.state.warnings:
-            self.state.warnings.append(text)
-            self.log("warning", msg=text)
-
     # ------------------------------------------------------------ status, metrics
 
     def status_document(self) -> dict:
@@ -525,7 +527,11 @@ class Daemon:
                     "state": "up-to-date" if st.pull.state == "fast-forwarded" else st.pull.state,
                     "message": st.pull.message if st.pull.problem else "",
                 }
-        warnings = list(st.warnings)
+        warnings = []
+        if st.detached:
+            warnings.append(DETACHED)
+        if st.watcher_error:
+            warnings.append(f"the file watcher failed ({st.watcher_error}): changes are seen on the resync interval only")
         if st.uncommitted:
             warnings.append("uncommitted changes are not applied: " + ", ".join(st.uncommitted))
         doc["warnings"] = warnings

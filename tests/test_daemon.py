@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from tests.gitcatalog import CatalogRepo, DaemonProcess, git, model_yaml, wait_for
+from tests.gitcatalog import FLEET, CatalogRepo, DaemonProcess, git, model_yaml, wait_for
 
 QUIET = ["--interval", "3600"]  # only commits and signals trigger passes
 
@@ -304,3 +304,25 @@ def test_text_log_lines_carry_the_decision_and_its_reason():
 def test_metrics_address_must_be_host_and_port(repo, tmp_path, cli):
     result = cli("run", str(repo.path), "--metrics-address", "localhost", cwd=tmp_path)
     assert result.returncode == 2 and "HOST:PORT" in result.stderr
+
+
+def test_a_commit_made_while_a_pass_runs_is_applied_by_the_next_pass(repo, daemon):
+    d = daemon(*QUIET, env={"FAKE_PASS_SLEEP": "1"})
+    wait_for(lambda: d.passes("begin"), what="the first pass to begin")
+    repo.write("models/alpha.yaml", model_yaml("alpha", 2))
+    bumped = repo.commit("alpha: 2, mid-pass")
+    assert d.wait_pass(bumped)[0]["models"] == {"alpha": 2}
+    assert d.passes()[0]["models"] == {"alpha": 1}  # the pass in progress kept the revision it started with
+
+
+def test_a_catalog_without_git_is_applied_from_its_directory_when_a_file_changes(tmp_path, daemon):
+    plain = tmp_path / "plain"
+    (plain / "models").mkdir(parents=True)
+    (plain / "fleet.yaml").write_text(FLEET)
+    (plain / "models/alpha.yaml").write_text(model_yaml("alpha", 1))
+    d = daemon(*QUIET, catalog=plain)
+    assert d.wait_pass()[0] == {**d.passes()[0], "revision": None, "models": {"alpha": 1}}
+    (plain / "models/alpha.yaml").write_text(model_yaml("alpha", 2))
+    wait_for(lambda: any(p["models"] == {"alpha": 2} for p in d.passes()), what="a pass with the edit")
+    status = CatalogRepo(plain, init=False).status()
+    assert status["last_attempted_revision"] is None and "branch" not in status
