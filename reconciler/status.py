@@ -21,8 +21,20 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeDumper as _Dumper
 
 
+class _StatusDumper(_Dumper):
+    """Block style for structure, flow style for short lists of scalars (GPU indices, peers)."""
+
+
+def _represent_list(dumper: yaml.BaseDumper, data: list) -> yaml.Node:
+    flow = all(isinstance(x, (int, float, str, bool)) or x is None for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_StatusDumper.add_representer(list, _represent_list)
+
+
 def dump_yaml(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+    return yaml.dump(doc, Dumper=_StatusDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:

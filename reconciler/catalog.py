@@ -1,0 +1,572 @@
+"""Load a catalog directory into an immutable Catalog, or report every problem in it.
+
+Three layers of checks, each reporting at the line and column of the
+offending value:
+
+1. bytes and YAML: UTF-8, syntax, tabs, duplicate keys, a mapping at the top;
+2. the JSON Schemas in schema/ (field names, types, ranges, enums);
+3. what a schema cannot say: unique ids and names, engines that can run
+   without GPUs, loopback addresses in a multi-node fleet, placeholders only
+   where they are resolved, one fabric per HCA.
+
+A file that fails an earlier layer is not checked by the later ones (its
+values cannot be trusted), but every other file still is, so one run shows
+every problem in the catalog.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import jsonschema
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from reconciler.errors import CatalogInvalid, Problem
+from reconciler.model import (
+    CPU_CAPABLE_ENGINES,
+    DEFAULT_PORTS,
+    PLACEHOLDERS,
+    Catalog,
+    Fleet,
+    Model,
+    NodeSpec,
+    Profile,
+    SshSettings,
+    frozen_map,
+)
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
+FLEET_FILE = "fleet.yaml"
+MODELS_DIR = "models"
+STATUS_DIR = "status"
+YAML_SUFFIXES = (".yaml", ".yml")
+
+# $NAME or ${NAME}; `$$` is an escaped dollar and is consumed first.
+PLACEHOLDER_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@lru_cache(maxsize=None)
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+# --------------------------------------------------------------------------
+# Positions
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class _Doc:
+    """One parsed file: its relative path and the ruamel tree that knows positions."""
+
+    rel: str
+    data: Any
+
+    def at(self, path: tuple, message: str, *, key: bool = False) -> Problem:
+        line, col = position(self.data, path, key=key)
+        return Problem(self.rel, line, col, message)
+
+
+def position(root: Any, path: tuple, *, key: bool = False) -> tuple[int, int]:
+    """1-based line and column of the value at `path` (or of its key, with key=True).
+
+    Falls back to the deepest container that exists, so a missing field points
+    at the mapping that lacks it.
+    """
+    node = root
+    line, col = 0, 0
+    if isinstance(root, (CommentedMap, CommentedSeq)):
+        line, col = root.lc.line, root.lc.col
+    for i, step in enumerate(path):
+        last = i == len(path) - 1
+        try:
+            if isinstance(node, CommentedMap) and step in node:
+                kl, kc = node.lc.key(step)
+                vl, vc = node.lc.value(step)
+                line, col = (kl, kc) if (key and last) else (vl, vc)
+                node = node[step]
+            elif isinstance(node, CommentedSeq) and isinstance(step, int) and 0 <= step < len(node):
+                line, col = node.lc.item(step)
+                node = node[step]
+            else:
+                break
+        except (KeyError, TypeError, AttributeError):
+            break
+    return line + 1, col + 1
+
+
+# --------------------------------------------------------------------------
+# Layer 1: bytes and YAML
+# --------------------------------------------------------------------------
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="rt")
+    y.allow_duplicate_keys = False
+    return y
+
+
+def _decode(rel: str, raw: bytes) -> tuple[str | None, Problem | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        before = raw[: exc.start]
+        line = before.count(b"\n") + 1
+        col = exc.start - (before.rfind(b"\n") + 1) + 1
+        return None, Problem(rel, line, col, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")
+
+
+def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
+    """Parse YAML keeping positions; a syntax problem becomes a Problem at its mark."""
+    if text.lstrip("\ufeff").strip() == "" or all(
+        not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()
+    ):
+        return None, Problem(rel, 1, 1, "file is empty; expected a mapping of fields")
+    try:
+        return _yaml().load(text), None
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = (exc.problem or str(exc)).strip()
+        lines = text.splitlines()
+        if mark and mark.line < len(lines) and "\t" in lines[mark.line]:
+            tab_col = lines[mark.line].index("\t") + 1
+            return None, Problem(rel, line, tab_col, "tab character; YAML indents with spaces only")
+        if "duplicate key" in problem or "found duplicate key" in str(exc):
+            key = re.search(r'duplicate key "?([^"\s]+)"?', str(exc))
+            name = f" '{key.group(1)}'" if key else ""
+            return None, Problem(rel, line, col, f"duplicate key{name}; each key may appear once in a mapping")
+        return None, Problem(rel, line, col, f"YAML syntax error: {problem}")
+    except YAMLError as exc:  # errors without a mark
+        return None, Problem(rel, 1, 1, f"YAML error: {exc}")
+
+
+# --------------------------------------------------------------------------
+# Layer 2: schema
+# --------------------------------------------------------------------------
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _field_name(path: tuple) -> str:
+    parts = [p for p in path if isinstance(p, str)]
+    return parts[-1] if parts else "document"
+
+
+def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
+    problems = []
+    for err in _validator(schema_name).iter_errors(doc.data):
+        path = tuple(err.absolute_path)
+        field = _field_name(path)
+        kind = err.validator
+        if kind == "additionalProperties":
+            allowed = list((err.schema.get("properties") or {}).keys())
+            for extra in _unexpected_keys(err):
+                hint = difflib.get_close_matches(extra, allowed, n=1)
+                suggestion = f" (did you mean '{hint[0]}'?)" if hint else f"; known fields: {', '.join(allowed)}"
+                problems.append(doc.at(path + (extra,), f"unknown field '{extra}'{suggestion}", key=True))
+            continue
+        if kind == "required":
+            missing = re.search(r"'([^']+)' is a required property", err.message)
+            name = missing.group(1) if missing else err.message
+            where = _field_name(path) if path else "the file"
+            problems.append(doc.at(path, f"missing required field '{name}' in {where}", key=bool(path)))
+            continue
+        if kind == "type":
+            want = err.validator_value
+            want = " or ".join(want) if isinstance(want, list) else want
+            article = "an" if str(want)[:1] in "aeiou" else "a"
+            msg = f"{field}: expected {article} {want}, got {_describe(err.instance)}"
+        elif kind == "enum":
+            choices = ", ".join(str(c) for c in err.validator_value)
+            msg = f"{field}: {_describe(err.instance)} is not one of: {choices}"
+        elif kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "above", "exclusiveMaximum": "below"}
+            msg = f"{field}: {err.instance} is out of range; must be {words[kind]} {err.validator_value}"
+        elif kind == "pattern":
+            msg = f"{field}: {_describe(err.instance)} does not match the required form {err.validator_value}"
+        elif kind in ("minLength", "minItems"):
+            msg = f"{field}: must not be empty"
+        elif kind == "propertyNames":
+            msg = f"{field}: key {err.instance!r} is not allowed: {err.message}"
+        else:
+            msg = f"{field}: {err.message}"
+        problems.append(doc.at(path, msg))
+    return problems
+
+
+def _unexpected_keys(err: jsonschema.ValidationError) -> list[str]:
+    allowed = set((err.schema.get("properties") or {}).keys())
+    patterns = err.schema.get("patternProperties") or {}
+    out = []
+    for k in err.instance:
+        if k in allowed or any(re.search(p, k) for p in patterns):
+            continue
+        out.append(str(k))
+    return out
+
+
+# --------------------------------------------------------------------------
+# Layer 3: what a schema cannot say
+# --------------------------------------------------------------------------
+
+
+def is_loopback(address: str) -> bool:
+    host = address.strip().lower().strip("[]")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def placeholders_in(value: str) -> list[str]:
+    """Names of the $NAME / ${NAME} placeholders in a string ($$ is a literal dollar)."""
+    names = []
+    for m in PLACEHOLDER_RE.finditer(value):
+        if m.group(0) == "$$":
+            continue
+        names.append(m.group(1) or m.group(2))
+    return names
+
+
+def fleet_problems(doc: _Doc) -> list[Problem]:
+    problems: list[Problem] = []
+    nodes = doc.data.get("nodes") or []
+    seen: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        nid = node["id"]
+        if nid in seen:
+            problems.append(doc.at(("nodes", i, "id"), f"duplicate node id '{nid}' (first defined as nodes[{seen[nid]}])"))
+        else:
+            seen[nid] = i
+        owner: dict[str, str] = {}
+        for fabric, hcas in (node.get("fabrics") or {}).items():
+            for j, hca in enumerate(hcas):
+                if hca in owner:
+                    problems.append(
+                        doc.at(("nodes", i, "fabrics", fabric, j), f"node {nid}: HCA {hca} is declared on both fabric {owner[hca]} and {fabric}")
+                    )
+                owner[hca] = fabric
+    if len(nodes) > 1:
+        for i, node in enumerate(nodes):
+            for field in ("address", "data_address"):
+                value = node.get(field)
+                if value is not None and is_loopback(str(value)):
+                    problems.append(
+                        doc.at(
+                            ("nodes", i, field),
+                            f"node {node['id']}: {field} {value} is loopback; in a fleet of several nodes a loopback "
+                            "address makes every multi-node replica talk to itself",
+                        )
+                    )
+    return problems
+
+
+def model_problems(doc: _Doc) -> list[Problem]:
+    problems: list[Problem] = []
+    data = doc.data
+    seen: dict[str, int] = {}
+    for i, prof in enumerate(data.get("profiles") or []):
+        base = ("profiles", i)
+        name, engine = prof["name"], prof["engine"]
+        where = f"profile {name}"
+        if name in seen:
+            problems.append(doc.at(base + ("name",), f"duplicate profile name '{name}' (first defined as profiles[{seen[name]}])"))
+        else:
+            seen[name] = i
+        if "gpu_class" not in prof:
+            if engine not in CPU_CAPABLE_ENGINES:
+                problems.append(
+                    doc.at(base + ("engine",), f"{where}: engine {engine} needs GPUs; set gpu_class (CPU-only serving works with llama.cpp or command)")
+                )
+            if "gpus_per_node" in prof:
+                problems.append(doc.at(base + ("gpus_per_node",), f"{where}: gpus_per_node needs gpu_class; without it the profile is CPU-only"))
+        if engine == "command":
+            if "command" not in prof:
+                problems.append(doc.at(base, f"{where}: engine command needs a 'command' (the argv to run)", key=True))
+            if "port" not in prof:
+                problems.append(doc.at(base, f"{where}: engine command needs a 'port' (there is no default to guess)", key=True))
+        elif "command" in prof:
+            problems.append(doc.at(base + ("command",), f"{where}: 'command' is only for engine: command; engine {engine} builds its own command line"))
+        problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
+    if "$" in data.get("source", ""):
+        for name in placeholders_in(data["source"]):
+            problems.append(doc.at(("source",), f"placeholder ${{{name}}} is not allowed in source; placeholders work only in a command profile's command and env"))
+    return problems
+
+
+def _placeholder_problems(doc: _Doc, base: tuple, prof: dict, resolvable: bool) -> Iterator[Problem]:
+    known = set(PLACEHOLDERS)
+    for field, path, value in _string_fields(prof, base):
+        names = placeholders_in(value) if "$" in value else []
+        for name in names:
+            if resolvable and field in ("command", "env"):
+                if name not in known:
+                    hint = difflib.get_close_matches(name, PLACEHOLDERS, n=1)
+                    extra = f" (did you mean ${{{hint[0]}}}?)" if hint else f"; known: {', '.join('${' + k + '}' for k in PLACEHOLDERS)}"
+                    yield doc.at(path, f"profile {prof['name']}: unknown placeholder ${{{name}}} in {field}{extra}; write $$ for a literal $")
+            else:
+                yield doc.at(
+                    path,
+                    f"profile {prof['name']}: placeholder ${{{name}}} in {field} is never resolved; placeholders work only in a "
+                    "command profile's command and env (write $$ for a literal $)",
+                )
+
+
+def _string_fields(prof: dict, base: tuple) -> Iterator[tuple[str, tuple, str]]:
+    for field, value in prof.items():
+        if isinstance(value, str):
+            yield field, base + (field,), value
+        elif isinstance(value, list):
+            for j, item in enumerate(value):
+                if isinstance(item, str):
+                    yield field, base + (field, j), item
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                if isinstance(item, str):
+                    yield field, base + (field, k), item
+
+
+# --------------------------------------------------------------------------
+# Building the Catalog
+# --------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """ruamel's commented containers to plain dict/list (for frozen dataclasses)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _ssh(base: SshSettings, overrides: dict | None) -> SshSettings:
+    o = overrides or {}
+    return SshSettings(
+        user=o.get("user", base.user),
+        port=o.get("port", base.port),
+        identity_file=o.get("identity_file", base.identity_file),
+        known_hosts=o.get("known_hosts", base.known_hosts),
+        connect_timeout_s=float(o.get("connect_timeout_s", base.connect_timeout_s)),
+    )
+
+
+def build_fleet(data: dict) -> Fleet:
+    data = _plain(data)
+    defaults = _ssh(SshSettings(), data.get("ssh"))
+    fleet_state_dir = data.get("state_dir", NodeSpec.state_dir)
+    nodes = []
+    for n in data.get("nodes") or []:
+        nodes.append(
+            NodeSpec(
+                id=n["id"],
+                address=n["address"],
+                data_address=n.get("data_address", n["address"]),
+                labels=frozen_map(n.get("labels")),
+                state=n.get("state", "ready"),
+                model_dirs=tuple(n.get("model_dirs") or ()),
+                fabrics=frozen_map({k: tuple(v) for k, v in (n.get("fabrics") or {}).items()}),
+                ssh=_ssh(defaults, n.get("ssh")),
+                transport=n.get("transport", "ssh"),
+                gpu_class=n.get("gpu_class"),
+                state_dir=n.get("state_dir", fleet_state_dir),
+            )
+        )
+    return Fleet(nodes=tuple(nodes), ssh=defaults)
+
+
+def build_profile(p: dict) -> Profile:
+    gpu_class = p.get("gpu_class")
+    return Profile(
+        name=p["name"],
+        engine=p["engine"],
+        gpu_class=gpu_class,
+        gpus_per_node=p.get("gpus_per_node", 1) if gpu_class else 0,
+        nodes=p.get("nodes", 1),
+        priority=p.get("priority", 0),
+        node_selector=frozen_map(p.get("node_selector")),
+        min_memory_gb=p.get("min_memory_gb", 0),
+        min_disk_gb=p.get("min_disk_gb", 0),
+        port=p.get("port", DEFAULT_PORTS.get(p["engine"], 0)),
+        args=tuple(p.get("args") or ()),
+        env=frozen_map(p.get("env")),
+        health_path=p.get("health_path", "/health"),
+        start_timeout_s=float(p.get("start_timeout_s", 900)),
+        command=tuple(p["command"]) if "command" in p else None,
+    )
+
+
+def build_model(data: dict, rel: str) -> Model:
+    data = _plain(data)
+    profiles = [build_profile(p) for p in data["profiles"]]
+    # Stable: among equal priorities, catalog order decides.
+    profiles.sort(key=lambda p: -p.priority)
+    return Model(
+        name=data["name"],
+        source=data["source"],
+        replicas=data.get("replicas", 1),
+        spread=data.get("spread", "required"),
+        profiles=tuple(profiles),
+        file=rel,
+    )
+
+
+# --------------------------------------------------------------------------
+# The directory
+# --------------------------------------------------------------------------
+
+
+def _read(root: Path, path: Path, rel: str) -> tuple[_Doc | None, list[Problem]]:
+    real = path.resolve()
+    if path.is_symlink() and not real.is_relative_to(root):
+        return None, [Problem(rel, 1, 1, f"symbolic link points outside the catalog ({real}); catalog files must live in the catalog")]
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [Problem(rel, 1, 1, f"cannot read: {exc.strerror}")]
+    text, problem = _decode(rel, raw)
+    if problem:
+        return None, [problem]
+    data, problem = parse_yaml_text(rel, text)
+    if problem:
+        return None, [problem]
+    if not isinstance(data, CommentedMap):
+        kind = "a list" if isinstance(data, list) else _describe(data)
+        line, col = position(data, ())
+        return None, [Problem(rel, line, col, f"expected a mapping of fields at the top of the file, found {kind}")]
+    return _Doc(rel, data), []
+
+
+def _stray_yaml(root: Path) -> Iterator[Path]:
+    """YAML files outside models/ that look like model files: they would be silently ignored."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and not (rel_dir == Path(".") and d in (STATUS_DIR,))
+        )
+        for f in sorted(filenames):
+            if not f.endswith(YAML_SUFFIXES):
+                continue
+            p = Path(dirpath) / f
+            rel = p.relative_to(root)
+            if rel == Path(FLEET_FILE) or (rel.parent == Path(MODELS_DIR)):
+                continue
+            yield p
+
+
+def _looks_like_model(path: Path) -> bool:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return False
+    return bool(re.search(r"(?m)^profiles\s*:", text)) and bool(re.search(r"(?m)^(source|name)\s*:", text))
+
+
+def git_revision(root: Path) -> str | None:
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_revision: bool = True) -> Catalog:
+    """Load and validate the catalog at `path`. Raises CatalogInvalid with every problem found."""
+    root = Path(path)
+    if not root.exists():
+        raise CatalogInvalid([Problem(str(path), 1, 1, "catalog directory does not exist")])
+    if not root.is_dir():
+        raise CatalogInvalid([Problem(str(path), 1, 1, "not a directory; a catalog is a directory with fleet.yaml and models/")])
+    root = root.resolve()
+    problems: list[Problem] = []
+
+    fleet = None
+    fleet_path = root / FLEET_FILE
+    if not fleet_path.exists():
+        problems.append(Problem(FLEET_FILE, 1, 1, "missing: a catalog needs fleet.yaml listing its nodes"))
+    else:
+        doc, errs = _read(root, fleet_path, FLEET_FILE)
+        problems += errs
+        if doc is not None:
+            errs = schema_problems(doc, "fleet")
+            if not errs:
+                errs = fleet_problems(doc)
+            problems += errs
+            if not errs:
+                fleet = build_fleet(doc.data)
+
+    models: list[Model] = []
+    names: dict[str, tuple[str, int, int]] = {}
+    models_dir = root / MODELS_DIR
+    if models_dir.is_dir():
+        entries = sorted(models_dir.iterdir())
+        for p in entries:
+            rel = f"{MODELS_DIR}/{p.name}"
+            if p.name.startswith("."):
+                continue
+            if p.is_dir():
+                problems.append(Problem(rel, 1, 1, "model files go directly in models/, not in a subdirectory"))
+                continue
+            if not p.name.endswith(YAML_SUFFIXES):
+                continue
+            doc, errs = _read(root, p, rel)
+            problems += errs
+            if doc is None:
+                continue
+            errs = schema_problems(doc, "model")
+            if not errs:
+                errs = model_problems(doc)
+            problems += errs
+            if errs:
+                continue
+            model = build_model(doc.data, rel)
+            if model.name in names:
+                first = names[model.name]
+                problems.append(doc.at(("name",), f"duplicate model name '{model.name}' (also in {first[0]}:{first[1]}:{first[2]})"))
+                continue
+            line, col = position(doc.data, ("name",))
+            names[model.name] = (rel, line, col)
+            models.append(model)
+    for stray in _stray_yaml(root):
+        if _looks_like_model(stray):
+            rel = str(stray.relative_to(root))
+            problems.append(Problem(rel, 1, 1, f"looks like a model file but is outside models/, so it would be ignored; move it to models/{stray.name}"))
+
+    if problems or fleet is None:
+        order = {FLEET_FILE: 0}
+        problems.sort(key=lambda p: (order.get(p.file, 1), p.file, p.line, p.column))
+        raise CatalogInvalid(problems)
+    models.sort(key=lambda m: m.name)
+    rev = revision if revision is not None else (git_revision(root) if with_revision else None)
+    return Catalog(root=str(root), fleet=fleet, models=tuple(models), revision=rev)

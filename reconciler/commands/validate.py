@@ -1,0 +1,26 @@
+"""`reconciler validate [CATALOG] [--inventory FILE]`."""
+
+from __future__ import annotations
+
+import sys
+
+from reconciler.catalog import load_catalog
+from reconciler.errors import CatalogInvalid
+
+
+def main(args) -> int:
+    catalog = load_catalog(args.catalog, with_revision=False)
+    if args.inventory:
+        # Models that no profile could ever fit on this fleet, even empty: better said
+        # now than left Pending forever.
+        from reconciler.inventory import load_inventory
+        from reconciler.placement import unfittable_problems
+
+        inventory = load_inventory(args.inventory, catalog.fleet)
+        problems = unfittable_problems(catalog, inventory)
+        if problems:
+            raise CatalogInvalid(problems)
+    nodes, models = len(catalog.fleet.nodes), len(catalog.models)
+    replicas = sum(m.replicas for m in catalog.models)
+    print(f"catalog is valid: {nodes} node{'s' * (nodes != 1)}, {models} model{'s' * (models != 1)}, {replicas} replica{'s' * (replicas != 1)}")
+    return 0

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh Debian machine, then runs it.
+# The fleet tests need root (network namespaces), OpenSSH's server and iproute2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v git >/dev/null 2>&1 || need+=(git)
+if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+python3 -m pip install -q -e '.[test]'
+exec python3 -m pytest -q "$@"
