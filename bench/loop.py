@@ -103,22 +103,14 @@ def make_catalog(root: Path) -> None:
     git(root, "commit", "-q", "-m", "initial")
 
 
-def loader():
-    try:
-        from reconciler.catalog import load_catalog
-    except ImportError:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from minicatalog import load_catalog  # stand-in until the catalog loader is merged
-    return load_catalog
-
-
 def bench(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
     catalog = work / "catalog"
     make_catalog(catalog)
     devnull = open(os.devnull, "w")
     log = EventLog("text", devnull)
-    load = loader()
+    from reconciler.catalog import load_catalog as load
+
     if args.pass_kind == "apply":
         from reconciler.commands.run import apply_pass
 

@@ -251,6 +251,7 @@ class _State:
     branch: str | None = None
     pull: PullOutcome | None = None
     detached: bool = False
+    no_commit: bool = False
     watcher_error: str | None = None
 
 
@@ -460,9 +461,9 @@ class Daemon:
         revision = self.git.catalog_revision()
         if st.attempted_any and revision == st.attempted:
             return False
+        st.no_commit = revision is None
         if revision is None:
-            st.attempted, st.attempted_any = None, True
-            st.errors = [Problem("", 0, 0, "the catalog has no commit yet: commit fleet.yaml and models/ to apply them")]
+            st.attempted, st.attempted_any, st.errors = None, True, []
             return True
         tree = self.git.export(revision)
         try:
@@ -512,6 +513,7 @@ class Daemon:
         doc: dict[str, Any] = {
             "last_attempted_revision": st.attempted,
             "last_applied_revision": st.applied,
+            "message": self._message(),
             "errors": [
                 {"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in st.errors
             ],
@@ -536,6 +538,21 @@ class Daemon:
             warnings.append("uncommitted changes are not applied: " + ", ".join(st.uncommitted))
         doc["warnings"] = warnings
         return doc
+
+    def _message(self) -> str:
+        """One line on the last attempt; no clock and no counters, so it changes only when the facts do."""
+        st = self.state
+        if self.git is None:
+            head = "not a git repository: the directory is applied as it is"
+            return head if not st.errors else f"{head}; it does not validate ({len(st.errors)} errors): nothing applied"
+        if st.no_commit:
+            return "the catalog has no commit yet: nothing is applied until fleet.yaml and models/ are committed"
+        if st.errors:
+            kept = f"{st.applied[:12]} stays in force" if st.applied else "no revision has been applied yet"
+            return f"revision {_short(st.attempted)} refused ({len(st.errors)} errors); {kept}"
+        if st.applied:
+            return f"revision {st.applied[:12]} applied"
+        return "waiting for the first pass"
 
     def _write_status(self) -> None:
         try:

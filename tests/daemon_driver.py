@@ -46,19 +46,11 @@ def recording_pass(record: Path):
     return run_pass
 
 
-def _loader():
-    try:
-        from reconciler.catalog import load_catalog
-    except ImportError:  # until the catalog loader is merged into this branch
-        from minicatalog import load_catalog
-    return load_catalog
-
-
 def main() -> int:
     record = Path(sys.argv[1])
     args = build_parser().parse_args(sys.argv[2:])
     try:
-        daemon = daemon_from_args(args, pass_fn=recording_pass(record), load=_loader())
+        daemon = daemon_from_args(args, pass_fn=recording_pass(record))
         return daemon.serve()
     except ReconcilerError as exc:
         print(f"reconciler: {exc}", file=sys.stderr)

@@ -5,15 +5,22 @@ Real git repositories, real child processes, real signals, the real watcher.
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import urllib.request
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from tests.gitcatalog import FLEET, CatalogRepo, DaemonProcess, git, model_yaml, wait_for
 
 QUIET = ["--interval", "3600"]  # only commits and signals trigger passes
+SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "status-catalog.schema.json"
+
+
+def conforms_to_schema(status: dict) -> None:
+    jsonschema.validate(status, json.loads(SCHEMA.read_text()))
 
 
 @pytest.fixture
@@ -64,8 +71,10 @@ def test_invalid_commit_applies_nothing_records_every_error_and_next_valid_commi
     wait_for(lambda: repo.status()["last_attempted_revision"] == bad, what="the bad revision attempted")
     status = repo.status()
     assert status["last_applied_revision"] == good
-    files = sorted(e["file"] for e in status["errors"])
-    assert files == ["models/beta.yaml", "models/gamma.yaml"]
+    assert sorted({e["file"] for e in status["errors"]}) == ["models/beta.yaml", "models/gamma.yaml"]
+    assert any("source" in e["message"] for e in status["errors"] if e["file"] == "models/beta.yaml")
+    assert status["message"].startswith(f"revision {bad[:12]} refused") and good[:12] in status["message"]
+    conforms_to_schema(status)
     for error in status["errors"]:
         assert error["line"] >= 1 and error["column"] >= 1 and error["message"]
     assert all(p["revision"] == good for p in d.passes("begin")), "the invalid revision reached the pass"
@@ -78,6 +87,7 @@ def test_invalid_commit_applies_nothing_records_every_error_and_next_valid_commi
     assert p["models"] == {"alpha": 1, "beta": 2, "gamma": 1}
     status = repo.status()
     assert (status["last_applied_revision"], status["errors"]) == (fixed, [])
+    conforms_to_schema(status)
 
 
 def test_a_daemon_started_on_an_invalid_head_keeps_the_revision_status_says_was_applied(repo, daemon):
@@ -326,3 +336,17 @@ def test_a_catalog_without_git_is_applied_from_its_directory_when_a_file_changes
     wait_for(lambda: any(p["models"] == {"alpha": 2} for p in d.passes()), what="a pass with the edit")
     status = CatalogRepo(plain, init=False).status()
     assert status["last_attempted_revision"] is None and "branch" not in status
+
+
+def test_a_repository_with_no_commit_applies_nothing_and_says_so(tmp_path, daemon):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q", "-b", "main")
+    (empty / "fleet.yaml").write_text(FLEET)  # written, not committed
+    d = daemon("--max-passes", "1", catalog=empty)
+    assert d.wait_exit() == 0
+    assert d.passes("begin") == []
+    status = CatalogRepo(empty, init=False).status()
+    assert "no commit yet" in status["message"] and status["last_applied_revision"] is None
+    assert status["uncommitted_changes"] == ["fleet.yaml"]
+    conforms_to_schema(status)
