@@ -60,6 +60,8 @@ class EventLog:
         self._lock = threading.Lock()
 
     def __call__(self, event: Any = "", /, **fields: Any) -> None:
+        if hasattr(event, "as_dict"):  # the apply pass's Decision: replica, node, action, reason, ok
+            event = {"event": "decision", **event.as_dict()}
         if isinstance(event, dict):  # a pass may hand over a ready-made record
             fields = {**event, **fields}
             event = fields.pop("event", "")
@@ -363,6 +365,9 @@ class Daemon:
                 server.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            close = getattr(self.pass_fn, "close", None)
+            if callable(close):
+                close()  # connections only: engines keep running
             self.lock.release()
 
     def _wants_pass(self, reasons: set[str]) -> bool:
@@ -572,11 +577,13 @@ class Daemon:
         """Metrics from a pass result (duck-typed: the apply pass owns its result type)."""
         if result is None:
             return
-        for action in _get(result, "actions", ()) or ():
+        for action in _get(result, "decisions", None) or _get(result, "actions", ()) or ():
             kind = _get(action, "action", None) or _get(action, "kind", "unknown")
             outcome = _get(action, "outcome", None) or ("ok" if _get(action, "ok", True) else "failed")
             self.metrics.inc("reconciler_actions_total", action=str(kind), outcome=str(outcome))
         replicas = _get(result, "replicas", None)
+        if isinstance(replicas, dict):
+            replicas = list(replicas.values())
         if replicas is not None:
             phases = (_get(r, "phase", "Unknown") for r in replicas)
             self.metrics.set_gauge("reconciler_replicas", count_by(phases, PHASES), label="phase")

@@ -304,8 +304,16 @@ def test_text_log_lines_carry_the_decision_and_its_reason():
     log = EventLog("text", out, clock=lambda: 0.0)
     log("replica.start", replica="alpha-1", node="node-a", msg="replica missing")
     log({"event": "replica.stop", "replica": "old-0", "reason": "model removed from the catalog"})
+
+    class Decision:  # the shape of reconciler.apply.Decision
+        def as_dict(self):
+            return {"replica": "alpha-0", "node": "node-a", "action": "start", "reason": "replica missing", "ok": True}
+
+    log(Decision())
     lines = out.getvalue().splitlines()
-    assert lines == [
+    assert lines[2] == "1970-01-01T00:00:00.000Z decision replica=alpha-0 node=node-a action=start " \
+        'reason="replica missing" ok=True'
+    assert lines[:2] == [
         "1970-01-01T00:00:00.000Z replica.start replica=alpha-1 node=node-a - replica missing",
         '1970-01-01T00:00:00.000Z replica.stop replica=old-0 reason="model removed from the catalog"',
     ]

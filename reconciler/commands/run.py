@@ -34,17 +34,65 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
     return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(), load=load, options=options, log=log)
 
 
-def apply_pass() -> PassFn:
-    """The real pass: reconciler.apply.run_pass with transports kept open across passes."""
+class ApplyPass:
+    """The daemon's pass: reconciler.apply.run_pass, with SSH connections kept open between
+    passes and the restart memory (backoff, restart counts) handed from one pass to the next.
+
+    The daemon does not wait for replicas to become Ready inside a pass (ready_wait_s=0):
+    a pass that blocked on a slow engine would hold back every other change; later
+    passes judge them instead.
+    """
+
+    def __init__(self) -> None:
+        try:
+            from reconciler.apply import run_pass
+        except ImportError as exc:
+            raise ReconcilerError(f"the apply pass is not available in this build ({exc})") from exc
+        self._run_pass = run_pass
+        self._pool = _transport_pool()
+        self._history = None
+        self._nodes: set[str] = set()
+
+    def _transports(self, catalog) -> dict:
+        from reconciler.transport import LocalTransport
+
+        ids = {n.id for n in catalog.fleet.nodes}
+        for gone in self._nodes - ids:  # a node removed from fleet.yaml: drop its connection
+            if self._pool is not None:
+                self._pool.forget(gone)
+        self._nodes = ids
+        out = {}
+        for node in catalog.fleet.nodes:
+            if self._pool is not None:
+                out[node.id] = self._pool.transport_for(node)
+            elif node.transport == "local":
+                out[node.id] = LocalTransport(node.id)
+            else:
+                raise ReconcilerError(f"{node.id}: the SSH transport is not available in this build")
+        return out
+
+    def __call__(self, catalog, log):
+        result = self._run_pass(
+            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0
+        )
+        self._history = getattr(result, "memory", None)
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+
+def _transport_pool():
     try:
-        from reconciler.apply import run_pass
-    except ImportError as exc:
-        raise ReconcilerError(f"the apply pass is not available in this build ({exc})") from exc
+        from reconciler.ssh import TransportPool
+    except ImportError:  # before the SSH transport is merged: local nodes only
+        return None
+    return TransportPool()
 
-    def one_pass(catalog, log):
-        return run_pass(catalog, transports=None, log=log)
 
-    return one_pass
+def apply_pass() -> PassFn:
+    return ApplyPass()
 
 
 def main(args) -> int:
