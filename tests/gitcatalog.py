@@ -95,7 +95,10 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval
 class DaemonProcess:
     """The daemon as a child process. Always `stop()` it (tests use it as a context manager)."""
 
-    def __init__(self, catalog: Path, *flags: str, workdir: Path, env: dict | None = None, name: str = "daemon"):
+    def __init__(
+        self, catalog: Path, *flags: str, workdir: Path, env: dict | None = None, name: str = "daemon", real: bool = False
+    ):
+        """real=False: tests/daemon_driver.py (recording fake pass); True: `python -m reconciler run`."""
         self.record = workdir / f"{name}.passes.jsonl"
         self.logfile = workdir / f"{name}.log"
         self.record.touch()
@@ -104,7 +107,8 @@ class DaemonProcess:
         full_env.update(env or {})
         self._log = self.logfile.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(self.record), "run", str(catalog), "--log-format", "json", *flags],
+            [sys.executable, *(["-m", "reconciler"] if real else [str(DRIVER), str(self.record)]),
+             "run", str(catalog), "--log-format", "json", *flags],
             stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir,
         )
 
