@@ -17,7 +17,6 @@ every problem in the catalog.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import json
 import os
 import re
@@ -45,16 +44,13 @@ from reconciler.model import (
     SshSettings,
     frozen_map,
 )
+from reconciler.render import is_loopback, placeholders_in
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 FLEET_FILE = "fleet.yaml"
 MODELS_DIR = "models"
 STATUS_DIR = "status"
 YAML_SUFFIXES = (".yaml", ".yml")
-
-# $NAME or ${NAME}; `$$` is an escaped dollar and is consumed first.
-PLACEHOLDER_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-
 
 @lru_cache(maxsize=None)
 def _validator(name: str) -> jsonschema.protocols.Validator:
@@ -237,26 +233,6 @@ def _unexpected_keys(err: jsonschema.ValidationError) -> list[str]:
 # --------------------------------------------------------------------------
 
 
-def is_loopback(address: str) -> bool:
-    host = address.strip().lower().strip("[]")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def placeholders_in(value: str) -> list[str]:
-    """Names of the $NAME / ${NAME} placeholders in a string ($$ is a literal dollar)."""
-    names = []
-    for m in PLACEHOLDER_RE.finditer(value):
-        if m.group(0) == "$$":
-            continue
-        names.append(m.group(1) or m.group(2))
-    return names
-
-
 def fleet_problems(doc: _Doc) -> list[Problem]:
     problems: list[Problem] = []
     nodes = doc.data.get("nodes") or []
@@ -399,6 +375,7 @@ def build_fleet(data: dict) -> Fleet:
                 transport=n.get("transport", "ssh"),
                 gpu_class=n.get("gpu_class"),
                 state_dir=n.get("state_dir", fleet_state_dir),
+                socket_ifname=n.get("socket_ifname"),
             )
         )
     return Fleet(nodes=tuple(nodes), ssh=defaults)

@@ -73,18 +73,23 @@ class NodeSpec:
     transport: str = "ssh"  # ssh | local
     gpu_class: str | None = None  # operator override of the probed class
     state_dir: str = "~/.local/state/llm-reconciler"
+    # Network interface that carries data_address (e.g. "ib0", "eth1"). NCCL and
+    # Gloo pick their bootstrap socket by interface NAME, not by address; Gloo
+    # otherwise resolves the hostname, which on many distros is 127.0.1.1.
+    socket_ifname: str | None = None
 
 
 @dataclass(frozen=True)
 class Fleet:
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = SshSettings()
+    _by_id: Mapping[str, NodeSpec] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", MappingProxyType({n.id: n for n in self.nodes}))
 
     def node(self, node_id: str) -> NodeSpec | None:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        return None
+        return self._by_id.get(node_id)
 
 
 @dataclass(frozen=True)

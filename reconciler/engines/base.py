@@ -1,0 +1,105 @@
+"""What an engine adapter is given, and what it must answer.
+
+An adapter turns one rank of one replica into an argv and the engine's own
+environment variables. It does no I/O and no checking of its own: the
+renderer (reconciler/render.py) builds the RankContext, runs the adapter and
+then applies every check to the result, so no launch can skip them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from reconciler.model import Assignment, Model, NodeSpec, Profile
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where one rank of the replica can be reached by the others."""
+
+    rank: int
+    node: str
+    address: str  # the node's data_address (fleet.yaml)
+    port: int
+
+
+@dataclass(frozen=True)
+class RankContext:
+    replica: str
+    model: Model
+    profile: Profile
+    rank: int
+    nnodes: int
+    node: NodeSpec
+    assignment: Assignment
+    bind_host: str  # what the rank's listening sockets bind (see render.bind_host)
+    head_address: str  # the head node's data_address
+    dist_port: int | None  # rendezvous port on the head, multi-node only
+    peers: tuple[Peer, ...]  # every rank, rank order; peers[0] is the head
+    cuda_visible_devices: str  # "" for a CPU-only rank
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def total_gpus(self) -> int:
+        return self.profile.gpus_per_node * self.nnodes
+
+
+class EngineAdapter(Protocol):
+    name: str
+    # Flags the reconciler sets itself: a profile's args may not set them too,
+    # or the engine would take whichever came last and the plan would lie.
+    owned_flags: frozenset[str]
+
+    def argv(self, ctx: RankContext) -> list[str]: ...
+
+    def env(self, ctx: RankContext) -> dict[str, str]: ...
+
+    def version_argv(self) -> list[str]: ...
+
+
+def flag_name(token: str) -> str | None:
+    """The option a command-line token sets, normalised (`--tensor_parallel_size=4` -> `--tensor-parallel-size`)."""
+    if not token.startswith("-") or token == "-" or token == "--":
+        return None
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        # vLLM's parser accepts underscores for dashes; treat them as the same flag.
+        name = name.replace("_", "-")
+    return name
+
+
+def has_flag(args: Sequence[str], names: frozenset[str] | set[str]) -> bool:
+    return any(flag_name(a) in names for a in args)
+
+
+def owned_flags_in(args: Sequence[str], owned: frozenset[str]) -> list[str]:
+    seen: list[str] = []
+    for a in args:
+        name = flag_name(a)
+        if name in owned and name not in seen:
+            seen.append(name)
+    return seen
+
+
+def host_port(address: str, port: int) -> str:
+    """`host:port`, with an IPv6 literal bracketed so the port is not read as part of it."""
+    if ":" in address and not address.startswith("["):
+        return f"[{address}]:{port}"
+    return f"{address}:{port}"
+
+
+def is_ip_literal(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return True

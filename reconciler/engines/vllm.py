@@ -1,0 +1,55 @@
+"""vLLM: `vllm serve SOURCE`, multi-node natively (multiprocessing executor, no Ray).
+
+Per vLLM's multi-node MP documentation every node runs the same `vllm serve`
+with `--nnodes --node-rank --master-addr --master-port`; ranks above 0 add
+`--headless` (no API server, engine workers only). On CUDA with nnodes > 1
+vLLM picks the `mp` executor by itself, so we do not force
+`--distributed-executor-backend`. Checked against vLLM 0.33.0
+(engine/arg_utils.py, config/parallel.py, entrypoints/common/cli_args.py). `--master-addr` defaults to 127.0.0.1 in
+vLLM, which is exactly the seed's bug: we always pass the head's data address.
+"""
+
+from __future__ import annotations
+
+from reconciler.engines.base import RankContext, has_flag, is_ip_literal
+
+TP_FLAGS = frozenset({"--tensor-parallel-size", "-tp"})
+PP_FLAGS = frozenset({"--pipeline-parallel-size", "-pp"})
+
+
+class VllmAdapter:
+    name = "vllm"
+    owned_flags = frozenset(
+        {"--host", "--port", "--model", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"}
+    )
+
+    def argv(self, ctx: RankContext) -> list[str]:
+        p = ctx.profile
+        argv = ["vllm", "serve", ctx.model.source, "--host", ctx.bind_host, "--port", str(ctx.assignment.port)]
+        if p.gpus_per_node:
+            # Common practice from vLLM's docs: TP inside a node (NVLink), PP across nodes.
+            if not has_flag(p.args, TP_FLAGS):
+                argv += ["--tensor-parallel-size", str(p.gpus_per_node)]
+            if not has_flag(p.args, PP_FLAGS):
+                argv += ["--pipeline-parallel-size", str(ctx.nnodes)]
+        if ctx.multi_node:
+            argv += [
+                "--nnodes", str(ctx.nnodes),
+                "--node-rank", str(ctx.rank),
+                "--master-addr", ctx.head_address,
+                "--master-port", str(ctx.dist_port),
+            ]
+            if not ctx.is_head:
+                argv.append("--headless")
+        return argv + list(p.args)
+
+    def env(self, ctx: RankContext) -> dict[str, str]:
+        # The address this rank advertises to the others; without it vLLM guesses
+        # from the default route, which on a multi-homed GPU node is often the
+        # management network rather than the fabric. Only an IP: vLLM binds ZMQ
+        # sockets on it, and a name (or ~/.ssh/config alias) cannot be bound.
+        address = ctx.node.data_address
+        return {"VLLM_HOST_IP": address.strip("[]")} if is_ip_literal(address) else {}
+
+    def version_argv(self) -> list[str]:
+        return ["vllm", "--version"]
