@@ -71,7 +71,7 @@ class FakeLaunchPass:
         self.launched: dict[str, float] = {}
         self.cond = threading.Condition()
 
-    def __call__(self, catalog, log):
+    def __call__(self, catalog, log, **_):
         for model in catalog.models:
             for rid in model.replica_ids():
                 if rid in self.launched:
@@ -91,6 +91,30 @@ class FakeLaunchPass:
 
     def stop_all(self) -> None:
         pass
+
+
+class LaunchFiles:
+    """Namespaced nodes: each engine appends its clock to <dir>/<replica> (a path every node sees)."""
+
+    def __init__(self, directory: Path, stop):
+        self.directory = directory
+        self.stop_all = stop
+
+    def wait(self, rid: str, timeout: float = 60.0) -> float:
+        path = self.directory / rid
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                text = path.read_text()
+                if text.endswith("\n"):
+                    return float(text.split()[0])
+            except (FileNotFoundError, ValueError, IndexError):
+                pass
+            time.sleep(0.002)
+        raise TimeoutError(f"{rid} never launched")
+
+    def all_ready(self, catalog: Path, count: int) -> bool:
+        return EngineLogs.all_ready(self, catalog, count)
 
 
 class EngineLogs:
@@ -143,10 +167,23 @@ def files_state(root: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def make_catalog(root: Path, state_dir: Path) -> None:
+def fleet_model_yaml(replicas: int, launched: Path) -> str:
+    engine = (f"date +%s.%N >> {launched}/${{REPLICA_ID}}; "
+              f"exec python3 -m reconciler.tiny_server --host 0.0.0.0 --port ${{PORT}}")
+    return (
+        "name: bench\nsource: bench-weights\n"
+        f"replicas: {replicas}\n"
+        "profiles:\n  - name: cpu\n    engine: command\n"
+        f"    command: [/bin/sh, -c, {json.dumps(engine)}]\n"
+        f"    env: {{PYTHONPATH: {json.dumps(str(REPO))}}}\n"
+        "    port: 23000\n    start_timeout_s: 60\n"
+    )
+
+
+def make_catalog(root: Path, state_dir: Path, fleet_text: str | None = None, model=model_yaml) -> None:
     (root / "models").mkdir(parents=True)
-    (root / "fleet.yaml").write_text(fleet_yaml(state_dir))
-    (root / "models/bench.yaml").write_text(model_yaml(1))
+    (root / "fleet.yaml").write_text(fleet_text or fleet_yaml(state_dir))
+    (root / "models/bench.yaml").write_text(model(1))
     git(root, "init", "-q", "-b", "main")
     git(root, "config", "user.email", "bench@example.com")
     git(root, "config", "user.name", "bench")
@@ -158,7 +195,32 @@ def bench(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
     catalog = work / "catalog"
     state_dir = work / "state"
-    make_catalog(catalog, state_dir)
+    test_fleet = None
+    model = model_yaml
+    if args.fleet:
+        sys.path.insert(0, str(REPO))
+        from tests.fleet import TestFleet
+
+        launched = work / "launched"
+        launched.mkdir()
+        model = lambda n: fleet_model_yaml(n, launched)  # noqa: E731
+        t0 = time.monotonic()
+        test_fleet = TestFleet()
+        for i in range(args.fleet):
+            test_fleet.add_node(f"node-{i:02d}")
+        test_fleet.fleet_yaml(work / "fleet-only")
+        print(f"fleet: {args.fleet} namespaced nodes with real sshd, up in {time.monotonic() - t0:.1f} s")
+        make_catalog(catalog, state_dir, (work / "fleet-only/fleet.yaml").read_text(), model)
+    else:
+        make_catalog(catalog, state_dir)
+    try:
+        return _bench(args, work, catalog, state_dir, model, test_fleet)
+    finally:
+        if test_fleet is not None:
+            test_fleet.close()  # kills every process in the nodes' namespaces (the engines too), by pid
+
+
+def _bench(args, work, catalog, state_dir, model, test_fleet) -> int:
     devnull = open(os.devnull, "w")
     log = EventLog("text", sys.stderr if args.verbose else devnull)
     from reconciler.catalog import load_catalog as load
@@ -166,13 +228,19 @@ def bench(args) -> int:
     if args.pass_kind == "apply":
         from reconciler.commands.run import apply_pass
 
-        pass_fn, waiter = apply_pass(), EngineLogs(state_dir)
+        pass_fn = apply_pass()
+        if test_fleet is not None:
+            waiter = LaunchFiles(work / "launched", stop=lambda: None)
+            where = f"{args.fleet} namespaced nodes over SSH"
+        else:
+            waiter = EngineLogs(state_dir)
+            where = "one `transport: local` node (LocalTransport on this machine, no SSH)"
         what = "the real apply pass (probe, plan, start through the node agent); engines: tiny_server"
     else:
         pass_fn = waiter = FakeLaunchPass()
+        where = "one `transport: local` node (LocalTransport on this machine, no SSH)"
         what = "a fake pass that runs the launch command itself (the daemon's own share of the loop)"
-    print(f"nodes: one `transport: local` node (LocalTransport on this machine, no SSH); {what}; "
-          "catalog: a real git repository")
+    print(f"nodes: {where}; {what}; catalog: a real git repository")
 
     daemon = Daemon(catalog, pass_fn=pass_fn, load=load, options=DaemonOptions(interval=3600), log=log)
     latencies: list[float] = []
@@ -183,7 +251,7 @@ def bench(args) -> int:
             waiter.wait("bench-0")
             time.sleep(0.3)  # let the watcher settle after start-up
             for i in range(1, args.commits + 1):
-                (catalog / "models/bench.yaml").write_text(model_yaml(i + 1))
+                (catalog / "models/bench.yaml").write_text(model(i + 1))
                 git(catalog, "add", "models/bench.yaml")
                 t0 = time.time()
                 git(catalog, "commit", "-q", "-m", f"bench: {i + 1} replicas")
@@ -249,9 +317,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--commits", type=int, default=20)
     parser.add_argument("--idle-passes", type=int, default=20)
+    parser.add_argument("--fleet", type=int, default=0, metavar="N",
+                        help="with --pass apply: N namespaced nodes (tests/fleet.py; needs root) instead of one local node")
     parser.add_argument("--verbose", action="store_true", help="print the daemon's log on stderr")
     parser.add_argument("--pass", dest="pass_kind", choices=("fake", "apply"), default="fake")
-    return bench(parser.parse_args())
+    args = parser.parse_args()
+    if args.fleet and args.pass_kind != "apply":
+        parser.error("--fleet needs --pass apply")
+    if args.fleet and args.commits >= args.fleet:
+        parser.error("--fleet N holds at most N-1 bumps (one replica per node)")
+    return bench(args)
 
 
 if __name__ == "__main__":

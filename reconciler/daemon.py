@@ -227,7 +227,7 @@ class Watcher:
 # The daemon
 # --------------------------------------------------------------------------
 
-PassFn = Callable[[Catalog, EventLog], Any]
+PassFn = Callable[..., Any]  # (catalog, log, *, trigger: str) -> pass result
 LoadFn = Callable[[str], Catalog]
 
 
@@ -258,7 +258,10 @@ class _State:
 
 
 class Daemon:
-    """Owns the loop. `pass_fn(catalog, log)` does one reconcile of a valid catalog."""
+    """Owns the loop. `pass_fn(catalog, log, trigger=...)` does one reconcile of a valid catalog.
+
+    trigger: "start", "commit", "files", "SIGHUP" or "interval": why this pass runs.
+    """
 
     def __init__(
         self,
@@ -409,7 +412,7 @@ class Daemon:
                 self.log("pass.skipped", msg="no valid revision has ever been applied: nothing to do")
             else:
                 self.log("pass.start", trigger=trigger, revision=_short(catalog.revision))
-                result = self.pass_fn(catalog, self.log)
+                result = self.pass_fn(catalog, self.log, trigger=trigger)
                 self._observe(result)
                 result_kind = "applied"
         except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass

@@ -29,9 +29,9 @@ from reconciler.status import write_document  # noqa: E402
 def recording_pass(record: Path):
     sleep = float(os.environ.get("FAKE_PASS_SLEEP", "0"))
 
-    def run_pass(catalog, log):
+    def run_pass(catalog, log, *, trigger):
         models = {m.name: m.replicas for m in catalog.models}
-        entry = {"revision": catalog.revision, "models": models, "pid": os.getpid()}
+        entry = {"revision": catalog.revision, "models": models, "pid": os.getpid(), "trigger": trigger}
         with record.open("a") as f:
             f.write(json.dumps({"event": "begin", **entry}) + "\n")
         for name, replicas in models.items():

@@ -139,7 +139,11 @@ class DaemonProcess:
             ps = [p for p in self.passes() if revision is None or p["revision"] == revision]
             return len(ps) >= count and ps
 
-        return wait_for(done, timeout, f"pass of {revision}:\n{self.logfile.read_text()}")
+        found = wait_for(done, timeout, f"pass of {revision}:\n{self.logfile.read_text()}")
+        # status is written after the pass returns, then `pass.end` is logged: wait for that too
+        wait_for(lambda: len([e for e in self.events("pass.end") if e["result"] == "applied"]) >= len(self.passes()),
+                 timeout, "status written after the pass")
+        return found
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

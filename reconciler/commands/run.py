@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
@@ -31,7 +32,7 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
         from reconciler.metrics import parse_address
 
         parse_address(options.metrics_address)
-    return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(), load=load, options=options, log=log)
+    return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
 
 
 class ApplyPass:
@@ -41,17 +42,29 @@ class ApplyPass:
     The daemon does not wait for replicas to become Ready inside a pass (ready_wait_s=0):
     a pass that blocked on a slow engine would hold back every other change; later
     passes judge them instead.
+
+    A pass started by a commit plans against the inventory the previous pass left
+    (what it probed, updated with what it started and stopped) when that is younger
+    than the resync interval and fleet.yaml did not change: probing every node is
+    most of a pass on a large fleet, and a commit should reach the nodes in well
+    under a second. What that snapshot cannot know (an engine that died since, a
+    port taken since) is caught by the node agent at launch or by the next resync,
+    which always probes.
     """
 
-    def __init__(self) -> None:
-        try:
-            from reconciler.apply import run_pass
-        except ImportError as exc:
-            raise ReconcilerError(f"the apply pass is not available in this build ({exc})") from exc
+    def __init__(self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None) -> None:
+        if run_pass is None:
+            try:
+                from reconciler.apply import run_pass
+            except ImportError as exc:
+                raise ReconcilerError(f"the apply pass is not available in this build ({exc})") from exc
         self._run_pass = run_pass
-        self._pool = _transport_pool()
+        self._pool = pool if pool is not None else _transport_pool()
         self._history = None
         self._nodes: set[str] = set()
+        self._reuse_s = reuse_inventory_s
+        self._clock = clock
+        self._last: tuple | None = None  # (fleet, inventory after the pass, when)
 
     def _transports(self, catalog) -> dict:
         from reconciler.transport import LocalTransport
@@ -71,11 +84,20 @@ class ApplyPass:
                 raise ReconcilerError(f"{node.id}: the SSH transport is not available in this build")
         return out
 
-    def __call__(self, catalog, log):
+    def __call__(self, catalog, log, *, trigger: str = "interval"):
+        kwargs = {}
+        if trigger == "commit" and self._last is not None:
+            fleet, inventory, when = self._last
+            age = self._clock() - when
+            if fleet == catalog.fleet and inventory is not None and age < self._reuse_s:
+                kwargs["probe"] = lambda _fleet, _transports: inventory
+                log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
+                    "pass left; the next resync probes every node")
         result = self._run_pass(
-            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0
+            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
         self._history = getattr(result, "memory", None)
+        self._last = (catalog.fleet, getattr(result, "inventory", None), self._clock())
         return result
 
     def close(self) -> None:
@@ -91,8 +113,8 @@ def _transport_pool():
     return TransportPool()
 
 
-def apply_pass() -> PassFn:
-    return ApplyPass()
+def apply_pass(interval: float = 60.0) -> PassFn:
+    return ApplyPass(reuse_inventory_s=interval)
 
 
 def main(args) -> int:
