@@ -314,7 +314,12 @@ class Daemon:
         name = signal.Signals(signum).name
         if signum == signal.SIGHUP:
             self.request("SIGHUP")
+        elif self._stopping is not None and self._stopping != "max-passes":
+            # Asked twice: the operator does not want to wait for the step in progress.
+            self.log("daemon.interrupted", signal=name, msg="second stop signal: exiting now, engines left running")
+            raise SystemExit(128 + signum)
         else:
+            self.log("daemon.stopping", signal=name, msg="finishing the step in progress, then exiting")
             self.stop(name)
 
     # ------------------------------------------------------------ the loop

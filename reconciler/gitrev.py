@@ -290,7 +290,9 @@ class GitCatalog:
 
     def commit_status(self, applied: str | None, attempted: str | None = None, push: bool = False) -> StatusCommit:
         """Commit what changed under status/ (and nothing else), naming the revision it describes."""
-        git(self.root, "add", "-A", "--", STATUS_DIR, check=False)
+        # Fails loudly (GitError, logged by the daemon) on a stale .git/index.lock or an ignored status/:
+        # a status history that silently stops is worse than an error line every pass.
+        git(self.root, "add", "-A", "--", STATUS_DIR)
         if git(self.root, "diff", "--cached", "--quiet", "--", STATUS_DIR, check=False).returncode == 0:
             return StatusCommit(None)
         if attempted and attempted != applied:

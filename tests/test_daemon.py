@@ -358,3 +358,29 @@ def test_a_repository_with_no_commit_applies_nothing_and_says_so(tmp_path, daemo
     assert "no commit yet" in status["message"] and status["last_applied_revision"] is None
     assert status["uncommitted_changes"] == ["fleet.yaml"]
     conforms_to_schema(status)
+
+
+def test_a_second_sigterm_exits_without_waiting_for_the_pass(repo, daemon):
+    d = daemon(*QUIET, env={"FAKE_PASS_SLEEP": "60"})
+    wait_for(lambda: d.passes("begin"), what="a pass to begin")
+    d.signal(signal.SIGTERM)
+    d.wait_event("daemon.stopping")
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit() == 128 + signal.SIGTERM
+    assert d.passes("end") == []
+    assert d.events("daemon.interrupted")
+    again = daemon(*QUIET, name="again")  # the lock went with the process
+    again.wait_pass()
+
+
+def test_a_catalog_in_a_linked_worktree_sees_commits_made_there(repo, tmp_path, daemon):
+    linked = tmp_path / "linked"
+    git(repo.path, "worktree", "add", "-q", "-b", "deploy", str(linked))
+    work = CatalogRepo(linked, init=False)
+    d = daemon(*QUIET, catalog=linked)
+    d.wait_pass(work.head())
+    work.write("models/alpha.yaml", model_yaml("alpha", 6))
+    bumped = work.commit("alpha: 6 on the deploy branch")
+    assert d.wait_pass(bumped)[0]["models"] == {"alpha": 6}
+    assert work.status()["branch"] == "deploy"
+    assert repo.porcelain() == ""  # the daemon's lock and snapshots are not in either working tree

@@ -171,3 +171,12 @@ def test_status_commits_are_pushed_when_asked(upstream):
 
 def test_not_a_git_repository(tmp_path):
     assert GitCatalog.open(tmp_path) is None
+
+
+def test_a_status_commit_blocked_by_a_stale_index_lock_raises_a_git_error_naming_it(repo):
+    from reconciler.gitrev import GitError
+
+    repo.write("status/catalog.yaml", "x: 1\n")
+    (repo.path / ".git/index.lock").write_text("")
+    with pytest.raises(GitError, match="index.lock"):
+        GitCatalog.open(repo.path).commit_status("d" * 40)
