@@ -264,14 +264,17 @@ class GitCatalog:
             return PullOutcome("fast-forwarded", upstream, f"fast-forwarded {_short(head)}..{up[:12]}", head, up)
         if self._is_ancestor(up, head):
             return PullOutcome("ahead", upstream, f"{branch} is ahead of {upstream}", head, head)
-        # Diverged: upstream was rewritten, or someone committed here. What would be lost?
+        # Diverged: upstream was rewritten, or both sides moved (someone, or our status
+        # commits, committed here). What would be lost by following upstream?
+        rewritten = before_upstream is not None and not self._is_ancestor(before_upstream, up)
+        how = f"{upstream} was rewritten (force-push)" if rewritten else f"{branch} and {upstream} have diverged"
         rev_list = ["rev-list", head, f"^{up}"] + ([f"^{before_upstream}"] if before_upstream else [])
         local_only = [c for c in git(self.root, *rev_list).stdout.split() if c]
         personal = [c for c in local_only if not self._status_only(c)]
         if personal:
             return PullOutcome(
                 "refused", upstream,
-                f"{upstream} was rewritten and {branch} has {len(personal)} commit(s) made only here "
+                f"{how} and {branch} has {len(personal)} commit(s) made only here "
                 f"(newest {personal[0][:12]}); refusing to discard them, the revision in force stays; "
                 f"to follow upstream: git -C {self.toplevel} reset --hard {upstream}",
                 head, head,
@@ -279,11 +282,12 @@ class GitCatalog:
         proc = git(self.root, "reset", "--keep", "--quiet", up, check=False)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["reset failed"])[0]
-            return PullOutcome("refused", upstream, f"cannot follow rewritten {upstream}: {why}", head, head)
+            return PullOutcome("refused", upstream, f"{how}; cannot move to {up[:12]}: {why}", head, head)
+        dropped = f"; {len(local_only)} unpushed status commit(s) dropped (the next pass writes status again)" \
+            if local_only else ""
         return PullOutcome(
-            "followed-rewrite", upstream,
-            f"{upstream} was rewritten (force-push); followed it from {head[:12]} to {up[:12]}, "
-            f"dropping only commits upstream dropped or status commits", head, up,
+            "followed-rewrite" if rewritten else "fast-forwarded", upstream,
+            f"{how}; moved from {head[:12]} to {up[:12]}{dropped}", head, up,
         )
 
     # ---------------------------------------------------------------- status commits

@@ -180,3 +180,16 @@ def test_a_status_commit_blocked_by_a_stale_index_lock_raises_a_git_error_naming
     (repo.path / ".git/index.lock").write_text("")
     with pytest.raises(GitError, match="index.lock"):
         GitCatalog.open(repo.path).commit_status("d" * 40)
+
+
+def test_unpushed_status_commits_do_not_stop_following_an_upstream_that_moved_on(upstream):
+    origin, deployed = upstream
+    deployed.write("status/catalog.yaml", "last_applied_revision: x\n")
+    deployed.commit("status (push failed)")
+    origin.write("models/alpha.yaml", model_yaml("alpha", 2))
+    new = origin.commit("bump")
+    git(origin.path, "push", "-q")
+
+    outcome = GitCatalog.open(deployed.path).pull()
+    assert outcome.state == "fast-forwarded" and "1 unpushed status commit(s) dropped" in outcome.message
+    assert deployed.head() == new
