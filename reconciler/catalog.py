@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import jsonschema
+import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -468,6 +469,38 @@ def _looks_like_model(path: Path) -> bool:
     return bool(re.search(r"(?m)^profiles\s*:", text)) and bool(re.search(r"(?m)^(source|name)\s*:", text))
 
 
+def field_locator(root: str | os.PathLike):
+    """(file, path) -> (line, column) of a field in a catalog file, for problems found after loading.
+
+    The file is read again with positions, once, on the first question. A str step on a
+    list picks the item with that `name` (("profiles", "h100-tp8", "gpus_per_node")).
+    """
+    root = Path(root)
+    docs: dict[str, Any] = {}
+
+    def locate(rel: str, path: tuple) -> tuple[int, int]:
+        if rel not in docs:
+            doc, _ = _read(root, root / rel, rel)
+            docs[rel] = doc.data if doc is not None else None
+        data = docs[rel]
+        if data is None:
+            return 1, 1
+        steps, node = [], data
+        for step in path:
+            if isinstance(step, str) and isinstance(node, list):
+                step = next((i for i, item in enumerate(node) if isinstance(item, dict) and item.get("name") == step), None)
+                if step is None:
+                    break
+            steps.append(step)
+            try:
+                node = node[step]
+            except (KeyError, IndexError, TypeError):
+                break
+        return position(data, tuple(steps), key=True)
+
+    return locate
+
+
 def git_revision(root: Path) -> str | None:
     if not (root / ".git").exists():
         return None
@@ -486,6 +519,65 @@ def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_r
     if not root.is_dir():
         raise CatalogInvalid([Problem(str(path), 1, 1, "not a directory; a catalog is a directory with fleet.yaml and models/")])
     root = root.resolve()
+    try:
+        # Positions cost ten times the parse (ruamel's round-trip loader reads a 4,000-node
+        # fleet.yaml in seconds) and are only needed to report a problem: read with the C
+        # loader first, and read again with positions only when something is wrong.
+        fleet, models = _load(root, _read_fast)
+    except CatalogInvalid:
+        fleet, models = _load(root, _read)
+    rev = revision if revision is not None else (git_revision(root) if with_revision else None)
+    return Catalog(root=str(root), fleet=fleet, models=tuple(models), revision=rev)
+
+
+class _FastLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader):
+    """PyYAML's C loader, refusing duplicate keys (the positioned path then reports them)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+    if len(keys) != len(set(map(repr, keys))):
+        raise yaml.YAMLError("duplicate key")
+    return loader.construct_mapping(node, deep=deep)
+
+
+_FastLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+# YAML 1.1 readings the round-trip (1.2) loader does not share: yes/no/on/off are strings there,
+# 0755 is decimal, 1:30 is a string. Leave them as strings here too; any real mismatch fails the
+# schema and the positioned path decides.
+_FastLoader.yaml_implicit_resolvers = {
+    k: [(t, r) for t, r in v if t not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp",
+                                         "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for k, v in _FastLoader.yaml_implicit_resolvers.items()
+}
+_FastLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+# Plain decimals only (no octal 0755, no 1_000, no 1:30): anything else stays a string here.
+_FastLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
+_FastLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _read_fast(root: Path, path: Path, rel: str) -> tuple[_Doc | None, list[Problem]]:
+    """_read without positions; any oddity is a Problem so the positioned path runs instead."""
+    real = path.resolve()
+    if path.is_symlink() and not real.is_relative_to(root):
+        return None, [Problem(rel, 1, 1, "symlink")]
+    try:
+        raw = path.read_bytes()
+        data = yaml.load(raw.decode("utf-8"), Loader=_FastLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError):
+        return None, [Problem(rel, 1, 1, "needs the positioned reader")]
+    if not isinstance(data, dict) or any(not isinstance(k, str) for k in data):
+        return None, [Problem(rel, 1, 1, "needs the positioned reader")]
+    return _Doc(rel, data), []
+
+
+def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
     problems: list[Problem] = []
 
     fleet = None
@@ -493,7 +585,7 @@ def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_r
     if not fleet_path.exists():
         problems.append(Problem(FLEET_FILE, 1, 1, "missing: a catalog needs fleet.yaml listing its nodes"))
     else:
-        doc, errs = _read(root, fleet_path, FLEET_FILE)
+        doc, errs = read(root, fleet_path, FLEET_FILE)
         problems += errs
         if doc is not None:
             errs = schema_problems(doc, "fleet")
@@ -517,7 +609,7 @@ def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_r
                 continue
             if not p.name.endswith(YAML_SUFFIXES):
                 continue
-            doc, errs = _read(root, p, rel)
+            doc, errs = read(root, p, rel)
             problems += errs
             if doc is None:
                 continue
@@ -545,5 +637,4 @@ def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_r
         problems.sort(key=lambda p: (order.get(p.file, 1), p.file, p.line, p.column))
         raise CatalogInvalid(problems)
     models.sort(key=lambda m: m.name)
-    rev = revision if revision is not None else (git_revision(root) if with_revision else None)
-    return Catalog(root=str(root), fleet=fleet, models=tuple(models), revision=rev)
+    return fleet, models

@@ -311,11 +311,18 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Action:
-    action: str  # start | stop | replace
+    action: str  # start | stop | replace | restart
     replica: str
     model: str
     reason: str = ""
+    # start/replace: the new placement (None for a replace that found no room: leave the old copy alone);
+    # restart: the same nodes/GPUs/ports again; stop: the node records to stop.
     placement: Placement | None = None
+    # replace/restart: the running copy this action supersedes.
+    previous: Placement | None = None
+    # replace: the new copy only fits once the old one is gone, so stop it before starting the new one
+    # (otherwise start the new copy first and stop the old one when it is up).
+    stop_first: bool = False
 
 
 @dataclass(frozen=True)

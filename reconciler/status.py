@@ -65,3 +65,151 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
 
 def write_document(path: str | os.PathLike, doc: Any) -> bool:
     return write_if_changed(path, dump_yaml(doc))
+
+
+# --------------------------------------------------------------------------
+# Model and endpoint status documents (SPEC section 2), from a plan and the phases seen
+# --------------------------------------------------------------------------
+
+import ipaddress as _ipaddress
+from typing import Mapping as _Mapping
+
+
+def endpoint_url(data_address: str, port: int) -> str:
+    host = data_address
+    try:
+        if isinstance(_ipaddress.ip_address(data_address), _ipaddress.IPv6Address):
+            host = f"[{data_address}]"
+    except ValueError:
+        pass  # a host name
+    return f"http://{host}:{port}"
+
+
+def predicted_phases(plan) -> dict[str, str]:
+    """The phase each desired replica will be in once the plan is applied, as far as a plan can tell.
+
+    Kept replicas are assumed Ready (a plan has no health checks); anything about
+    to be started is Pending; a crashed replica waiting out its backoff is Failed;
+    one on a node that stopped answering is Unknown.
+    """
+    phases: dict[str, str] = {}
+    for rid, out in plan.outcomes.items():
+        phases[rid] = "Ready" if out.kept else "Pending"
+    for w in plan.waiting:
+        if w.until is not None and "backoff" in w.reason:
+            phases[w.replica] = "Failed"
+        elif "unreachable" in w.reason:
+            phases[w.replica] = "Unknown"
+    for a in plan.actions:
+        if a.action in ("restart", "replace") and a.replica in phases:
+            phases[a.replica] = "Pending" if a.placement is not None else phases[a.replica]
+    return phases
+
+
+def _rejection_doc(r) -> dict:
+    return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
+
+
+def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None = None,
+                          messages: _Mapping[str, str] | None = None, show_all: bool = False) -> dict:
+    """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
+
+    phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
+    messages: replica id -> message, overriding the plan's own reasons.
+    """
+    from reconciler.placement import summarize
+
+    phases = predicted_phases(plan) if phases is None else phases
+    messages = messages or {}
+    reasons: dict[str, str] = {}
+    for a in plan.actions:
+        if a.model == model.name:
+            reasons[a.replica] = f"{a.action}: {a.reason}"
+    for w in plan.waiting:
+        if w.model == model.name:
+            reasons[w.replica] = w.reason
+    replicas = []
+    for rid in model.replica_ids():
+        out = plan.outcomes.get(rid)
+        placement = out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
+        nodes = []
+        if placement is not None:
+            for a in placement.nodes:
+                spec = fleet.node(a.node)
+                addr = spec.data_address if spec is not None else a.node
+                entry_node = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
+                if a.rank == 0:
+                    # Only the head serves; other ranks' ports are for the engine's own traffic.
+                    entry_node["endpoint"] = endpoint_url(addr, a.port)
+                nodes.append(entry_node)
+        entry = {
+            "id": rid,
+            "profile": placement.profile if placement is not None else None,
+            "phase": phases.get(rid, "Unknown"),
+            "nodes": nodes,
+            "message": messages.get(rid, ""),
+            "restarts": plan.restarts.get(rid, 0),
+        }
+        if out is not None and out.placement is None:
+            if out.rejections_same_as:
+                entry["message"] = entry["message"] or f"cannot be placed; same rejections as {out.rejections_same_as}"
+                entry["rejections_same_as"] = out.rejections_same_as
+            else:
+                lines = summarize(out.rejections, out.nodes_considered, show_all)
+                entry["message"] = entry["message"] or "cannot be placed: " + " | ".join(lines)
+                entry["rejections"] = [_rejection_doc(r) for r in out.rejections]
+        if not entry["message"]:
+            entry["message"] = reasons.get(rid, "")
+        replicas.append(entry)
+    return {
+        "name": model.name,
+        "desired": model.replicas,
+        "ready": sum(1 for r in replicas if r["phase"] == "Ready"),
+        "replicas": replicas,
+    }
+
+
+def endpoints_document(catalog, plan, phases: _Mapping[str, str] | None = None) -> dict:
+    """status/endpoints.yaml: per model, the URLs of its Ready replicas (the head's serving port)."""
+    phases = predicted_phases(plan) if phases is None else phases
+    models = {}
+    for model in catalog.models:
+        urls = []
+        for rid in model.replica_ids():
+            if phases.get(rid) != "Ready":
+                continue
+            out = plan.outcomes.get(rid)
+            placement = out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
+            if placement is None or not placement.nodes:
+                continue
+            head = placement.nodes[0]
+            spec = catalog.fleet.node(head.node)
+            urls.append(endpoint_url(spec.data_address if spec is not None else head.node, head.port))
+        models[model.name] = sorted(urls)
+    return {"models": models}
+
+
+def write_plan_status(catalog_root, catalog, plan, phases: _Mapping[str, str] | None = None,
+                      messages: _Mapping[str, str] | None = None) -> list[Path]:
+    """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
+
+    Returns the paths whose content changed.
+    """
+    root = Path(catalog_root) / "status"
+    phases = predicted_phases(plan) if phases is None else phases
+    changed = []
+    wanted = set()
+    for model in catalog.models:
+        path = root / "models" / f"{model.name}.yaml"
+        wanted.add(path.name)
+        if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages)):
+            changed.append(path)
+    models_dir = root / "models"
+    if models_dir.is_dir():
+        for stale in sorted(models_dir.glob("*.yaml")):
+            if stale.name not in wanted:
+                stale.unlink()
+                changed.append(stale)
+    if write_document(root / "endpoints.yaml", endpoints_document(catalog, plan, phases)):
+        changed.append(root / "endpoints.yaml")
+    return changed

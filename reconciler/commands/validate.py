@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from reconciler.catalog import load_catalog
+from reconciler.catalog import field_locator, load_catalog
 from reconciler.errors import CatalogInvalid
 
 
@@ -17,7 +17,7 @@ def main(args) -> int:
         from reconciler.placement import unfittable_problems
 
         inventory = load_inventory(args.inventory, catalog.fleet)
-        problems = unfittable_problems(catalog, inventory)
+        problems = unfittable_problems(catalog, inventory, locate=field_locator(catalog.root))
         if problems:
             raise CatalogInvalid(problems)
     nodes, models = len(catalog.fleet.nodes), len(catalog.models)

@@ -1,0 +1,236 @@
+"""Placement at fleet scale: core throughput, and `reconciler plan --inventory` end to end.
+
+    python bench/placement.py [--nodes 4000] [--replicas 10000] [--scaling 500,1000,2000,4000] [--keep DIR]
+
+Generates a fleet (8 GPUs per GPU node, four fabrics, three GPU classes, CPU-only
+nodes, labels, some cordoned/unreachable nodes, foreign GPU processes, weights
+present on some nodes) and a catalog of single-node, multi-node and CPU-only
+models, writes both to a temporary directory (catalog files, a JSON snapshot and
+the same snapshot as YAML), and prints:
+
+- core: replicas placed per second by reconciler.plan.plan() on loaded objects;
+- end to end: wall time and peak RSS of `python -m reconciler plan CATALOG
+  --inventory nodes.json --format json` (and the same with nodes.yaml), the child's
+  own maxrss from wait4;
+- both again for smaller fleets, to show how they grow.
+
+Targets (issue 3): >= 10,000 replicas/s in the core; < 3 s end to end on the JSON snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+CLASSES = [("H100-80GB", "NVIDIA H100 80GB HBM3", 81559), ("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920),
+           ("L40S-48GB", "NVIDIA L40S", 46068)]
+FABRICS = ["ib-pod1", "ib-pod2", "ib-pod3", "ib-pod4"]
+ZONES = ["a", "b", "c"]
+
+
+def generate(nodes: int, replicas: int, seed: int = 7):
+    """(fleet.yaml document, {model file name: document}, snapshot document)."""
+    rnd = random.Random(seed)
+    fleet_nodes, snap_nodes = [], []
+    for i in range(nodes):
+        cpu_only = i % 10 == 9
+        cls, gname, gmem = CLASSES[(i // 10) % 3]
+        fabric = None if cpu_only or cls == "L40S-48GB" else FABRICS[(i // 3) % 4]
+        nid = f"cpu-{i:05d}" if cpu_only else f"{cls.split('-')[0].lower()}-{i:05d}"
+        zone = ZONES[i % 3]
+        spec = {"id": nid, "address": f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}",
+                "data_address": f"10.{100 + i // 65536}.{(i // 256) % 256}.{i % 256}",
+                "labels": {"zone": zone, "rack": f"r{i // 40}"}, "model_dirs": ["/models"]}
+        if i % 97 == 0:
+            spec["state"] = "cordoned"
+        if fabric:
+            spec["fabrics"] = {fabric: ["mlx5_0", "mlx5_1"]}
+        fleet_nodes.append(spec)
+        gpus = []
+        if not cpu_only:
+            for g in range(8):
+                gd = {"index": g, "uuid": f"GPU-{i:05d}-{g}", "name": gname, "class": cls, "memory_total_mb": gmem,
+                      "memory_used_mb": 0, "nvlink_peers": [p for p in range(8) if p != g]}
+                if rnd.random() < 0.01:
+                    gd["processes"] = [{"pid": 1000 + g, "name": "python", "used_mb": 2048}]
+                gpus.append(gd)
+        state = "unreachable" if i % 211 == 0 else "ready"
+        snap_nodes.append({
+            "id": nid, "state": state, "reason": "timed out" if state == "unreachable" else "",
+            "labels": spec["labels"], "memory_total_mb": 1024 * (256 if cpu_only else 1024),
+            "engines": {"vllm": "", "llama.cpp": ""} if i % 13 else {"llama.cpp": ""},
+            "gpus": gpus,
+            "fabrics": [{"name": fabric, "hcas": ["mlx5_0", "mlx5_1"]}] if fabric else [],
+            "disks": [{"path": "/models", "free_bytes": (200 + rnd.randrange(2000)) << 30, "total_bytes": 4000 << 30}],
+            "weights": [f"/models/m{j:03d}" for j in rnd.sample(range(200), 3)] if i % 4 else None,
+            "replicas": [], "ports_in_use": [22],
+        })
+    # Models: replica counts sum to `replicas`; a mix of shapes.
+    shapes = [
+        # (share of the replicas, profiles); sized to fill most of the fleet, not all of it
+        (0.35, [{"engine": "vllm", "gpu_class": "L40S-48GB", "gpus_per_node": 1, "priority": 10},
+                {"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 1, "priority": 5}]),
+        (0.20, [{"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 2, "priority": 10, "min_disk_gb": 100}]),
+        (0.10, [{"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 4, "priority": 10, "node_selector": {"zone": "a"}},
+                {"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 4, "priority": 5}]),
+        (0.05, [{"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 8, "priority": 10, "min_memory_gb": 512}]),
+        (0.02, [{"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 8, "nodes": 2, "priority": 10},
+                {"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 8, "nodes": 2, "priority": 5}]),
+        (0.28, [{"engine": "llama.cpp", "priority": 10}]),
+    ]
+    models = {}
+    per_model = max(replicas // 200, 1)
+    mi = 0
+    for share, profiles in shapes:
+        want = int(replicas * share)
+        while want > 0:
+            n = min(per_model, want)
+            want -= n
+            name = f"m{mi:03d}"
+            profs = [{"name": f"p{k}", **p} for k, p in enumerate(profiles)]
+            models[f"{name}.yaml"] = {"name": name, "source": f"/models/{name}", "replicas": n,
+                                     "spread": "preferred" if "nodes" not in profiles[0] and n > nodes // 20 else "required",
+                                     "profiles": profs}
+            mi += 1
+    # Two models that cannot be placed, to exercise rejections at scale.
+    models["zz-huge.yaml"] = {"name": "zz-huge", "source": "org/huge", "replicas": 20,
+                              "profiles": [{"name": "tp16", "engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 16}]}
+    models["zz-rack.yaml"] = {"name": "zz-rack", "source": "org/rack", "replicas": 20,
+                              "profiles": [{"name": "gpu", "engine": "vllm", "gpu_class": "L40S-48GB", "node_selector": {"zone": "nowhere"}}]}
+    return {"nodes": fleet_nodes}, models, {"nodes": snap_nodes}
+
+
+def write_catalog(root: Path, fleet_doc, models, snapshot):
+    (root / "models").mkdir(parents=True)
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet_doc, sort_keys=False))
+    for name, doc in models.items():
+        (root / "models" / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    (root / "nodes.json").write_text(json.dumps(snapshot))
+    from reconciler.inventory import snapshot_text
+    from reconciler.status import dump_yaml
+
+    (root / "nodes.yaml").write_text(dump_yaml(snapshot))  # block style, as status files are written today
+    (root / "nodes-flow.yaml").write_text(snapshot_text(snapshot, "../schema/inventory.schema.json"))  # JSON-style YAML
+
+
+def core(root: Path) -> tuple[float, int, int, float]:
+    """(replicas/s, replicas decided, unplaced, seconds) of plan() on loaded objects."""
+    from reconciler.catalog import load_catalog
+    from reconciler.inventory import load_inventory
+    from reconciler.plan import plan
+
+    catalog = load_catalog(root, with_revision=False)
+    inv = load_inventory(root / "nodes.json", catalog.fleet)
+    gc.collect()
+    best = None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        p = plan(catalog, inv)
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    total = sum(m.replicas for m in catalog.models)
+    return total / best, total, len(p.unplaced), best
+
+
+def breakdown(root: Path) -> dict[str, float]:
+    """CPU seconds of each stage of `plan --inventory nodes.json --format json`, in this process."""
+    from reconciler.catalog import load_catalog
+    from reconciler.commands.plan import plan_document
+    from reconciler.inventory import load_inventory
+    from reconciler.plan import plan
+
+    gc.disable()
+    try:
+        out = {}
+        t = time.process_time()
+        catalog = load_catalog(root, with_revision=False)
+        out["catalog"] = time.process_time() - t
+        t = time.process_time()
+        inv = load_inventory(root / "nodes.json", catalog.fleet)
+        out["snapshot"] = time.process_time() - t
+        t = time.process_time()
+        p = plan(catalog, inv, now=0)
+        out["plan"] = time.process_time() - t
+        t = time.process_time()
+        json.dumps(plan_document(p), separators=(",", ":"))
+        out["json out"] = time.process_time() - t
+        return out
+    finally:
+        gc.enable()
+
+
+def end_to_end(root: Path, snapshot: str) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MiB, exit code) of the child `reconciler plan --inventory ... --format json` > /dev/null."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    t0 = time.perf_counter()
+    with open(os.devnull, "wb") as devnull:
+        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "plan", str(root), "--inventory",
+                                 str(root / snapshot), "--format", "json"], stdout=devnull, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=4000)
+    ap.add_argument("--replicas", type=int, default=10000)
+    ap.add_argument("--scaling", default="500,1000,2000,4000", help="fleet sizes for the growth table ('' to skip)")
+    ap.add_argument("--keep", metavar="DIR", help="write the generated catalog here and keep it")
+    args = ap.parse_args()
+
+    sizes = [int(s) for s in args.scaling.split(",") if s] or [args.nodes]
+    if args.nodes not in sizes:
+        sizes.append(args.nodes)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="placement-bench-") as tmp:
+        for n in sorted(sizes):
+            reps = max(args.replicas * n // args.nodes, 1)
+            root = Path(args.keep) / f"n{n}" if args.keep else Path(tmp) / f"n{n}"
+            fleet_doc, models, snap = generate(n, reps)
+            write_catalog(root, fleet_doc, models, snap)
+            rate, total, unplaced, secs = core(root)
+            stages = breakdown(root)
+            runs = {name: end_to_end(root, name) for name in ("nodes.json", "nodes-flow.yaml", "nodes.yaml")}
+            mb = {name: (root / name).stat().st_size / 1e6 for name in runs}
+            rows.append((n, len(models), total, unplaced, rate, secs, runs, mb, stages))
+            print(f"  {n} nodes done", file=sys.stderr)
+
+    print("core: plan() on loaded objects, best of 3. e2e: `reconciler plan CATALOG --inventory SNAPSHOT --format json`")
+    print("in a child process (wall and CPU seconds, peak RSS from wait4). Snapshots: JSON; JSON-style YAML")
+    print("(inventory.snapshot_text); block-style YAML (status.dump_yaml).\n")
+    head = f"{'nodes':>6} {'models':>6} {'replicas':>8} {'unplaced':>8} {'core rep/s':>10} {'core s':>6}"
+    for label in ("json", "flow yaml", "block yaml"):
+        head += f" | {label + ' wall/cpu s':>20} {'RSS MiB':>7} {'MB':>5}"
+    print(head)
+    for n, nm, total, unplaced, rate, secs, runs, mb, _ in rows:
+        line = f"{n:>6} {nm:>6} {total:>8} {unplaced:>8} {rate:>10,.0f} {secs:>6.3f}"
+        for name, (wall, cpu, rss, rc) in runs.items():
+            line += f" | {wall:>11.2f} /{cpu:>6.2f} {rss:>7.0f} {mb[name]:>5.1f}" + ("" if rc == 0 else f" (exit {rc})")
+        print(line)
+    n, nm, total, unplaced, rate, secs, runs, mb, stages = rows[-1]
+    print(f"\nstages at {n} nodes (CPU s, in process): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + " (+ interpreter start and imports)")
+    wj = runs["nodes.json"][0]
+    print(f"\ntargets at {n} nodes: core {rate:,.0f} replicas/s (>= 10,000: {'met' if rate >= 10_000 else 'NOT met'}); "
+          f"end to end {wj:.2f} s on JSON (< 3 s: {'met' if wj < 3.0 else 'NOT met'})")
+    print(f"load average while measuring: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

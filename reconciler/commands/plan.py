@@ -1,0 +1,149 @@
+"""`reconciler plan`: what a reconcile pass would do, and why, without doing it."""
+
+from __future__ import annotations
+
+import json
+import gc
+import sys
+import time
+
+from reconciler.catalog import load_catalog
+from reconciler.commands._observe import observe
+from reconciler.model import Action, Placement
+from reconciler.placement import summarize
+from reconciler.plan import Plan, plan
+
+EXIT_UNPLACED = 1
+
+
+def _nodes(p: Placement | None) -> list[dict]:
+    if p is None:
+        return []
+    return [{"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "hcas": list(a.hcas), "port": a.port} for a in p.nodes]
+
+
+def action_document(a: Action) -> dict:
+    """One action in the JSON shape of SPEC section 5 (plus `reason` everywhere and the extras noted)."""
+    doc: dict = {"action": a.action, "replica": a.replica, "model": a.model}
+    if a.action == "stop":
+        doc["reason"] = a.reason
+        # Extension: which node records the stop applies to.
+        doc["nodes"] = [{"node": n.node, "rank": n.rank} for n in a.placement.nodes] if a.placement else []
+        return doc
+    p = a.placement
+    if p is not None:
+        doc.update({"profile": p.profile, "fabric": p.fabric, "pool": p.pool})
+    doc["reason"] = a.reason
+    doc["nodes"] = _nodes(p)
+    if p is not None and p.dist_port is not None:
+        doc["dist_port"] = p.dist_port
+    if a.action == "replace":
+        doc["stop_first"] = a.stop_first
+    return doc
+
+
+def plan_document(pl: Plan, show_all: bool = False) -> dict:
+    unplaced = []
+    for o in pl.unplaced:
+        entry: dict = {"replica": o.replica, "model": o.model}
+        if o.rejections_same_as:
+            entry["rejections_same_as"] = o.rejections_same_as
+        else:
+            entry["rejections"] = [
+                {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason} for r in o.rejections
+            ]
+            entry["summary"] = summarize(o.rejections, o.nodes_considered, show_all)
+        unplaced.append(entry)
+    return {
+        "revision": pl.revision,
+        "actions": [action_document(a) for a in pl.actions],
+        "unplaced": unplaced,
+        "waiting": [{"replica": w.replica, "model": w.model, "reason": w.reason} for w in pl.waiting],
+    }
+
+
+def _gpus(gpus) -> str:
+    g = list(gpus)
+    if not g:
+        return ""
+    if len(g) > 2 and g == list(range(g[0], g[-1] + 1)):
+        return f"[{g[0]}-{g[-1]}]"
+    return "[" + ",".join(map(str, g)) + "]"
+
+
+def _where(p: Placement | None) -> str:
+    if p is None:
+        return "-"
+    return " ".join(f"{a.node}{_gpus(a.gpus)}:{a.port}" for a in p.nodes)
+
+
+def _span(replicas: list[str]) -> str:
+    return replicas[0] if len(replicas) == 1 else f"{replicas[0]} .. {replicas[-1]}"
+
+
+def render_text(pl: Plan, show_all: bool = False) -> str:
+    rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
+    for a in pl.actions:
+        profile = a.placement.profile if a.placement is not None else "-"
+        rows.append((a.action, a.replica, profile, _where(a.placement), a.reason))
+    out = []
+    if pl.revision:
+        out.append(f"revision {pl.revision}")
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for r in rows:
+            out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:4])) + "  " + r[4])
+    else:
+        out.append("nothing to do: every replica runs where it should")
+    if pl.unplaced:
+        out.append("")
+        out.append("unplaced:")
+        same: dict[str, list[str]] = {}
+        for o in pl.unplaced:
+            if o.rejections_same_as:
+                same.setdefault(o.rejections_same_as, []).append(o.replica)
+        for o in pl.unplaced:
+            if o.rejections_same_as:
+                continue
+            others = same.get(o.replica, [])
+            more = f" (and {len(others)} more replica{'s' if len(others) != 1 else ''} of {o.model}: " \
+                   f"{_span(others)}, same rejections)" if others else ""
+            out.append(f"  {o.replica}{more}:")
+            for line in summarize(o.rejections, o.nodes_considered, show_all):
+                out.append(f"    {line}")
+    if pl.waiting:
+        out.append("")
+        out.append("waiting:")
+        for w in pl.waiting:
+            out.append(f"  {w.replica}: {w.reason}")
+    counts = {}
+    for a in pl.actions:
+        counts[a.action] = counts.get(a.action, 0) + 1
+    summary = ", ".join(f"{counts.get(k, 0)} to {k}" for k in ("start", "stop", "replace", "restart"))
+    out.append("")
+    out.append(f"{summary}; {len(pl.unplaced)} unplaced")
+    return "\n".join(out) + "\n"
+
+
+def main(args) -> int:
+    # A one-shot process that builds millions of long-lived objects (catalog, snapshot) and
+    # frees them at exit: cyclic collection only re-walks them. Measured at 4,000 nodes it
+    # costs a third of the run.
+    gc.disable()
+    catalog = load_catalog(args.catalog)
+    inventory = observe(catalog, args.catalog, args.inventory)
+    # The clock only matters for backoff and grace periods, which an offline plan reports, not waits for.
+    pl = plan(catalog, inventory, now=time.time())
+    if args.format == "json":
+        sys.stdout.write(json.dumps(plan_document(pl, args.all), separators=(",", ":")) + "\n")
+    else:
+        sys.stdout.write(render_text(pl, args.all))
+    if args.write_status:
+        from reconciler.status import write_plan_status
+
+        write_plan_status(catalog.root, catalog, pl)
+    if args.fail_on_unplaced and pl.unplaced:
+        n = len(pl.unplaced)
+        print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)
+        return EXIT_UNPLACED
+    return 0

@@ -1,0 +1,877 @@
+"""Which nodes and GPUs each replica runs on, or every reason it cannot run anywhere.
+
+Pure: a function of the catalog, the fleet, an inventory snapshot and the
+replicas already running. No I/O, no clock, deterministic (ties go to the
+lowest node id).
+
+Two rules here are not negotiable, and the rest of this module exists to keep
+them true:
+
+- a multi-node replica never spans two fabrics (only that fabric's HCAs are
+  handed out), and
+- a tensor-parallel group never mixes GPU classes.
+
+Breaking either gives a replica that starts, passes its health check and then
+hangs or crawls under load: it looks like success until traffic arrives.
+
+Every candidate that was considered and discarded gets a Rejection naming the
+profile, the pool, the node and the number that failed. "No suitable nodes"
+with no reason is the failure people complain about most in schedulers of
+this kind, so a rejection is never a bare "does not fit".
+
+At fleet scale (thousands of nodes, ten thousand replicas) the search must not
+scan every node for every replica. Nodes are indexed per (static filter, GPU
+class, fabric[, weights held]) into buckets by free GPUs (or by replicas
+hosted, for CPU-only work), each bucket kept sorted by node id, so the bin
+packing choice is the first eligible node of the lowest bucket that fits.
+Per-node rejection lists are only built when a replica could not be placed
+(or when explain asks for them), and only once per model: the next unplaced
+replica of the same model failed against the same state.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+from reconciler.errors import Problem
+from reconciler.model import (
+    Assignment,
+    Catalog,
+    Fleet,
+    Inventory,
+    Model,
+    ObservedNode,
+    Placement,
+    Profile,
+    Rejection,
+)
+
+MAX_PORT = 65535
+# First rendezvous port tried on a multi-node replica's head (torch.distributed's customary default).
+DIST_PORT_BASE = 29500
+# Nodes named per group in a summary line unless --all is given.
+SUMMARY_NAMES = 3
+
+_SCHEDULABLE = "ready"
+
+
+def _num(x: float) -> str:
+    """A figure for a message: 256, not 256.0; 127.9, not 127.93359375."""
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.1f}"
+
+
+def pool_name(fabric: str | None, profile: Profile) -> str:
+    return f"{fabric or 'none'}/{profile.class_label}"
+
+
+# --------------------------------------------------------------------------
+# Working state of one node during a placement pass
+# --------------------------------------------------------------------------
+
+
+class _Node:
+    __slots__ = (
+        "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
+        "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
+        "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked",
+    )
+
+    def __init__(self, idx: int, spec, obs: ObservedNode | None):
+        self.idx = idx
+        self.id = spec.id
+        self.obs = obs
+        # Operator intent (fleet.yaml) wins for state; an unreachable or unseen node is unreachable whatever it says.
+        if obs is None:
+            self.state, self.state_reason = "unreachable", "missing from the inventory snapshot"
+        elif obs.state == "unreachable":
+            self.state, self.state_reason = "unreachable", obs.reason
+        else:
+            self.state, self.state_reason = spec.state, ""
+        self.labels = spec.labels
+        self.engines = obs.engines if obs is not None else None
+        self.memory_gib = obs.memory_total_mb / 1024 if obs is not None and obs.memory_total_mb else None
+        self.disk_path = None
+        self.disk_free_gib = None
+        if obs is not None and obs.disks:
+            want = spec.model_dirs[0] if spec.model_dirs else None
+            disk = next((d for d in obs.disks if d.path == want), None) if want else obs.disks[0]
+            if disk is not None:
+                self.disk_path, self.disk_free_gib = disk.path, disk.free_bytes / (1 << 30)
+        self.weights = frozenset(obs.weights) if obs is not None and obs.weights is not None else None
+        # Fabric membership: what the operator declared, else what the probe observed.
+        if spec.fabrics:
+            self.fabrics = {name: tuple(hcas) for name, hcas in spec.fabrics.items()}
+        elif obs is not None:
+            self.fabrics = {f.name: tuple(f.hcas) for f in obs.fabrics}
+        else:
+            self.fabrics = {}
+        self.gpu_class: dict[int, str] = {}
+        self.free: dict[str, set[int]] = {}
+        self.total: dict[str, int] = {}
+        self.busy: dict[int, str] = {}  # gpu index -> who holds it
+        self.nvlink: dict[int, tuple[int, ...]] = {}
+        for g in obs.gpus if obs is not None else ():
+            cls = spec.gpu_class or g.gpu_class
+            self.gpu_class[g.index] = cls
+            self.total[cls] = self.total.get(cls, 0) + 1
+            self.nvlink[g.index] = g.nvlink_peers
+            if g.processes:
+                p = g.processes[0]
+                self.busy[g.index] = f"foreign process {p.pid} ({p.name})" if p.name else f"foreign process {p.pid}"
+            else:
+                self.free.setdefault(cls, set()).add(g.index)
+        indices = set(self.nvlink)
+        self.all_nvlinked = len(indices) > 1 and all(
+            set(peers) | {g} >= indices for g, peers in self.nvlink.items()
+        )
+        self.ranks = 0
+        self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
+        self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
+        self.ports_used: set[int] = set(self.ports_observed)
+
+    def level(self, gpu_class: str | None) -> int:
+        if gpu_class is None:
+            return self.ranks
+        free = self.free.get(gpu_class)
+        return len(free) if free else 0
+
+    def free_port(self, start: int, also_taken: int | None = None) -> int | None:
+        p = start
+        used = self.ports_used
+        while p in used or p == also_taken:
+            p += 1
+        return p if p <= MAX_PORT else None
+
+
+# --------------------------------------------------------------------------
+# Indexes: eligible nodes bucketed by level, each bucket sorted by node index
+# --------------------------------------------------------------------------
+
+
+class _Index:
+    """The nodes that pass one static filter, bucketed by their level.
+
+    The level is the count of free GPUs of the index's class, or, for CPU-only
+    work, the number of replica ranks a node hosts. Node indices follow node id
+    order, so the first entry of a bucket is the deterministic tie-break.
+    """
+
+    __slots__ = ("gpu_class", "buckets", "levels", "members")
+
+    def __init__(self, gpu_class: str | None):
+        self.gpu_class = gpu_class
+        self.buckets: dict[int, list[int]] = {}
+        self.levels: list[int] = []  # every level that has had a bucket, ascending
+        self.members: set[int] = set()
+
+    def _bucket(self, level: int) -> list[int]:
+        b = self.buckets.get(level)
+        if b is None:
+            b = self.buckets[level] = []
+            insort(self.levels, level)
+        return b
+
+    def add(self, idx: int, level: int) -> None:
+        self.members.add(idx)
+        insort(self._bucket(level), idx)
+
+    def move(self, idx: int, old: int, new: int) -> None:
+        if old == new:
+            return
+        b = self.buckets[old]
+        del b[bisect_left(b, idx)]
+        insort(self._bucket(new), idx)
+
+    def scan(self, min_level: int, descending: bool) -> Iterator[int]:
+        levels = self.levels[bisect_left(self.levels, min_level):]
+        buckets = self.buckets
+        for level in reversed(levels) if descending else levels:
+            b = buckets[level]
+            if b:
+                yield from b
+
+
+# --------------------------------------------------------------------------
+# Outcomes
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One desired replica: where it goes, or why it cannot go anywhere."""
+
+    replica: str
+    model: str
+    placement: Placement | None
+    # Every discarded candidate, profile by profile, for an unplaced replica (and, when
+    # explain asked for it, for the higher-priority profiles a placed replica skipped).
+    rejections: tuple[Rejection, ...] = ()
+    # Set instead of rejections when an earlier replica of the model failed against the same state.
+    rejections_same_as: str | None = None
+    # Per profile that did not fit: how many fleet nodes it was weighed against (for the summary).
+    nodes_considered: int = 0
+    kept: bool = False  # already running and left where it is
+
+    @property
+    def placed(self) -> bool:
+        return self.placement is not None
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    outcomes: Mapping[str, Outcome]  # replica id -> outcome, in the order they were decided
+
+    @property
+    def placements(self) -> list[Placement]:
+        return [o.placement for o in self.outcomes.values() if o.placement is not None]
+
+    @property
+    def unplaced(self) -> list[Outcome]:
+        return [o for o in self.outcomes.values() if o.placement is None]
+
+
+# --------------------------------------------------------------------------
+# The placer
+# --------------------------------------------------------------------------
+
+
+def _replace_profile(profile: Profile) -> Profile:
+    """The profile without its disk requirement (the part of the filter that depends on the model)."""
+    from dataclasses import replace
+
+    return replace(profile, min_disk_gb=0) if profile.min_disk_gb else profile
+
+
+def _selector_key(profile: Profile) -> tuple:
+    return tuple(sorted(profile.node_selector.items()))
+
+
+def _base_key(profile: Profile) -> tuple:
+    engine = None if profile.engine == "command" else profile.engine
+    return (engine, _selector_key(profile), profile.min_memory_gb or 0)
+
+
+def _static_key(model: Model, profile: Profile) -> tuple:
+    return _base_key(profile) + ((profile.min_disk_gb, model.source) if profile.min_disk_gb else None,)
+
+
+class Placer:
+    """Placement state for one pass: holds what runs, places what is missing.
+
+    Stateful so that the plan can try a replacement with the old copy still
+    holding its resources (start the new copy before stopping the old) and,
+    when that does not fit, release the old copy and try again. Still pure:
+    it only ever reads the values it was built from.
+    """
+
+    def __init__(self, fleet: Fleet, inventory: Inventory, models: Iterable[Model] = ()):
+        self.models = {m.name: m for m in models}
+        specs = sorted(fleet.nodes, key=lambda n: n.id)
+        self.nodes = [_Node(i, spec, inventory.node(spec.id)) for i, spec in enumerate(specs)]
+        self.by_id = {n.id: n for n in self.nodes}
+        self.fabric_names = sorted({f for n in self.nodes for f in n.fabrics})
+        self._static_reasons: dict[tuple, list[str | None]] = {}
+        self._indexes: dict[tuple, _Index] = {}
+        # Lookups by object identity: a profile's filters are hashed once, not once per replica.
+        self._index_by_profile: dict[tuple, _Index] = {}
+        self._keepalive: list = []  # keeps the ids above from being reused while this placer lives
+        # node idx -> the indexes it belongs to, so a change of level updates each of them
+        self._node_indexes: list[list[_Index]] = [[] for _ in self.nodes]
+        holders: dict[str, list[int]] = {}
+        for n in self.nodes:
+            for w in n.weights or ():
+                holders.setdefault(w, []).append(n.idx)
+        self._holders = holders
+
+    # ---- static filters -------------------------------------------------
+
+    def _static_reason(self, node: _Node, model: Model, profile: Profile) -> str | None:
+        """Why this node can never take this profile in this pass, or None."""
+        if node.state != _SCHEDULABLE:
+            return f"node is {node.state}" + (f": {node.state_reason}" if node.state_reason else "")
+        for key, want in sorted(profile.node_selector.items()):
+            have = node.labels.get(key)
+            if have != want:
+                return f"lacks label {key}={want}" + (f" (has {key}={have})" if have is not None else "")
+        if profile.engine != "command" and node.engines is not None and profile.engine not in node.engines:
+            return f"does not have {profile.engine} installed"
+        if profile.min_memory_gb and node.memory_gib is not None and node.memory_gib < profile.min_memory_gb:
+            return f"has {_num(round(node.memory_gib, 1))} GiB of memory, needs {_num(profile.min_memory_gb)}"
+        if profile.min_disk_gb:
+            return self._disk_reason(node, model, profile)
+        return None
+
+    def _disk_reason(self, node: _Node, model: Model, profile: Profile) -> str | None:
+        if (
+            node.disk_free_gib is not None
+            and node.disk_free_gib < profile.min_disk_gb
+            and not (node.weights is not None and model.source in node.weights)
+        ):
+            have = math.floor(node.disk_free_gib * 10) / 10
+            return (
+                f"has {_num(have)} GiB free on {node.disk_path} for weights it does not hold, "
+                f"needs {_num(profile.min_disk_gb)}"
+            )
+        return None
+
+    def _base_list(self, profile: Profile) -> list[str | None]:
+        """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
+        base_key = _base_key(profile)
+        base = self._static_reasons.get(base_key)
+        if base is None:
+            plain = _replace_profile(profile)
+            base = [self._static_reason(n, None, plain) for n in self.nodes]
+            self._static_reasons[base_key] = base
+        return base
+
+    def _static_list(self, model: Model, profile: Profile) -> list[str | None]:
+        """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
+        base = self._base_list(profile)
+        if not profile.min_disk_gb:
+            return base
+        key = _static_key(model, profile)
+        lst = self._static_reasons.get(key)
+        if lst is None:
+            lst = [r if r is not None else self._disk_reason(n, model, profile) for r, n in zip(base, self.nodes)]
+            self._static_reasons[key] = lst
+        return lst
+
+    def _index(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
+        fast = (id(profile), fabric, holders_of)
+        idx = self._index_by_profile.get(fast)
+        if idx is not None:
+            return idx
+        idx = self._index_slow(model, profile, fabric, holders_of)
+        self._index_by_profile[fast] = idx
+        self._keepalive.append(profile)
+        return idx
+
+    def _index_slow(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
+        # Disk is left out of the index (it depends on the model's source) and checked while scanning.
+        key = (_base_key(profile), profile.gpu_class, fabric, holders_of)
+        idx = self._indexes.get(key)
+        if idx is not None:
+            return idx
+        static = self._base_list(profile)
+        idx = _Index(profile.gpu_class)
+        pool = range(len(self.nodes)) if holders_of is None else self._holders.get(holders_of, ())
+        for i in pool:
+            n = self.nodes[i]
+            if static[i] is not None:
+                continue
+            if fabric is not None and not n.fabrics.get(fabric):
+                continue
+            if profile.gpu_class is not None and profile.gpu_class not in n.total:
+                continue
+            idx.add(i, n.level(profile.gpu_class))
+            self._node_indexes[i].append(idx)
+        self._indexes[key] = idx
+        return idx
+
+    # ---- resource bookkeeping --------------------------------------------
+
+    def _levels(self, n: _Node, gpus: Iterable[int]) -> dict[str | None, int]:
+        """The levels a change to these GPUs (and to the rank count) can move."""
+        levels: dict[str | None, int] = {None: n.ranks}
+        for g in gpus:
+            cls = n.gpu_class.get(g)
+            if cls is not None and cls not in levels:
+                levels[cls] = n.level(cls)
+        return levels
+
+    def _relevel(self, n: _Node, before: dict[str | None, int]) -> None:
+        for ix in self._node_indexes[n.idx]:
+            old = before.get(ix.gpu_class, -1)
+            if old != -1:
+                ix.move(n.idx, old, n.level(ix.gpu_class))
+
+    def hold(self, placement: Placement) -> None:
+        """Count a running (or just placed) replica's GPUs, ports and presence against its nodes."""
+        for a in placement.nodes:
+            n = self.by_id.get(a.node)
+            if n is None:
+                continue  # a node no longer in the fleet holds nothing we hand out
+            before = self._levels(n, a.gpus)
+            for g in a.gpus:
+                cls = n.gpu_class.get(g)
+                if cls is None:
+                    continue
+                n.free.get(cls, set()).discard(g)
+                n.busy[g] = placement.replica
+            if a.port:
+                n.ports_used.add(a.port)
+            n.ranks += 1
+            n.models.setdefault(placement.model, []).append(placement.replica)
+            self._relevel(n, before)
+        if placement.dist_port and placement.nodes:
+            head = self.by_id.get(placement.nodes[0].node)
+            if head is not None:
+                head.ports_used.add(placement.dist_port)
+
+    def release(self, placement: Placement) -> None:
+        """Undo hold(): the replica's resources are free again (it is being stopped first)."""
+        for a in placement.nodes:
+            n = self.by_id.get(a.node)
+            if n is None:
+                continue
+            before = self._levels(n, a.gpus)
+            for g in a.gpus:
+                cls = n.gpu_class.get(g)
+                if cls is None or n.busy.get(g) != placement.replica:
+                    continue
+                del n.busy[g]
+                n.free.setdefault(cls, set()).add(g)
+            if a.port and a.port not in n.ports_observed:
+                n.ports_used.discard(a.port)
+            n.ranks -= 1
+            hosted = n.models.get(placement.model)
+            if hosted and placement.replica in hosted:
+                hosted.remove(placement.replica)
+                if not hosted:
+                    del n.models[placement.model]
+            self._relevel(n, before)
+        if placement.dist_port and placement.nodes:
+            head = self.by_id.get(placement.nodes[0].node)
+            if head is not None and placement.dist_port not in head.ports_observed:
+                head.ports_used.discard(placement.dist_port)
+
+    # ---- choosing --------------------------------------------------------
+
+    def _pick_gpus(self, n: _Node, gpu_class: str, want: int) -> tuple[int, ...]:
+        """`want` free GPUs of the class, inside one NVLink domain when one has room.
+
+        A tensor-parallel group that falls back to PCIe for its all-reduces runs
+        several times slower. Among domains that have room, the smallest is used,
+        keeping larger domains whole for larger groups. Without topology (or no
+        domain large enough) this takes the lowest free indices.
+        """
+        free = sorted(n.free[gpu_class])
+        if want == 1 or want == len(free) or n.all_nvlinked:
+            # One GPU, all of them, or every GPU linked to every other: any set is one domain.
+            return tuple(free[:want])
+        free_set = set(free)
+        seen: set[int] = set()
+        domains: list[list[int]] = []
+        for g in free:
+            if g in seen:
+                continue
+            comp, stack = [], [g]
+            seen.add(g)
+            while stack:
+                cur = stack.pop()
+                comp.append(cur)
+                for peer in n.nvlink.get(cur, ()):
+                    if peer in free_set and peer not in seen:
+                        seen.add(peer)
+                        stack.append(peer)
+            domains.append(sorted(comp))
+        fitting = [d for d in domains if len(d) >= want and len(d) > 1]
+        if fitting:
+            best = min(fitting, key=lambda d: (len(d), d[0]))
+            return tuple(best[:want])
+        return tuple(free[:want])
+
+    def _ok(self, n: _Node, model: Model, profile: Profile, exclude: frozenset, avoid_hosting: bool) -> bool:
+        if n.id in exclude or (avoid_hosting and model.name in n.models):
+            return False
+        return not profile.min_disk_gb or self._disk_reason(n, model, profile) is None
+
+    def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[_Node] | None:
+        need = profile.gpus_per_node if profile.gpu_class else 0
+        main = self._index(model, profile, None, None)
+        holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
+        nodes = self.nodes
+        name = model.name
+        disk = profile.min_disk_gb
+        # Avoiding nodes that host the model comes before the weights preference when the
+        # spread is only preferred: the weights are most likely on the node already running it.
+        for avoid in (True,) if model.spread != "preferred" else (True, False):
+            for ix in (holders, main):
+                if ix is None:
+                    continue
+                # The scan of _Index.scan, inlined: this loop is the hot path of a fleet-sized pass.
+                levels = ix.levels
+                buckets = ix.buckets
+                for level in levels[bisect_left(levels, need):]:
+                    for i in buckets[level]:
+                        n = nodes[i]
+                        if avoid and name in n.models:
+                            continue
+                        if exclude and n.id in exclude:
+                            continue
+                        if disk and self._disk_reason(n, model, profile) is not None:
+                            continue
+                        return [n]
+        return None
+
+    def _try_multi(self, model: Model, profile: Profile, exclude: frozenset) -> tuple[str, list[_Node]] | None:
+        need = profile.gpus_per_node if profile.gpu_class else 0
+        # GPU work takes the emptiest nodes (most free GPUs); CPU work the fewest replicas.
+        descending = profile.gpu_class is not None
+        passes = [True] if model.spread != "preferred" else [True, False]
+        for fabric in self.fabric_names:
+            main = self._index(model, profile, fabric, None)
+            if len(main.members) < profile.nodes:
+                continue
+            holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
+            chosen: list[_Node] = []
+            taken: set[int] = set()
+            for avoid in passes:
+                for ix in (holders, main):
+                    if ix is None:
+                        continue
+                    for i in ix.scan(need, descending):
+                        if i in taken:
+                            continue
+                        n = self.nodes[i]
+                        if self._ok(n, model, profile, exclude, avoid):
+                            chosen.append(n)
+                            taken.add(i)
+                            if len(chosen) == profile.nodes:
+                                return fabric, chosen
+        return None
+
+    def _commit(self, rid: str, model: Model, profile: Profile, fabric: str | None, nodes: list[_Node]) -> Placement | None:
+        assignments = []
+        for rank, n in enumerate(nodes):
+            gpus = self._pick_gpus(n, profile.gpu_class, profile.gpus_per_node) if profile.gpu_class else ()
+            port = n.free_port(profile.port)
+            if port is None:
+                return None
+            hcas = n.fabrics.get(fabric, ()) if fabric else ()
+            assignments.append(Assignment(node=n.id, rank=rank, gpus=gpus, hcas=hcas, port=port))
+        dist_port = None
+        if len(nodes) > 1:
+            dist_port = nodes[0].free_port(DIST_PORT_BASE, also_taken=assignments[0].port)
+            if dist_port is None:
+                return None
+        placement = Placement(
+            replica=rid, model=model.name, profile=profile.name, fabric=fabric,
+            pool=pool_name(fabric, profile), nodes=tuple(assignments), dist_port=dist_port,
+        )
+        self.hold(placement)
+        return placement
+
+    def place(self, model: Model, rid: str, exclude: Iterable[str] = (), explain: bool = False) -> Outcome:
+        """Place one replica: profiles by descending priority, the first that fits wins.
+
+        `exclude` names nodes the replica must not use (those of the copy it replaces,
+        which keeps running until the new one is up). With `explain`, the rejections
+        of higher-priority profiles that did not fit are kept even when a later one does.
+        """
+        exclude = frozenset(exclude)
+        rejections: list[Rejection] = []
+        for profile in model.profiles:
+            if profile.nodes > 1:
+                found = self._try_multi(model, profile, exclude)
+                fabric, nodes = found if found else (None, None)
+            else:
+                fabric, nodes = None, self._try_single(model, profile, exclude)
+            if nodes is not None:
+                placement = self._commit(rid, model, profile, fabric, nodes)
+                if placement is not None:
+                    return Outcome(rid, model.name, placement, tuple(rejections))
+            if explain:
+                # Only here, before a later profile's commit changes the state they describe.
+                rejections.extend(self.rejections_for(model, profile, exclude))
+        if not explain:
+            # Nothing was committed, so the state is still the one every profile failed against.
+            for profile in model.profiles:
+                rejections.extend(self.rejections_for(model, profile, exclude))
+        return Outcome(rid, model.name, None, tuple(rejections), nodes_considered=len(self.nodes))
+
+    # ---- explaining ------------------------------------------------------
+
+    def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset) -> str | None:
+        if n.id in exclude:
+            return "runs the copy being replaced"
+        if model.spread != "preferred" and model.name in n.models:
+            return f"already hosts {n.models[model.name][0]} of this model"
+        if profile.gpu_class is not None:
+            have = n.level(profile.gpu_class)
+            if have < profile.gpus_per_node:
+                others = sorted(c for c in n.total if c != profile.gpu_class)
+                extra = f" (its GPUs are {', '.join(others)})" if have == 0 and others and profile.gpu_class not in n.total else ""
+                return f"has {have} free {profile.gpu_class} GPUs, needs {profile.gpus_per_node}{extra}"
+        if n.free_port(profile.port) is None:
+            return f"has no free port at or above {profile.port}"
+        return None
+
+    def rejections_for(self, model: Model, profile: Profile, exclude: Iterable[str] = ()) -> list[Rejection]:
+        """Every node weighed for this profile in the current state, with why it was discarded."""
+        exclude = frozenset(exclude)
+        static = self._static_list(model, profile)
+        out: list[Rejection] = []
+        if profile.nodes <= 1:
+            pool = pool_name(None, profile)
+            for n in self.nodes:
+                reason = static[n.idx] or self._dynamic_reason(n, model, profile, exclude)
+                if reason is None:
+                    # It qualifies on its own; only a later step (ports for every rank) failed.
+                    reason = "qualifies, but the replica could not be completed"
+                out.append(Rejection(profile.name, pool, n.id, reason))
+            return out
+        if not self.fabric_names:
+            return [Rejection(profile.name, pool_name(None, profile), "",
+                              f"needs {profile.nodes} nodes on one fabric, but no node is attached to a fabric")]
+        for fabric in self.fabric_names:
+            pool = pool_name(fabric, profile)
+            qualify = 0
+            for n in self.nodes:
+                if fabric not in n.fabrics:
+                    continue
+                reason = static[n.idx]
+                if reason is None and not n.fabrics[fabric]:
+                    reason = f"is attached to {fabric} but has no adapters on it"
+                if reason is None:
+                    reason = self._dynamic_reason(n, model, profile, exclude)
+                if reason is None:
+                    qualify += 1
+                else:
+                    out.append(Rejection(profile.name, pool, n.id, reason))
+            out.append(Rejection(profile.name, pool, "", f"needs {profile.nodes} nodes on {fabric}, only {qualify} qualify"))
+        pool = pool_name(None, profile)
+        for n in self.nodes:
+            if not n.fabrics:
+                out.append(Rejection(profile.name, pool, n.id, "is not attached to any fabric"))
+        return out
+
+
+# --------------------------------------------------------------------------
+# The whole-catalog entry point
+# --------------------------------------------------------------------------
+
+
+def placement_order(models: Iterable[Model]) -> list[Model]:
+    """Models in the order their new replicas are placed: the largest demand first.
+
+    Placing the replicas that need whole nodes before the small ones keeps the
+    small ones from fragmenting the nodes the large ones need (first-fit
+    decreasing); the model name breaks ties so plans are deterministic.
+    """
+    def demand(m: Model) -> int:
+        if not m.profiles:
+            return 0
+        p = m.profiles[0]
+        return p.nodes * max(p.gpus_per_node, 0)
+
+    return sorted(models, key=lambda m: (-demand(m), m.name))
+
+
+def place(
+    models: Sequence[Model],
+    fleet: Fleet,
+    inventory: Inventory,
+    running: Iterable[Placement] = (),
+    explain: Iterable[str] = (),
+) -> PlacementResult:
+    """Place every desired replica of `models` that is not already in `running`.
+
+    `running` are the replicas that stay where they are (sticky): they hold their
+    GPUs and ports before anything new is placed. `explain` names models whose
+    placed replicas should also keep the rejections of profiles they skipped.
+    """
+    running = list(running)
+    placer = Placer(fleet, inventory, models)
+    outcomes: dict[str, Outcome] = {}
+    for p in running:
+        placer.hold(p)
+        outcomes[p.replica] = Outcome(p.replica, p.model, p, kept=True)
+    explain = frozenset(explain)
+    for model in placement_order(models):
+        failed_first: str | None = None
+        for rid in model.replica_ids():
+            if rid in outcomes:
+                continue
+            if failed_first is not None:
+                # Nothing was placed since the first failure of this model, so the state is the same.
+                outcomes[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
+                continue
+            out = placer.place(model, rid, explain=model.name in explain)
+            outcomes[rid] = out
+            if out.placement is None:
+                failed_first = rid
+    return PlacementResult(outcomes)
+
+
+# --------------------------------------------------------------------------
+# Summaries in the style of the Kubernetes scheduler, with nodes named
+# --------------------------------------------------------------------------
+
+_GROUPS: list[tuple[re.Pattern, tuple[str, str], str | None]] = [
+    # pattern, group label (one node, several nodes; may use named groups), per-node detail (None: just the name)
+    (re.compile(r"^node is (?P<state>\w+)"), ("is {state}", "are {state}"), None),
+    (re.compile(r"^lacks label (?P<label>\S+)"), ("lacks label {label}", "lack label {label}"), None),
+    (re.compile(r"^does not have (?P<engine>\S+) installed"), ("lacks engine {engine}", "lack engine {engine}"), None),
+    (re.compile(r"^has (?P<have>[\d.]+) GiB of memory, needs (?P<need>[\d.]+)"),
+     ("has too little memory", "have too little memory"), "{have} GiB, needs {need}"),
+    (re.compile(r"^has (?P<have>[\d.]+) GiB free on \S+ for weights it does not hold, needs (?P<need>[\d.]+)"),
+     ("has too little disk for the weights", "have too little disk for the weights"), "{have} GiB free, needs {need}"),
+    (re.compile(r"^has (?P<have>\d+) free (?P<cls>\S+) GPUs, needs (?P<need>\d+)"),
+     ("has too few free {cls} GPUs", "have too few free {cls} GPUs"), "{have} free, needs {need}"),
+    (re.compile(r"^already hosts "), ("already hosts this model", "already host this model"), None),
+    (re.compile(r"^runs the copy being replaced"), ("runs the copy being replaced", "run the copy being replaced"), None),
+    (re.compile(r"^is not attached to any fabric"), ("is on no fabric", "are on no fabric"), None),
+    (re.compile(r"^is attached to \S+ but has no adapters"), ("has no adapters on the fabric", "have no adapters on the fabric"), None),
+]
+
+
+def _classify(reason: str) -> tuple[tuple[str, str], str | None]:
+    for pattern, (one, many), detail in _GROUPS:
+        m = pattern.match(reason)
+        if m:
+            d = m.groupdict()
+            return (one.format(**d), many.format(**d)), detail.format(**d) if detail else None
+    return (reason, reason), None
+
+
+def _nearest_first(entry: str) -> tuple:
+    m = re.search(r": ([\d.]+)", entry)
+    return (-float(m.group(1)), entry) if m else (0.0, entry)
+
+
+def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool = False) -> list[str]:
+    """One line per profile: `0/12 nodes fit profile h100-tp8: 8 have too few free H100-80GB GPUs (a1: 4 free, needs 8; ...), 4 lack label zone=a (...)`."""
+    by_profile: dict[str, list[Rejection]] = {}
+    for r in rejections:
+        by_profile.setdefault(r.profile, []).append(r)
+    lines = []
+    for profile, rejs in by_profile.items():
+        groups: dict[tuple[str, str], list[str]] = {}
+        pool_lines: list[str] = []
+        rejected_nodes: set[str] = set()
+        for r in rejs:
+            if not r.node:
+                pool_lines.append(r.reason)
+                continue
+            if r.node in rejected_nodes:
+                continue
+            rejected_nodes.add(r.node)
+            label, detail = _classify(r.reason)
+            groups.setdefault(label, []).append(f"{r.node}: {detail}" if detail else r.node)
+        parts = []
+        for names in groups.values():
+            # The nearest misses first ("h100-a3: 7 free, needs 8" before "l40s-c1: 0 free, needs 8").
+            names.sort(key=_nearest_first)
+        for label, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            shown = names if show_all or len(names) <= SUMMARY_NAMES else names[:SUMMARY_NAMES]
+            sep = "; " if any(":" in s for s in shown) else ", "
+            more = "" if len(shown) == len(names) else f"{sep}... {len(names) - len(shown)} more"
+            parts.append(f"{len(names)} {label[0] if len(names) == 1 else label[1]} ({sep.join(shown)}{more})")
+        fit = max(total_nodes - len(rejected_nodes), 0)
+        head = f"{fit}/{total_nodes} nodes fit profile {profile}"
+        body = ", ".join(parts)
+        tail = "; ".join(pool_lines)
+        line = head + (": " + body if body else "")
+        if tail:
+            line += ("; " if body else ": ") + tail
+        lines.append(line)
+    return lines
+
+
+# --------------------------------------------------------------------------
+# Models that can never fit, for `validate --inventory`
+# --------------------------------------------------------------------------
+
+
+def _hardware_reason(spec, obs: ObservedNode | None, model: Model, profile: Profile) -> str | None:
+    """Why this node could not take the profile even with nothing running and every node ready."""
+    if obs is None:
+        return "not in the snapshot"
+    for key, want in profile.node_selector.items():
+        if spec.labels.get(key) != want:
+            return f"lacks label {key}={want}"
+    if profile.engine != "command" and obs.engines is not None and profile.engine not in obs.engines:
+        return f"lacks {profile.engine}"
+    if profile.min_memory_gb and obs.memory_total_mb and obs.memory_total_mb / 1024 < profile.min_memory_gb:
+        return "too little memory"
+    if profile.gpu_class is not None:
+        n = sum(1 for g in obs.gpus if (spec.gpu_class or g.gpu_class) == profile.gpu_class)
+        if n < profile.gpus_per_node:
+            return f"has {n} {profile.gpu_class} GPUs"
+    return None
+
+
+def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profile) -> tuple[str | None, str, set[str]]:
+    """(None, "", nodes that can hold a rank) when the profile fits an empty fleet; else (why not, field to blame, {})."""
+    ok_nodes = []
+    for spec in fleet.nodes:
+        obs = inventory.node(spec.id)
+        if _hardware_reason(spec, obs, model, profile) is None:
+            ok_nodes.append((spec, obs))
+    if profile.nodes <= 1:
+        if ok_nodes:
+            return None, "", {s.id for s, _ in ok_nodes}
+    else:
+        per_fabric: dict[str, int] = {}
+        for spec, obs in ok_nodes:
+            names = spec.fabrics.keys() if spec.fabrics else [f.name for f in obs.fabrics if f.hcas]
+            for f in names:
+                per_fabric[f] = per_fabric.get(f, 0) + 1
+        if any(c >= profile.nodes for c in per_fabric.values()):
+            return None, "", {s.id for s, _ in ok_nodes}
+        if ok_nodes:
+            best = max(per_fabric.values(), default=0)
+            return (f"profile {profile.name} needs {profile.nodes} nodes on one fabric, "
+                    f"the most any fabric has that could hold a rank is {best}"), "nodes", set()
+    if profile.gpu_class is not None:
+        most = 0
+        for spec in fleet.nodes:
+            obs = inventory.node(spec.id)
+            if obs is not None:
+                most = max(most, sum(1 for g in obs.gpus if (spec.gpu_class or g.gpu_class) == profile.gpu_class))
+        if most < profile.gpus_per_node:
+            return (f"profile {profile.name} needs {profile.gpus_per_node} {profile.gpu_class} GPUs per node, "
+                    f"the most any node has is {most}"), "gpus_per_node", set()
+    return (f"profile {profile.name}: no node in the fleet matches its selector, engine, memory and GPUs",
+            "name", set())
+
+
+def unfittable_problems(
+    catalog: Catalog, inventory: Inventory, locate: Callable[[str, tuple], tuple[int, int]] | None = None,
+) -> list[Problem]:
+    """Models that no profile could ever fit on this fleet, even with nothing running.
+
+    Left alone these would sit Pending forever with a rejection list that reads
+    like a capacity problem; they are a catalog mistake (16 GPUs per node on a
+    fleet of 8-GPU nodes) and `validate --inventory` says so.
+
+    locate(file, path) -> (line, column) places a problem at a field; a path names list items
+    by their `name` (("profiles", "h100-tp16", "gpus_per_node")). Without it, problems point
+    at 1:1 of the model file.
+    """
+    problems = []
+    for model in catalog.models:
+        reasons = []
+        blame: tuple | None = None
+        hosts: set[str] = set()
+        single_only = all(p.nodes <= 1 for p in model.profiles)
+        for profile in model.profiles:
+            why, fieldname, ok = _why_never(catalog.fleet, inventory, model, profile)
+            if why is None:
+                hosts |= ok
+            else:
+                reasons.append(why)
+                if blame is None:
+                    blame = ("profiles", profile.name, fieldname)
+        where = model.file or f"models/{model.name}.yaml"
+
+        def at(path: tuple) -> tuple[int, int]:
+            return locate(where, path) if locate is not None else (1, 1)
+
+        if model.profiles and len(reasons) == len(model.profiles):
+            problems.append(Problem(where, *at(blame or ("profiles",)),
+                                    f"model {model.name} can never be placed on this inventory: " + "; ".join(reasons)))
+        elif single_only and model.spread != "preferred" and model.replicas > len(hosts):
+            problems.append(Problem(
+                where, *at(("replicas",)),
+                f"model {model.name} asks for {model.replicas} replicas, but only {len(hosts)} nodes can ever hold one "
+                f"and replicas of a model never share a node (set spread: preferred to allow it)",
+            ))
+    return problems

@@ -1,0 +1,80 @@
+"""status/models/<name>.yaml and status/endpoints.yaml built from a plan and the phases seen."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import yaml
+
+from reconciler.model import spec_hash
+from reconciler.plan import ReplicaHistory, plan
+from reconciler.status import endpoint_url, endpoints_document, model_status_document, predicted_phases, write_plan_status
+from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
+from tests.conftest import REPO
+
+MODEL_SCHEMA = jsonschema.Draft202012Validator(json.loads((REPO / "schema" / "status-model.schema.json").read_text()))
+ENDPOINTS_SCHEMA = jsonschema.Draft202012Validator(json.loads((REPO / "schema" / "status-endpoints.schema.json").read_text()))
+
+P = profile("p", gpus_per_node=8)
+M = model("m", P, replicas=3)
+H = spec_hash(M, P)
+
+
+def setup():
+    f = fleet(node_spec("a", data_address="10.1.0.1"), node_spec("b", data_address="fd00::2"))
+    inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), port=8000, spec_hash=H)]),
+                    observed("b", gpu=gpus(8)))
+    c = catalog(f, M)
+    return c, plan(c, inv, history={"m-0": ReplicaHistory(restarts=2, streak=0, last_restart=1)})
+
+
+def test_predicted_status_marks_running_ready_new_pending_and_unplaced_with_reasons():
+    c, p = setup()
+    doc = model_status_document(M, p, c.fleet)
+    MODEL_SCHEMA.validate(doc)
+    assert (doc["name"], doc["desired"], doc["ready"]) == ("m", 3, 1)
+    r0, r1, r2 = doc["replicas"]
+    assert r0 == {"id": "m-0", "profile": "p", "phase": "Ready", "message": "", "restarts": 2,
+                  "nodes": [{"node": "a", "rank": 0, "gpus": list(range(8)), "port": 8000, "endpoint": "http://10.1.0.1:8000"}]}
+    assert r1["phase"] == "Pending" and r1["message"] == "start: not running"
+    assert r1["nodes"][0]["endpoint"] == "http://[fd00::2]:8000"
+    assert r2["phase"] == "Pending" and r2["nodes"] == [] and r2["profile"] is None
+    assert r2["message"].startswith("cannot be placed: 0/2 nodes fit profile p")
+    assert {"profile": "p", "pool": "none/H100-80GB", "node": "a", "reason": "already hosts m-0 of this model"} in r2["rejections"]
+
+
+def test_observed_phases_override_the_prediction_and_drive_endpoints():
+    c, p = setup()
+    phases = {"m-0": "Ready", "m-1": "Ready", "m-2": "Pending"}
+    doc = endpoints_document(c, p, phases)
+    ENDPOINTS_SCHEMA.validate(doc)
+    assert doc == {"models": {"m": ["http://10.1.0.1:8000", "http://[fd00::2]:8000"]}}
+    assert endpoints_document(c, p, {"m-0": "Failed"}) == {"models": {"m": []}}
+
+
+def test_endpoint_urls_bracket_ipv6_only():
+    assert endpoint_url("10.0.0.1", 80) == "http://10.0.0.1:80"
+    assert endpoint_url("fd00::1", 80) == "http://[fd00::1]:80"
+    assert endpoint_url("gpu-1.example", 80) == "http://gpu-1.example:80"
+
+
+def test_backoff_waiting_replica_is_failed_in_prediction():
+    f = fleet(node_spec("a"))
+    inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), spec_hash=H, alive=False)]))
+    c = catalog(f, model("m", P))
+    p = plan(c, inv, now=5, history={"m-0": ReplicaHistory(restarts=1, streak=1, last_restart=0)})
+    assert predicted_phases(p) == {"m-0": "Failed"}
+    doc = model_status_document(c.models[0], p, f)
+    assert "waiting for backoff until" in doc["replicas"][0]["message"] and doc["replicas"][0]["restarts"] == 1
+
+
+def test_write_plan_status_writes_once_and_removes_status_of_removed_models(tmp_path):
+    c, p = setup()
+    (tmp_path / "status" / "models").mkdir(parents=True)
+    (tmp_path / "status" / "models" / "gone.yaml").write_text("name: gone\n")
+    changed = write_plan_status(tmp_path, c, p)
+    assert sorted(x.name for x in changed) == ["endpoints.yaml", "gone.yaml", "m.yaml"]
+    assert not (tmp_path / "status" / "models" / "gone.yaml").exists()
+    assert yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())["name"] == "m"
+    assert write_plan_status(tmp_path, c, p) == []
