@@ -63,3 +63,27 @@ def test_systemd_unit_runs_the_daemon_and_keeps_engines_on_stop():
     parses(argv)
     assert service["KillMode"] == "process"
     assert "-HUP" in service["ExecReload"]
+
+
+def test_the_pull_request_job_passes_when_everything_fits_and_fails_with_the_reasons_when_not(tmp_path, cli):
+    import re
+    import shutil
+
+    catalog = tmp_path / "catalog"
+    shutil.copytree(EXAMPLES.parent / "catalog", catalog)
+    (catalog / "models/deepseek-v3.yaml").unlink()  # the one model the bundled inventory cannot hold
+    commands = reconciler_commands((EXAMPLES / "ci/github-actions.yml").read_text())
+    assert [c[0] for c in commands] == ["validate", "plan"]
+
+    validate, plan = (cli(*argv, cwd=catalog) for argv in commands)
+    assert validate.returncode == 0, validate.stderr
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert (catalog / "status/models/qwen2.5-7b.yaml").exists()  # the predicted status, for the diff step
+
+    model = catalog / "models/qwen2.5-7b.yaml"
+    model.write_text(re.sub(r"(?m)^replicas: .*$", "replicas: 40", model.read_text()))
+    plan = cli(*commands[1], cwd=catalog)
+    assert plan.returncode == 1
+    assert "could not be placed" in plan.stderr
+    assert "qwen2.5-7b-" in plan.stdout and "too few free" in plan.stdout  # the reasons, in the job log
+    assert "Traceback" not in plan.stderr + validate.stderr
