@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from reconciler.errors import CatalogInvalid, ReconcilerError, UsageError
+from reconciler.errors import CatalogInvalid, FleetUnreachable, ReconcilerError, UsageError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         n = len(exc.problems)
         print(f"{n} problem{'s' if n != 1 else ''} found", file=sys.stderr)
         return EXIT_INVALID
+    except FleetUnreachable as exc:
+        print(f"reconciler: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except UsageError as exc:
         print(f"reconciler: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -5,6 +5,7 @@
     ├── CatalogInvalid        one or more Problems in the catalog (exit 1)
     ├── InventoryInvalid      one or more Problems in a snapshot (exit 1)
     ├── RenderError           a launch refused: placeholder left, loopback head (names the replica)
+    ├── FleetUnreachable      no node of the fleet answered (exit 3)
     └── TransportError        a node could not be reached or a command failed to run (names the node)
         ├── HostKeyError      unknown or changed host key: permanent until an operator acts
         └── CommandTimeout    a command ran past its deadline
@@ -54,6 +55,10 @@ class RenderError(ReconcilerError):
     def __init__(self, replica: str, message: str):
         self.replica = replica
         super().__init__(f"{replica}: {message}")
+
+
+class FleetUnreachable(ReconcilerError):
+    pass
 
 
 class TransportError(ReconcilerError):

@@ -27,6 +27,34 @@ class CommandResult:
         return self.rc == 0
 
 
+class StreamClosed(TransportError):
+    """A long-lived command on a node ended (or never started) before answering.
+
+    Carries what the command left behind, so a caller can tell "python3 is not
+    installed" (rc 127) from a crash.
+    """
+
+    temporary = True
+
+    def __init__(self, node: str, message: str, rc: int | None = None, stderr: bytes = b""):
+        super().__init__(node, message)
+        self.rc = rc
+        self.stderr = stderr
+
+
+class Stream(Protocol):
+    """A command kept running on a node, answering one line per request line.
+
+    Transports that keep connections open offer `stream(...)`; the probe uses it
+    to leave its interpreter running between passes instead of starting one per
+    pass. Optional: callers fall back to `run` when a transport has none.
+    """
+
+    def request(self, line: bytes, *, timeout: float) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class Transport(Protocol):
     node_id: str
 

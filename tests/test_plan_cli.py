@@ -95,17 +95,43 @@ def test_fail_on_unplaced_exits_0_when_everything_fits(cli, repo):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_plan_without_inventory_uses_the_last_snapshot_in_status(cli, repo):
-    r = cli("plan", str(repo), "--format", "json")
+LOCAL_FLEET = """\
+nodes:
+  - id: here
+    address: 127.0.0.1
+    transport: local
+    model_dirs: [/tmp]
+"""
+LOCAL_MODEL = """\
+name: echo
+source: echo
+profiles:
+  - name: cpu
+    engine: command
+    port: 18777
+    command: [python3, -m, reconciler.tiny_server, --port, "${PORT}"]
+"""
+
+
+def test_plan_without_inventory_probes_the_fleet(cli, tmp_path):
+    # A local-transport node is probed on this machine: no SSH, no address but loopback.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "fleet.yaml").write_text(LOCAL_FLEET)
+    (tmp_path / "models" / "echo.yaml").write_text(LOCAL_MODEL)
+    r = cli("plan", str(tmp_path), "--format", "json")
     assert r.returncode == 0, r.stderr
-    assert "planning from" in r.stderr and json.loads(r.stdout)["actions"]
+    (start,) = json.loads(r.stdout)["actions"]
+    assert start["replica"] == "echo-0" and start["nodes"][0]["node"] == "here"
 
 
-def test_plan_without_any_inventory_is_a_usage_error(cli, repo):
-    (repo / "status" / "nodes.yaml").unlink()
-    r = cli("plan", str(repo))
-    assert r.returncode == 2
-    assert "--inventory" in r.stderr and "Traceback" not in r.stderr
+def test_plan_without_inventory_exits_3_when_no_node_answers(cli, tmp_path):
+    (tmp_path / "models").mkdir()
+    # A local node whose state dir cannot be created and whose python3 is missing from PATH.
+    (tmp_path / "fleet.yaml").write_text(LOCAL_FLEET)
+    (tmp_path / "models" / "echo.yaml").write_text(LOCAL_MODEL)
+    r = cli("plan", str(tmp_path), env={"PATH": str(tmp_path / "no-such-bin")})
+    assert r.returncode == 3, r.stderr
+    assert "no node of the fleet could be reached" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_missing_inventory_file_is_a_usage_error(cli, repo):

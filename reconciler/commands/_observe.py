@@ -1,9 +1,8 @@
-"""Where plan and explain get the observed state from: the seam between offline planning and probing.
+"""Where plan and explain get the observed state from: a snapshot file, or a live probe.
 
-`--inventory FILE` plans from a snapshot with no SSH at all. Without it, the
-fleet should be probed (reconciler.probe, built separately); until that is
-wired in here, the last snapshot the reconciler wrote, CATALOG/status/nodes.yaml,
-is used and the user is told so.
+`--inventory FILE` plans from a snapshot with no SSH at all (what a pull
+request check uses). Without it the fleet is probed now, the same way
+`reconciler nodes` and the daemon do, so a plan never rests on stale facts.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from reconciler.errors import UsageError
+from reconciler.errors import FleetUnreachable, UsageError
 from reconciler.inventory import load_inventory
 from reconciler.model import Catalog, Inventory
 
@@ -21,18 +20,19 @@ def observe(catalog: Catalog, catalog_dir: str, inventory_path: str | None) -> I
         if not Path(inventory_path).is_file():
             raise UsageError(f"--inventory {inventory_path}: no such file")
         return load_inventory(inventory_path, catalog.fleet, unknown_nodes="error")
-    return probe_fleet(catalog, catalog_dir)
+    return probe_fleet(catalog)
 
 
-def probe_fleet(catalog: Catalog, catalog_dir: str) -> Inventory:
-    """SEAM: replace the body with the live probe (reconciler.probe) once it lands."""
-    snapshot = Path(catalog_dir) / "status" / "nodes.yaml"
-    if snapshot.is_file():
-        print(f"reconciler: planning from {snapshot} (the last probe's snapshot); "
-              "pass --inventory FILE to choose one", file=sys.stderr)
-        # The reconciler's own snapshot: nodes since removed from fleet.yaml are ignored (SPEC section 3).
-        return load_inventory(snapshot, catalog.fleet, unknown_nodes="ignore")
-    raise UsageError(
-        f"no inventory: pass --inventory FILE (a snapshot such as status/nodes.yaml), "
-        f"or run `reconciler nodes {catalog_dir}` first to write {snapshot}"
-    )
+def probe_fleet(catalog: Catalog) -> Inventory:
+    from reconciler.probe import probe_fleet_report
+    from reconciler.ssh import TransportPool
+
+    sources = sorted({m.source for m in catalog.models})
+    with TransportPool() as pool:
+        result = probe_fleet_report(catalog.fleet, pool, sources=sources)
+    for r in sorted(result.results, key=lambda r: r.node.id):
+        for warning in r.warnings:
+            print(f"{r.node.id}: warning: {warning}", file=sys.stderr)
+    if catalog.fleet.nodes and result.reached == 0:
+        raise FleetUnreachable("no node of the fleet could be reached; pass --inventory FILE to plan from a snapshot")
+    return result.inventory

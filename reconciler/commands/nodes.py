@@ -1,0 +1,115 @@
+"""`reconciler nodes [CATALOG] [--format text|json]`: probe the fleet, show it, write status/nodes.yaml.
+
+Exit 3 only when no node at all could be reached; unreachable nodes are
+listed with their reason and the others are shown as probed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from reconciler.catalog import load_catalog
+from reconciler.inventory import inventory_to_document
+from reconciler.model import ObservedNode
+from reconciler.probe import FleetProbe, probe_fleet_report
+from reconciler.ssh import TransportPool
+from reconciler.status import write_document
+
+EXIT_UNREACHABLE = 3
+GIB = 1 << 30
+
+
+def main(args) -> int:
+    catalog = load_catalog(args.catalog, with_revision=False)
+    sources = sorted({m.source for m in catalog.models})
+    with TransportPool() as pool:
+        result = _probe(catalog.fleet, pool, sources)
+    doc = inventory_to_document(result.inventory)
+    write_document(Path(catalog.root) / "status" / "nodes.yaml", doc)
+
+    for r in sorted(result.results, key=lambda r: r.node.id):
+        for w in r.warnings:
+            print(f"{r.node.id}: warning: {w}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print_table(result)
+    if catalog.fleet.nodes and result.reached == 0:
+        print("reconciler: no node of the fleet could be reached", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    return 0
+
+
+def _probe(fleet, pool, sources) -> FleetProbe:
+    if not sys.stderr.isatty() or not fleet.nodes:
+        return probe_fleet_report(fleet, pool, sources=sources)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("probing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as progress:
+        task = progress.add_task("probe", total=len(fleet.nodes), last="")
+        return probe_fleet_report(
+            fleet, pool, sources=sources, on_result=lambda r: progress.update(task, advance=1, last=r.node.id)
+        )
+
+
+def free_gpus(node: ObservedNode) -> set[int]:
+    held = {g for r in node.replicas if r.alive for g in r.gpus}
+    return {g.index for g in node.gpus if g.index not in held and not g.processes}
+
+
+def gpu_summary(node: ObservedNode) -> str:
+    if node.state == "unreachable":
+        return "?"
+    if not node.gpus:
+        return "-"
+    free = free_gpus(node)
+    by_class = Counter(g.gpu_class for g in node.gpus)
+    free_by_class = Counter(g.gpu_class for g in node.gpus if g.index in free)
+    return ", ".join(f"{n}x {cls} ({free_by_class[cls]} free)" for cls, n in sorted(by_class.items()))
+
+
+def _size(n: int) -> str:
+    if n >= 1024 * GIB:
+        return f"{n / (1024 * GIB):.1f} TiB"
+    return f"{n // GIB} GiB"
+
+
+def row(node: ObservedNode) -> list[str]:
+    unreachable = node.state == "unreachable"
+    engines = "?" if node.engines is None else (", ".join(sorted(node.engines)) or "-")
+    fabrics = ", ".join(f"{f.name} ({', '.join(f.hcas)})" for f in node.fabrics) or ("?" if unreachable else "-")
+    memory = "?" if node.memory_total_mb is None else _size(node.memory_total_mb * (1 << 20))
+    disk = "?" if unreachable else "-"
+    if node.disks:
+        d = node.disks[0]
+        disk = f"{_size(d.free_bytes)} free of {_size(d.total_bytes)}"
+    return [node.id, node.state, gpu_summary(node), engines, fabrics, memory, disk, node.reason]
+
+
+HEADERS = ["NODE", "STATE", "GPUS", "ENGINES", "FABRICS", "MEMORY", "DISK", "REASON"]
+
+
+def print_table(result: FleetProbe) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    tty = sys.stdout.isatty()
+    table = Table(box=box.SIMPLE_HEAD if tty else None, show_edge=False, pad_edge=False)
+    for h in HEADERS:
+        table.add_column(h, overflow="fold")
+    for node in sorted(result.inventory.nodes, key=lambda n: n.id):
+        style = "red" if node.state == "unreachable" else ("yellow" if node.state != "ready" else None)
+        table.add_row(*row(node), style=style)
+    # Off a terminal (CI logs, pipes) nothing wraps: a row per node stays greppable.
+    console = Console(file=sys.stdout, width=None if tty else 100_000, no_color=not tty, highlight=False)
+    console.print(table)
+    reached, total = result.reached, len(result.results)
+    console.print(f"{reached} of {total} node{'s' * (total != 1)} reached")

@@ -1,0 +1,310 @@
+"""Management side of the probe: send script.py to nodes, turn reports into an Inventory."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
+
+from reconciler.errors import CommandTimeout, TransportError
+from reconciler.model import (
+    Disk,
+    FabricAttachment,
+    Fleet,
+    Gpu,
+    GpuProcess,
+    Inventory,
+    NodeSpec,
+    ObservedNode,
+    RunningRank,
+    frozen_map,
+)
+from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
+from reconciler.probe.script import BOOTSTRAP, payload
+from reconciler.transport import Transport
+
+PROBE_TIMEOUT_S = 60.0
+# The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
+PYTHON = "python3"
+
+
+class TransportSource(Protocol):
+    def transport_for(self, node: NodeSpec) -> Transport: ...
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """One node's outcome: what was observed, what went wrong on the way, how long it took."""
+
+    node: ObservedNode
+    warnings: tuple[str, ...] = ()
+    reached: bool = True  # the transport ran the probe (False: could not connect at all)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class FleetProbe:
+    inventory: Inventory
+    results: tuple[NodeProbe, ...]
+
+    @property
+    def reached(self) -> int:
+        return sum(1 for r in self.results if r.reached)
+
+
+_payload_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _build_payload() -> bytes:
+    return payload()
+
+
+def _payload() -> bytes:
+    # Built once, under a lock: the probe threads all ask at once on the first pass, and
+    # CPython 3.11's ast module is not safe to use from several threads at the same time.
+    with _payload_lock:
+        return _build_payload()
+
+
+def probe_args(spec: NodeSpec, sources: Iterable[str] | None) -> dict:
+    return {
+        "model_dirs": list(spec.model_dirs),
+        "sources": None if sources is None else sorted(set(sources)),
+        "state_dir": spec.state_dir,
+    }
+
+
+SESSION_KEY = "llm-reconciler-probe"
+
+
+def session_command() -> tuple[list[str], bytes]:
+    """The argv and preamble of a probe session: `python3 -c BOOTSTRAP --serve`, the program on stdin."""
+    body = _payload()
+    return [PYTHON, "-c", BOOTSTRAP, "--serve"], str(len(body)).encode() + b"\n" + body
+
+
+def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None) -> tuple[list[str], bytes]:
+    """The argv and stdin that probe `spec`: `python3 - '<json>'` with the script on stdin."""
+    args = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":"))
+    return [PYTHON, "-", args], _payload()
+
+
+def unreachable(spec: NodeSpec, reason: str) -> ObservedNode:
+    return ObservedNode(id=spec.id, state="unreachable", reason=reason, labels=spec.labels)
+
+
+def _no_python(rc: int, stderr: str) -> bool:
+    # bash: "python3: command not found" (127); sh: "python3: not found" (127)
+    return rc == 127 and PYTHON in stderr and "not found" in stderr
+
+
+def probe_node(
+    spec: NodeSpec,
+    transport: Transport,
+    *,
+    sources: Iterable[str] | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> NodeProbe:
+    """Probe one node. Never raises for anything the node or the network did: see NodeProbe."""
+    started = clock()
+    open_stream = getattr(transport, "stream", None)
+    if open_stream is not None:
+        # Warm path: the probe interpreter stays up on the open connection between passes.
+        # Anything odd about it falls through to the one-shot probe below, whose
+        # exit code and output say what is wrong with the node.
+        argv, preamble = session_command()
+        request = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":")).encode()
+        try:
+            line = open_stream(SESSION_KEY, argv, preamble=preamble, timeout=timeout).request(request, timeout=timeout)
+            report = json.loads(line)
+            if isinstance(report, dict) and "error" not in report:
+                node, warnings = observed_from_report(spec, report)
+                return NodeProbe(node, tuple(warnings), True, clock() - started)
+        except CommandTimeout:
+            return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
+        except (TransportError, ValueError):
+            # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
+            # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
+            pass
+    argv, stdin = probe_command(spec, sources)
+    try:
+        result = transport.run(argv, stdin=stdin, timeout=timeout)
+    except CommandTimeout as exc:
+        return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (exc.reason,), True, clock() - started)
+    except TransportError as exc:
+        return NodeProbe(unreachable(spec, exc.reason), (), False, clock() - started)
+    elapsed = clock() - started
+    stderr = result.stderr.decode(errors="replace").strip()
+    if _no_python(result.rc, stderr):
+        return NodeProbe(unreachable(spec, "python3 is not on the node's login PATH; the probe needs it"), (stderr,), True, elapsed)
+    try:
+        report = json.loads(result.stdout)
+        if not isinstance(report, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        shown = (result.stdout[:120] or result.stderr[-200:]).decode(errors="replace").strip()
+        why = f"probe exited {result.rc}" if result.rc != 0 else "probe printed something that is not a JSON report"
+        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why), (stderr,) if stderr else (), True, elapsed)
+    node, warnings = observed_from_report(spec, report)
+    return NodeProbe(node, tuple(warnings), True, elapsed)
+
+
+def probe_fleet_report(
+    fleet: Fleet,
+    pool: TransportSource,
+    *,
+    sources: Iterable[str] | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+    max_workers: int = 64,
+    on_result: Callable[[NodeProbe], None] | None = None,
+) -> FleetProbe:
+    """Probe every node of the fleet concurrently (one thread and one round trip per node)."""
+    src = None if sources is None else sorted(set(sources))
+
+    def one(spec: NodeSpec) -> NodeProbe:
+        try:
+            transport = pool.transport_for(spec)
+        except TransportError as exc:
+            r = NodeProbe(unreachable(spec, exc.reason), (), False)
+        else:
+            r = probe_node(spec, transport, sources=src, timeout=timeout)
+        if on_result is not None:
+            on_result(r)
+        return r
+
+    nodes = list(fleet.nodes)
+    if not nodes:
+        return FleetProbe(Inventory(()), ())
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(nodes))), thread_name_prefix="probe") as ex:
+        results = list(ex.map(one, nodes))
+    return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
+
+
+def probe_fleet(fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None, **kw) -> Inventory:
+    return probe_fleet_report(fleet, pool, sources=sources, **kw).inventory
+
+
+# --------------------------------------------------------------------------
+# Report -> ObservedNode (pure)
+# --------------------------------------------------------------------------
+
+
+def _int(v, default=0) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
+def map_fabrics(spec: NodeSpec, hcas: Sequence[Mapping] | None, warnings: list[str]) -> tuple[FabricAttachment, ...]:
+    """HCAs to fabrics: by the fleet's declarations, else by a non-default GID subnet prefix.
+
+    A declared HCA is attached when the node has it; one the node lacks is
+    left out, with a warning. When the node has no InfiniBand class at all
+    (hcas is None) there is no fact to contradict the declaration, so it is
+    kept as declared. Undeclared ACTIVE InfiniBand ports whose subnet prefix
+    is not the default join a fabric named after the prefix (`ib-fec0-0-0-1`):
+    ports sharing a configured prefix are on one subnet manager's fabric.
+    """
+    attached: dict[str, list[str]] = {}
+    if hcas is None:
+        for name, declared in spec.fabrics.items():
+            attached[name] = list(declared)
+        if spec.fabrics:
+            warnings.append("no /sys/class/infiniband on the node: fabric declarations taken as written")
+        return tuple(FabricAttachment(n, tuple(h)) for n, h in sorted(attached.items()))
+    present = {}
+    for port in hcas:
+        present.setdefault(port.get("hca"), []).append(port)
+    declared_hcas = set()
+    for name, declared in sorted(spec.fabrics.items()):
+        for hca in declared:
+            declared_hcas.add(hca)
+            if hca in present:
+                attached.setdefault(name, []).append(hca)
+            else:
+                warnings.append(f"fabric {name}: HCA {hca} is declared but not present on the node")
+    for hca, ports in sorted(present.items()):
+        if hca in declared_hcas or hca is None:
+            continue
+        for port in ports:
+            prefix = port.get("subnet_prefix")
+            if (
+                port.get("state") == "ACTIVE"
+                and str(port.get("link_layer", "")).lower() == "infiniband"
+                and prefix
+                and prefix != DEFAULT_GID_PREFIX
+            ):
+                fabric = attached.setdefault(fabric_name_for_prefix(prefix), [])
+                if hca not in fabric:
+                    fabric.append(hca)
+    return tuple(FabricAttachment(n, tuple(h)) for n, h in sorted(attached.items()))
+
+
+def _rank(rec: Mapping) -> RunningRank:
+    return RunningRank(
+        id=str(rec["id"]),
+        model=str(rec["model"]),
+        profile=str(rec["profile"]),
+        rank=_int(rec.get("rank")),
+        gpus=tuple(int(g) for g in rec.get("gpus") or ()),
+        port=_int(rec.get("port")),
+        spec_hash=str(rec.get("spec_hash", "")),
+        nnodes=_int(rec.get("nnodes"), 1),
+        pid=rec.get("pid") if isinstance(rec.get("pid"), int) else None,
+        alive=bool(rec.get("alive")),
+    )
+
+
+def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode, list[str]]:
+    """Join one node's probe report with its fleet.yaml entry. Pure."""
+    warnings = [str(w) for w in report.get("warnings") or ()]
+    gpus = []
+    for g in report.get("gpus") or ():
+        try:
+            total = _int(g.get("memory_total_mb"))
+            gpus.append(
+                Gpu(
+                    index=int(g["index"]),
+                    uuid=str(g.get("uuid", "")),
+                    name=str(g.get("name", "")),
+                    gpu_class=spec.gpu_class or gpu_class(str(g.get("name", "")), total),
+                    memory_total_mb=total,
+                    memory_used_mb=_int(g.get("memory_used_mb")),
+                    nvlink_peers=tuple(sorted(int(p) for p in g.get("nvlink_peers") or ())),
+                    processes=tuple(
+                        GpuProcess(int(p["pid"]), str(p.get("name", "")), _int(p.get("used_mb")))
+                        for p in g.get("processes") or ()
+                    ),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.append(f"unreadable GPU entry in the probe report: {exc}")
+    replicas = []
+    for rec in report.get("replicas") or ():
+        try:
+            replicas.append(_rank(rec))
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.append(f"managed-process record {rec.get('file', '?')} lacks {exc}")
+    engines = report.get("engines")
+    weights = report.get("weights")
+    node = ObservedNode(
+        id=spec.id,
+        state=spec.state,
+        reason="",
+        labels=spec.labels,
+        memory_total_mb=report.get("memory_total_mb") if isinstance(report.get("memory_total_mb"), int) else None,
+        engines=None if not isinstance(engines, dict) else frozen_map({str(k): str(v or "") for k, v in sorted(engines.items())}),
+        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+        fabrics=map_fabrics(spec, report.get("hcas"), warnings),
+        disks=tuple(
+            Disk(str(d["path"]), _int(d.get("free_bytes")), _int(d.get("total_bytes"))) for d in report.get("disks") or ()
+        ),
+        weights=None if weights is None else tuple(sorted(str(w) for w in weights)),
+        replicas=tuple(sorted(replicas, key=lambda r: (r.id, r.rank))),
+        ports_in_use=tuple(sorted(set(int(p) for p in report.get("ports_in_use") or ()))),
+    )
+    return node, warnings

@@ -1,0 +1,318 @@
+"""Pure parsers for what a node prints: nvidia-smi, sysfs, /proc. Standard library only.
+
+This module runs in two places. The management side imports it, and the probe
+script sent to a node carries its text verbatim (see script.payload()), because
+nothing is installed on nodes. So it must never import from `reconciler`, and
+must keep working on an older python3 than ours.
+
+Every parser raises ParseError (a ValueError) on output it does not recognise:
+a driver that changed its format must become a reason in the node's report,
+never a silently wrong inventory.
+"""
+
+from __future__ import annotations
+
+import struct
+
+DEFAULT_GID_PREFIX = "fe80:0000:0000:0000"  # an IB subnet manager left at its default
+
+# Words in GPU names that are brand, not model: "NVIDIA GeForce RTX 4090", "Tesla T4".
+_BRAND_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
+# Series words that only name a model together with what follows: "RTX 4090", "RTX A6000".
+_SERIES_WORDS = {"rtx", "gtx", "titan"}
+_SIZE_IN_NAME = r"(?i)(?<![0-9])([0-9]{1,4})\s*GB?(?![A-Za-z])"
+_ANSI = r"\x1b\[[0-9;]*[A-Za-z]"
+_compiled: dict = {}
+
+
+def _re(pattern: str):
+    """Compile on first use: `import re` alone costs the node-side probe ~8 ms at every start."""
+    if pattern not in _compiled:
+        import re
+
+        _compiled[pattern] = re.compile(pattern)
+    return _compiled[pattern]
+_NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Insufficient Permissions]", ""}
+
+
+class ParseError(ValueError):
+    pass
+
+
+# --------------------------------------------------------------------------
+# GPU class (SPEC section 1)
+# --------------------------------------------------------------------------
+
+
+def gpu_model_token(name: str) -> str:
+    """The model part of a GPU name: `NVIDIA H100 80GB HBM3` -> `H100`, `NVIDIA A100-SXM4-40GB` -> `A100`,
+    `NVIDIA GeForce RTX 4090` -> `RTX4090`, `Tesla V100-SXM2-32GB` -> `V100`."""
+    words = [w for w in name.replace("_", " ").split() if w.lower() not in _BRAND_WORDS]
+    if not words:
+        return "GPU"
+    first = words[0].split("-")[0]
+    if first.lower() in _SERIES_WORDS and len(words) > 1:
+        # "RTX 4090" and "RTX A6000" are one model; "RTX" alone names nothing.
+        return first.upper() + words[1].split("-")[0]
+    return first
+
+
+def gpu_class(name: str, memory_total_mb: int | None) -> str:
+    """`<model>-<size>GB` as SPEC section 1 defines it.
+
+    The size is the one printed in the name (`80GB`, `40GB`) when the name has
+    one that agrees with the probed memory to within 25%, else the total memory
+    in GiB rounded to the nearest integer. The agreement check exists because
+    some names print a size that is not the GPU's: `NVIDIA GH200 480GB` counts
+    the Grace CPU's LPDDR, while its GPU has 96 GiB of HBM.
+    """
+    model = gpu_model_token(name)
+    mem_gib = (memory_total_mb / 1024.0) if memory_total_mb else None
+    for m in _re(_SIZE_IN_NAME).finditer(name):
+        size = int(m.group(1))
+        if size <= 0:
+            continue
+        if mem_gib is None or abs(size - mem_gib) <= 0.25 * mem_gib:
+            return "%s-%dGB" % (model, size)
+    if mem_gib is None:
+        return model + "-0GB"
+    return "%s-%dGB" % (model, int(mem_gib + 0.5))
+
+
+# --------------------------------------------------------------------------
+# nvidia-smi
+# --------------------------------------------------------------------------
+
+GPU_QUERY = "index,uuid,name,memory.total,memory.used"
+APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
+
+
+def _int_or_none(text: str) -> int | None:
+    text = text.strip()
+    if text in _NA:
+        return None
+    try:
+        return int(float(text))
+    except ValueError:
+        raise ParseError("not a number: %r" % text)
+
+
+def parse_gpu_csv(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used --format=csv,noheader,nounits`."""
+    gpus = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            raise ParseError("nvidia-smi --query-gpu line %d has %d fields, expected 5: %r" % (lineno, len(parts), line[:120]))
+        # A name never holds a comma on any driver seen, but keep index/uuid first and sizes last regardless.
+        index, uuid, name, total, used = parts[0], parts[1], ", ".join(parts[2:-2]), parts[-2], parts[-1]
+        if not index.isdigit():
+            raise ParseError("nvidia-smi --query-gpu line %d: index %r is not a number" % (lineno, index))
+        total_mb = _int_or_none(total)
+        if total_mb is None:
+            raise ParseError("nvidia-smi --query-gpu line %d: no memory.total for GPU %s" % (lineno, index))
+        gpus.append(
+            {
+                "index": int(index),
+                "uuid": uuid,
+                "name": name,
+                "memory_total_mb": total_mb,
+                "memory_used_mb": _int_or_none(used) or 0,
+            }
+        )
+    return gpus
+
+
+def parse_compute_apps_csv(text: str) -> list[dict]:
+    """`nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits`."""
+    apps = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.lower().startswith("no running"):
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            raise ParseError("nvidia-smi --query-compute-apps line %d has %d fields, expected 4: %r" % (lineno, len(parts), line[:120]))
+        uuid, pid, name, used = parts[0], parts[1], ",".join(parts[2:-1]), parts[-1]
+        if not pid.isdigit():
+            raise ParseError("nvidia-smi --query-compute-apps line %d: pid %r is not a number" % (lineno, pid))
+        apps.append({"gpu_uuid": uuid, "pid": int(pid), "name": name, "used_mb": _int_or_none(used) or 0})
+    return apps
+
+
+_DEVICE_COLUMN = r"^(GPU[0-9]+|NIC[0-9]+|mlx[0-9]+_[0-9]+|[a-z]+[0-9]+_[0-9]+)$"
+
+
+def parse_topo_matrix(text: str) -> dict[int, list[int]]:
+    """`nvidia-smi topo -m`: GPU index -> indices of GPUs it reaches over NVLink (`NV#` cells)."""
+    if "\x1b" in text:  # printed on a terminal: underline codes around the header
+        text = _re(_ANSI).sub("", text)
+    lines = [line.rstrip() for line in text.splitlines()]
+    header_at = None
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        # The header starts with GPU0; so does GPU0's own row, whose next cell is "X" (itself).
+        if tokens[:1] == ["GPU0"] and tokens[1:2] != ["X"]:
+            header_at = i
+            break
+    if header_at is None:
+        raise ParseError("nvidia-smi topo -m: no header row naming GPU0")
+    columns = []
+    for token in lines[header_at].split():
+        if not _re(_DEVICE_COLUMN).match(token):
+            break
+        columns.append(token)
+    gpu_columns = {j: int(c[3:]) for j, c in enumerate(columns) if c.startswith("GPU")}
+    peers: dict[int, list[int]] = {}
+    for line in lines[header_at + 1:]:
+        tokens = line.split()
+        if not tokens:
+            if peers:
+                break  # the legend follows the matrix after a blank line
+            continue
+        label = tokens[0]
+        if not label.startswith("GPU"):
+            continue
+        if not label[3:].isdigit():
+            raise ParseError("nvidia-smi topo -m: unexpected row label %r" % label)
+        cells = tokens[1:1 + len(columns)]
+        if len(cells) < len(columns):
+            raise ParseError("nvidia-smi topo -m: row %s has %d cells, expected %d" % (label, len(cells), len(columns)))
+        index = int(label[3:])
+        peers[index] = sorted(gpu_columns[j] for j, cell in enumerate(cells) if j in gpu_columns and cell.startswith("NV"))
+    if not peers and gpu_columns:
+        raise ParseError("nvidia-smi topo -m: header names GPUs but no GPU rows follow")
+    return peers
+
+
+# --------------------------------------------------------------------------
+# /proc and sysfs
+# --------------------------------------------------------------------------
+
+
+def parse_meminfo(text: str) -> int:
+    """/proc/meminfo -> MemTotal in MiB."""
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                kib = int(parts[1])
+                unit = parts[2].lower() if len(parts) > 2 else "kb"
+                if unit != "kb":
+                    raise ParseError("/proc/meminfo: MemTotal in unexpected unit %r" % parts[2])
+                return kib // 1024
+            raise ParseError("/proc/meminfo: unreadable MemTotal line %r" % line)
+    raise ParseError("/proc/meminfo: no MemTotal line")
+
+
+_TCP_LISTEN = "0A"
+
+
+def parse_proc_net_tcp(text: str) -> list[int]:
+    """/proc/net/tcp or tcp6 -> sorted local ports in LISTEN state."""
+    ports = set()
+    lines = text.splitlines()
+    if not lines:
+        return []
+    if "local_address" not in lines[0]:
+        raise ParseError("/proc/net/tcp: no header line")
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        local, state = fields[1], fields[3]
+        if state != _TCP_LISTEN:
+            continue
+        _, _, port_hex = local.rpartition(":")
+        try:
+            ports.add(int(port_hex, 16))
+        except ValueError:
+            raise ParseError("/proc/net/tcp: unreadable local address %r" % local)
+    return sorted(ports)
+
+
+# sock_diag netlink (what `ss -ltn` uses): asks the kernel for listening TCP sockets only.
+# Reading /proc/net/tcp instead walks the whole connection hash table, sized for the host:
+# about 10 ms per file even in an empty network namespace.
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_TCP_LISTEN_STATE = 10
+_NLMSG_HDR = struct.Struct("=LHHLL")
+
+
+def inet_diag_listen_request(family: int, seq: int = 1) -> bytes:
+    """A SOCK_DIAG_BY_FAMILY dump request for TCP sockets in LISTEN state of one address family."""
+    req = struct.pack("=BBBBI", family, 6, 0, 0, 1 << _TCP_LISTEN_STATE) + b"\0" * 48  # + an empty inet_diag_sockid
+    return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, seq, 0) + req
+
+
+def parse_inet_diag(data: bytes) -> tuple[list[int], bool]:
+    """One recv() of a sock_diag dump -> (local ports, whether the dump is complete)."""
+    ports, offset, done = [], 0, False
+    while offset + _NLMSG_HDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSG_HDR.unpack_from(data, offset)
+        if length < _NLMSG_HDR.size or offset + length > len(data):
+            raise ParseError("sock_diag: truncated message")
+        body = offset + _NLMSG_HDR.size
+        if kind == NLMSG_DONE:
+            done = True
+        elif kind == NLMSG_ERROR:
+            (err,) = struct.unpack_from("=i", data, body)
+            raise ParseError("sock_diag: kernel answered error %d" % err)
+        elif kind == SOCK_DIAG_BY_FAMILY:
+            # inet_diag_msg: family, state, timer, retrans (1 byte each), then the sockid whose
+            # first field is the source port, in network byte order.
+            (port,) = struct.unpack_from("!H", data, body + 4)
+            ports.append(port)
+        offset += (length + 3) & ~3
+    return ports, done
+
+
+def parse_proc_stat(text: str) -> dict:
+    """/proc/<pid>/stat -> pid, pgrp, session, start_time (field 22, clock ticks since boot).
+
+    The command name (field 2) may hold spaces and parentheses, so fields are
+    counted from the last ')'.
+    """
+    close = text.rfind(")")
+    if close < 0:
+        raise ParseError("/proc/<pid>/stat: no command field")
+    rest = text[close + 1:].split()
+    if len(rest) < 20:
+        raise ParseError("/proc/<pid>/stat: %d fields after the command, expected at least 20" % len(rest))
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return {
+        "pid": int(text[: text.find("(")].strip()),
+        "pgrp": int(rest[2]),
+        "session": int(rest[3]),
+        "start_time": int(rest[19]),
+    }
+
+
+def parse_ib_port(files: dict) -> dict:
+    """One /sys/class/infiniband/<hca>/ports/<n>/ directory, as {file name: content}, to
+    {state, link_layer, subnet_prefix}. Needs `state` (`4: ACTIVE`); `link_layer` and
+    `gids/0` are optional (older kernels, RoCE ports without a GID yet)."""
+    state_text = (files.get("state") or "").strip()
+    if not state_text:
+        raise ParseError("no state file")
+    state = state_text.split(":", 1)[-1].strip().upper()
+    link_layer = (files.get("link_layer") or "InfiniBand").strip() or "InfiniBand"
+    gid = (files.get("gids/0") or "").strip().lower()
+    prefix = None
+    if gid:
+        groups = gid.split(":")
+        if len(groups) != 8 or not all(0 < len(g) <= 4 and all(c in "0123456789abcdef" for c in g) for g in groups):
+            raise ParseError("unreadable GID %r" % gid)
+        prefix = ":".join(g.zfill(4) for g in groups[:4])
+    return {"state": state, "link_layer": link_layer, "subnet_prefix": prefix}
+
+
+def fabric_name_for_prefix(prefix: str) -> str:
+    """A name for a fabric found only by its non-default GID subnet prefix: `ib-fec0-0-0-1`."""
+    return "ib-" + "-".join(format(int(g, 16), "x") for g in prefix.split(":"))

@@ -1,0 +1,669 @@
+"""SSH to nodes: the only module that imports paramiko.
+
+One persistent connection per node, kept by a TransportPool across passes
+(the daemon probes and applies over the same connections every pass), reopened
+with backoff when it breaks. Host keys are verified against the configured
+known_hosts file and nothing else: an unknown or changed key is refused with a
+message naming the node and the key's SHA256 fingerprint, the way OpenSSH
+prints it, so an operator can compare it with `ssh-keygen -lf`. There is no
+auto-add: a reconciler that trusts the first key it sees hands every GPU in the
+fleet to whoever answers first.
+
+The user's ~/.ssh/config is honoured for HostName, User, Port, IdentityFile and
+ProxyJump; what fleet.yaml sets explicitly wins over it (fleet.yaml is the
+reviewed, versioned intent), what it leaves unset comes from the config.
+
+Foreign exceptions (paramiko, socket) are translated here, once, into
+TransportError / HostKeyError / CommandTimeout naming the node, each cause with
+its own message: a refused host key, refused authentication, a name that does
+not resolve, a timeout, a refused connection, an unreachable network.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import errno
+import getpass
+import hashlib
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import paramiko
+
+from reconciler.errors import CommandTimeout, HostKeyError, TransportError, UsageError
+from reconciler.model import NodeSpec, SshSettings
+from reconciler.transport import CommandResult, LocalTransport, StreamClosed, Transport
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+_READ_CHUNK = 1 << 16
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """`SHA256:<base64, unpadded>`, as `ssh-keygen -lf` and OpenSSH's own messages print it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and as whom to connect, after ~/.ssh/config and fleet.yaml are combined."""
+
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    known_hosts: str
+    connect_timeout_s: float
+    proxy_jump: str | None = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        # OpenSSH writes non-default ports as [host]:port in known_hosts.
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def resolve_target(address: str, settings: SshSettings, config: paramiko.SSHConfig | None) -> Target:
+    """fleet.yaml settings over ~/.ssh/config over OpenSSH defaults.
+
+    fleet.yaml's port is taken as unset when it is the default 22, since the
+    catalog cannot tell "22" from "not given" once defaults are applied.
+    """
+    found = config.lookup(address) if config is not None else {}
+    hostname = found.get("hostname", address)
+    port = settings.port if settings.port != 22 else int(found.get("port", 22))
+    user = settings.user or found.get("user") or getpass.getuser()
+    if settings.identity_file:
+        identities: tuple[str, ...] = (settings.identity_file,)
+    elif found.get("identityfile"):
+        identities = tuple(found["identityfile"])
+    else:
+        identities = DEFAULT_IDENTITIES
+    jump = found.get("proxyjump")
+    if jump and jump.strip().lower() == "none":
+        jump = None
+    return Target(
+        hostname=hostname,
+        port=port,
+        user=user,
+        identity_files=tuple(os.path.expanduser(p) for p in identities),
+        known_hosts=os.path.expanduser(settings.known_hosts or DEFAULT_KNOWN_HOSTS),
+        connect_timeout_s=float(settings.connect_timeout_s),
+        proxy_jump=jump,
+    )
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """One ProxyJump hop, `[user@]host[:port]` -> (user, host, port)."""
+    user = None
+    if "@" in spec:
+        user, spec = spec.rsplit("@", 1)
+    port = None
+    if spec.startswith("["):  # [v6addr]:port
+        host, _, rest = spec[1:].partition("]")
+        if rest.startswith(":") and rest[1:].isdigit():
+            port = int(rest[1:])
+    elif spec.count(":") == 1:
+        host, _, p = spec.partition(":")
+        port = int(p) if p.isdigit() else None
+    else:
+        host = spec
+    return user, host, port
+
+
+class _Shared:
+    """What every connection of one pool shares: parsed config, known_hosts files, loaded keys, handshake slots."""
+
+    def __init__(self, ssh_config_path: str | None, max_handshakes: int):
+        path = os.path.expanduser(ssh_config_path or "~/.ssh/config")
+        try:
+            self.config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else None
+        except (paramiko.SSHException, OSError, ValueError) as exc:
+            raise UsageError(f"{path}: cannot read this SSH config: {exc}") from None
+        self.handshakes = threading.BoundedSemaphore(max_handshakes)
+        self._lock = threading.Lock()
+        self._host_keys: dict[str, tuple[float, paramiko.HostKeys]] = {}
+        self._keys: dict[str, paramiko.PKey | Exception] = {}
+
+    def host_keys(self, path: str) -> paramiko.HostKeys | None:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return None
+        with self._lock:
+            cached = self._host_keys.get(path)
+            if cached and cached[0] == mtime:
+                return cached[1]
+        keys = paramiko.HostKeys(path)
+        with self._lock:
+            self._host_keys[path] = (mtime, keys)
+        return keys
+
+    def key_problem(self, path: str) -> str | None:
+        """Why the key file at `path` could not be used, once private_key() has tried it."""
+        exc = self._keys.get(path)
+        if isinstance(exc, FileNotFoundError):
+            return None  # a default identity that simply is not there: not worth a word
+        if isinstance(exc, paramiko.PasswordRequiredException) or "password" in str(exc).lower():
+            return f"{path} is encrypted (load it into ssh-agent)"
+        if isinstance(exc, Exception):
+            return f"{path} is unreadable ({exc})"
+        return None
+
+    def private_key(self, path: str) -> paramiko.PKey | None:
+        with self._lock:
+            if path in self._keys:
+                cached = self._keys[path]
+                return None if isinstance(cached, Exception) else cached
+        try:
+            key: paramiko.PKey | Exception = paramiko.PKey.from_path(path)
+        except FileNotFoundError as exc:
+            key = exc
+        except (paramiko.SSHException, OSError, ValueError, TypeError) as exc:
+            # cryptography says "password-protected" with a TypeError
+            key = exc
+        with self._lock:
+            self._keys[path] = key
+        return None if isinstance(key, Exception) else key
+
+
+class _HostKeyCheck:
+    """Verifies a server's key against known_hosts after key exchange; raises HostKeyError."""
+
+    def __init__(self, node_id: str, target: Target, shared: _Shared):
+        self.node_id = node_id
+        self.target = target
+        self.known = shared.host_keys(target.known_hosts)
+
+    def known_types(self) -> list[str]:
+        entry = self.known.lookup(self.target.known_hosts_name) if self.known is not None else None
+        return list(entry.keys()) if entry else []
+
+    def verify(self, key: paramiko.PKey) -> None:
+        name = self.target.known_hosts_name
+        if self.known is None:
+            raise HostKeyError(
+                self.node_id,
+                f"known_hosts file {self.target.known_hosts} is missing, so the host key of {name} "
+                f"({key.get_name()} {fingerprint(key)}) cannot be verified; refusing to connect",
+            )
+        entry = self.known.lookup(name)
+        if not entry:
+            raise HostKeyError(
+                self.node_id,
+                f"host key of {name} is not in {self.target.known_hosts} ({key.get_name()} {fingerprint(key)}); "
+                f"refusing to connect to an unknown host: verify the key, then add it to known_hosts",
+            )
+        expected = entry.get(key.get_name())
+        if expected is None or expected != key:
+            known = ", ".join(f"{k.get_name()} {fingerprint(k)}" for k in entry.values())
+            raise HostKeyError(
+                self.node_id,
+                f"HOST KEY CHANGED for {name}: it offered {key.get_name()} {fingerprint(key)}, "
+                f"{self.target.known_hosts} has {known}; refusing to connect (someone may be intercepting, "
+                f"or the host was reinstalled: verify, then update known_hosts)",
+            )
+
+
+def _socket_error(node_id: str, target: Target, exc: OSError) -> TransportError:
+    where = f"{target.hostname}:{target.port}"
+    if isinstance(exc, socket.gaierror):
+        return TransportError(node_id, f"cannot resolve host name {target.hostname!r}: {exc.strerror}")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return TransportError(node_id, f"timed out connecting to {where} after {target.connect_timeout_s:g}s")
+    if isinstance(exc, ConnectionRefusedError):
+        return TransportError(node_id, f"connection refused by {where} (no SSH server listening)")
+    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
+        return TransportError(node_id, f"no route to {where} ({exc.strerror})")
+    return TransportError(node_id, f"cannot connect to {where}: {exc.strerror or exc}")
+
+
+class _Connector:
+    """Opens authenticated paramiko transports for one pool, hopping through ProxyJump hosts."""
+
+    def __init__(self, shared: _Shared):
+        self.shared = shared
+        self._jumps: dict[tuple, paramiko.Transport] = {}
+        self._jump_locks: dict[tuple, threading.Lock] = {}
+        self._jump_lock = threading.Lock()
+
+    def open(self, node_id: str, target: Target, settings: SshSettings) -> paramiko.Transport:
+        sock: socket.socket | paramiko.Channel
+        if target.proxy_jump:
+            sock = self._through_jumps(node_id, target, settings)
+        else:
+            sock = self._tcp(node_id, target)
+        return self._handshake(node_id, target, sock)
+
+    def _tcp(self, node_id: str, target: Target) -> socket.socket:
+        try:
+            sock = socket.create_connection((target.hostname, target.port), timeout=target.connect_timeout_s)
+        except OSError as exc:
+            raise _socket_error(node_id, target, exc) from None
+        # paramiko leaves Nagle on: every small request then waits for the previous ACK (~40 ms each).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _through_jumps(self, node_id: str, target: Target, settings: SshSettings) -> paramiko.Channel:
+        via: paramiko.Transport | None = None
+        hops = [h.strip() for h in target.proxy_jump.split(",") if h.strip()]
+        for hop in hops:
+            user, host, port = parse_jump(hop)
+            hop_settings = SshSettings(
+                user=user, port=port or 22, identity_file=None,
+                known_hosts=settings.known_hosts, connect_timeout_s=settings.connect_timeout_s,
+            )
+            hop_target = resolve_target(host, hop_settings, self.shared.config)
+            found = self.shared.config.lookup(host) if self.shared.config is not None else {}
+            # A jump host with no IdentityFile of its own is logged into with the node's key:
+            # fleets usually have one key for the bastion and the nodes behind it.
+            identities = hop_target.identity_files if "identityfile" in found else target.identity_files
+            hop_target = dataclasses.replace(hop_target, proxy_jump=None, identity_files=identities)
+            via = self._jump(node_id, hop_target, via)
+        assert via is not None
+        try:
+            return via.open_channel(
+                "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=target.connect_timeout_s
+            )
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(
+                node_id, f"jump host could not open a channel to {target.hostname}:{target.port}: {exc}"
+            ) from None
+
+    def _jump(self, node_id: str, hop: Target, via: paramiko.Transport | None) -> paramiko.Transport:
+        key = (hop.hostname, hop.port, hop.user, id(via) if via else None)
+        with self._jump_lock:
+            hop_lock = self._jump_locks.setdefault(key, threading.Lock())
+        # One connection per jump host, however many nodes behind it connect at once.
+        with hop_lock:
+            t = self._jumps.get(key)
+            if t is not None and t.is_active():
+                return t
+            t = self._open_jump(node_id, hop, via)
+            self._jumps[key] = t
+            return t
+
+    def _open_jump(self, node_id: str, hop: Target, via: paramiko.Transport | None) -> paramiko.Transport:
+        if via is None:
+            sock = self._tcp(node_id, hop)
+        else:
+            try:
+                sock = via.open_channel("direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0), timeout=hop.connect_timeout_s)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise TransportError(node_id, f"jump host could not reach {hop.label}: {exc}") from None
+        try:
+            return self._handshake(node_id, hop, sock)
+        except TransportError as exc:
+            raise type(exc)(node_id, f"via jump host {hop.label}: {exc.reason}") from None
+
+    def close(self) -> None:
+        with self._jump_lock:
+            jumps = list(self._jumps.values())
+            self._jumps.clear()
+        for t in jumps:
+            t.close()
+
+    def _handshake(self, node_id: str, target: Target, sock) -> paramiko.Transport:
+        check = _HostKeyCheck(node_id, target, self.shared)
+        with self.shared.handshakes:
+            t = paramiko.Transport(sock)
+            t.banner_timeout = target.connect_timeout_s
+            t.handshake_timeout = target.connect_timeout_s
+            t.auth_timeout = target.connect_timeout_s
+            known_types = check.known_types()
+            if known_types:
+                # Ask for a key type known_hosts holds, as OpenSSH does, so a host with
+                # several keys is not reported "changed" for offering another type.
+                opts = t.get_security_options()
+                preferred = [k for k in opts.key_types if k in known_types or _base_type(k) in known_types]
+                if preferred:
+                    opts.key_types = preferred
+            try:
+                t.start_client(timeout=target.connect_timeout_s)
+                check.verify(t.get_remote_server_key())
+                self._authenticate(node_id, target, t)
+            except TransportError:
+                t.close()
+                raise
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                t.close()
+                if isinstance(exc, (socket.timeout, TimeoutError)) or "timeout" in str(exc).lower():
+                    raise TransportError(node_id, f"SSH handshake with {target.hostname}:{target.port} timed out after {target.connect_timeout_s:g}s") from None
+                raise TransportError(node_id, f"SSH handshake with {target.hostname}:{target.port} failed: {exc or type(exc).__name__}") from None
+        t.set_keepalive(30)
+        return t
+
+    def _authenticate(self, node_id: str, target: Target, t: paramiko.Transport) -> None:
+        tried = []
+        for path in target.identity_files:
+            key = self.shared.private_key(path)
+            if key is None:
+                continue
+            tried.append(path)
+            try:
+                t.auth_publickey(target.user, key)
+            except paramiko.AuthenticationException:
+                continue
+            if t.is_authenticated():
+                return
+        if os.environ.get("SSH_AUTH_SOCK"):
+            # Keys held by ssh-agent, after the configured files, as OpenSSH tries them.
+            try:
+                agent_keys = paramiko.Agent().get_keys()
+            except paramiko.SSHException:
+                agent_keys = ()
+            for key in agent_keys:
+                tried.append(f"agent key {fingerprint(key)}")
+                try:
+                    t.auth_publickey(target.user, key)
+                except paramiko.AuthenticationException:
+                    continue
+                if t.is_authenticated():
+                    return
+        if not tried:
+            problems = [p for p in (self.shared.key_problem(f) for f in target.identity_files) if p]
+            detail = "; ".join(problems) if problems else f"none of {', '.join(target.identity_files)} exists"
+            raise TransportError(node_id, f"no usable private key to log in as {target.user}: {detail}")
+        raise TransportError(
+            node_id, f"authentication refused for {target.user}@{target.hostname} with key {', '.join(tried)}"
+        )
+
+
+def _base_type(key_type: str) -> str:
+    # rsa-sha2-256/512 are signatures over an ssh-rsa key.
+    return "ssh-rsa" if key_type.startswith("rsa-sha2-") else key_type
+
+
+class _Stream:
+    """transport.Stream over one SSH channel: a command that answers a line per request line."""
+
+    _STDERR_KEPT = 4096
+
+    def __init__(self, node_id: str, chan: paramiko.Channel, clock: Callable[[], float]):
+        self.node_id = node_id
+        self._chan = chan
+        self._clock = clock
+        self._buf = b""
+        self._stderr = b""
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return not self._chan.closed and not self._chan.eof_received
+
+    def request(self, line: bytes, *, timeout: float) -> bytes:
+        with self._lock:
+            deadline = self._clock() + timeout
+            try:
+                self._chan.sendall(line if line.endswith(b"\n") else line + b"\n")
+                while b"\n" not in self._buf:
+                    got = False
+                    while self._chan.recv_stderr_ready():
+                        self._stderr = (self._stderr + self._chan.recv_stderr(_READ_CHUNK))[-self._STDERR_KEPT:]
+                        got = True
+                    if self._chan.recv_ready():
+                        data = self._chan.recv(_READ_CHUNK)
+                        self._buf += data
+                        got = True
+                        if data:
+                            continue
+                    if not got and (self._chan.eof_received or self._chan.closed):
+                        self._chan.settimeout(1.0)
+                        rc = self._chan.recv_exit_status() if self._chan.exit_status_ready() else None
+                        self.close()
+                        raise StreamClosed(self.node_id, f"command ended (exit {rc})", rc, self._stderr)
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        self.close()
+                        raise CommandTimeout(self.node_id, f"no answer within {timeout:g}s")
+                    if not got:
+                        select.select([self._chan], [], [], min(left, 1.0))
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                self.close()
+                raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
+            answer, _, self._buf = self._buf.partition(b"\n")
+            return answer
+
+    def close(self) -> None:
+        self._chan.close()
+
+
+class SshTransport:
+    """transport.Transport over one persistent SSH connection to one node."""
+
+    def __init__(
+        self,
+        node: NodeSpec,
+        *,
+        connector: _Connector | None = None,
+        min_backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if connector is None:  # standalone use; a TransportPool shares one connector among its nodes
+            connector = _Connector(_Shared(None, 4))
+        self.node_id = node.id
+        self.node = node
+        self.target = resolve_target(node.address, node.ssh, connector.shared.config)
+        self._connector = connector
+        self._lock = threading.Lock()
+        self._conn: paramiko.Transport | None = None
+        self._clock = clock
+        self._min_backoff = min_backoff_s
+        self._max_backoff = max_backoff_s
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error: TransportError | None = None
+        self._streams: dict[str, tuple[paramiko.Transport, _Stream]] = {}
+
+    # -- connection -------------------------------------------------------
+
+    def _connected(self) -> paramiko.Transport:
+        with self._lock:
+            if self._conn is not None and self._conn.is_active():
+                return self._conn
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            now = self._clock()
+            if self._last_error is not None and now < self._retry_at:
+                # Broken recently: do not hammer it on every call; say why it is down.
+                err = self._last_error
+                raise type(err)(self.node_id, err.reason)
+            try:
+                self._conn = self._connector.open(self.node_id, self.target, self.node.ssh)
+            except TransportError as exc:
+                self._failures += 1
+                delay = min(self._max_backoff, self._min_backoff * (2 ** (self._failures - 1)))
+                self._retry_at = now + delay
+                self._last_error = exc
+                raise
+            self._failures = 0
+            self._last_error = None
+            return self._conn
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.is_active()
+
+    def connect(self) -> None:
+        """Open the connection now (it is otherwise opened by the first command)."""
+        self._connected()
+
+    def close(self) -> None:
+        with self._lock:
+            for _, stream in self._streams.values():
+                stream.close()
+            self._streams.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- commands ---------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        if not argv:
+            raise ValueError("empty argv")
+        command = shlex.join(argv)
+        for attempt in (1, 2):
+            conn = self._connected()
+            try:
+                chan = conn.open_session(timeout=min(timeout, self.target.connect_timeout_s))
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                # The connection died between uses (node rebooted, sshd restarted):
+                # nothing ran yet, so one fresh connection and one retry are safe.
+                self.close()
+                if attempt == 2:
+                    raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
+                continue
+            return self._run_on(chan, argv, command, stdin, timeout)
+        raise AssertionError("unreachable")
+
+    def stream(self, key: str, argv: Sequence[str], *, preamble: bytes = b"", timeout: float = 60.0) -> _Stream:
+        """The running stream named `key`, started with argv (and `preamble` sent first) if it is not running.
+
+        It lives as long as the connection: a reconnect starts it afresh, and
+        closing the connection ends it (the remote command sees end of input).
+        """
+        conn = self._connected()
+        with self._lock:
+            held = self._streams.get(key)
+            if held is not None and held[0] is conn and held[1].alive:
+                return held[1]
+            if held is not None:
+                held[1].close()
+                del self._streams[key]
+        try:
+            chan = conn.open_session(timeout=min(timeout, self.target.connect_timeout_s))
+            chan.exec_command(shlex.join(argv))
+            if preamble:
+                chan.sendall(preamble)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.close()
+            raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
+        stream = _Stream(self.node_id, chan, self._clock)
+        with self._lock:
+            self._streams[key] = (conn, stream)
+        return stream
+
+    def _run_on(self, chan: paramiko.Channel, argv, command: str, stdin: bytes | None, timeout: float) -> CommandResult:
+        deadline = self._clock() + timeout
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            chan.exec_command(command)
+            try:
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except OSError:
+                # The command exited without reading all its input (a node whose python3
+                # is something else): its output and exit status still say what happened.
+                if not (chan.exit_status_ready() or chan.eof_received or chan.closed):
+                    raise
+            while True:
+                while chan.recv_ready():
+                    out.append(chan.recv(_READ_CHUNK))
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(_READ_CHUNK))
+                if chan.eof_received and chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise CommandTimeout(self.node_id, f"{argv[0]} ran past {timeout:g}s")
+                select.select([chan], [], [], min(left, 1.0))
+            rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.close()
+            raise TransportError(self.node_id, f"connection lost while running {argv[0]}: {exc or type(exc).__name__}") from None
+        finally:
+            chan.close()
+        # No exit status means the remote command died on a signal; report it like OpenSSH does.
+        return CommandResult(255 if rc < 0 else rc, b"".join(out), b"".join(err))
+
+
+class TransportPool:
+    """One transport per node, kept open across passes. `transport_for(node)` is what callers use.
+
+    Local nodes get a LocalTransport; others an SshTransport whose connection
+    is opened on first use and reused after. A node whose fleet.yaml entry
+    changed gets a fresh transport.
+    """
+
+    def __init__(
+        self,
+        *,
+        ssh_config_path: str | None = None,
+        max_handshakes: int = 32,
+        min_backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+    ):
+        self._shared = _Shared(ssh_config_path, max_handshakes)
+        self._connector = _Connector(self._shared)
+        self._lock = threading.Lock()
+        self._transports: dict[str, tuple[NodeSpec, Transport]] = {}
+        self._backoff = (min_backoff_s, max_backoff_s)
+
+    def transport_for(self, node: NodeSpec) -> Transport:
+        with self._lock:
+            held = self._transports.get(node.id)
+            if held is not None and held[0] == node:
+                return held[1]
+            if held is not None:
+                held[1].close()
+            t: Transport
+            if node.transport == "local":
+                t = LocalTransport(node.id)
+            else:
+                t = SshTransport(
+                    node, connector=self._connector, min_backoff_s=self._backoff[0], max_backoff_s=self._backoff[1]
+                )
+            self._transports[node.id] = (node, t)
+            return t
+
+    def forget(self, node_id: str) -> None:
+        with self._lock:
+            held = self._transports.pop(node_id, None)
+        if held is not None:
+            held[1].close()
+
+    def close(self) -> None:
+        with self._lock:
+            held = list(self._transports.values())
+            self._transports.clear()
+        for _, t in held:
+            t.close()
+        self._connector.close()  # jump hosts last: the connections above ran through them
+
+    def __enter__(self) -> "TransportPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_default_pool: TransportPool | None = None
+_default_lock = threading.Lock()
+
+
+def transport_for(node: NodeSpec) -> Transport:
+    """The process-wide pool's transport for `node` (the daemon and one-shot commands share it)."""
+    global _default_pool
+    with _default_lock:
+        if _default_pool is None:
+            _default_pool = TransportPool()
+        pool = _default_pool
+    return pool.transport_for(node)

@@ -1,0 +1,280 @@
+"""SshTransport against real OpenSSH servers in network namespaces (tests/fleet.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+
+import pytest
+
+from reconciler.errors import CommandTimeout, HostKeyError, TransportError
+from reconciler.model import NodeSpec, SshSettings
+from reconciler.ssh import TransportPool, fingerprint, resolve_target
+from reconciler.transport import LocalTransport
+from tests.fleet import fleet  # noqa: F401  (pytest fixture)
+
+
+@pytest.fixture(scope="module")
+def nodes(fleet):  # noqa: F811
+    fleet.add_node("alpha")
+    fleet.add_node("beta")
+    return fleet
+
+
+@pytest.fixture
+def pool():
+    with TransportPool(min_backoff_s=0, max_backoff_s=0) as p:
+        yield p
+
+
+def spec_of(fleet, node_id: str, **ssh_overrides) -> NodeSpec:  # noqa: F811
+    node = fleet.fleet_spec([node_id]).nodes[0]
+    if ssh_overrides:
+        node = dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, **ssh_overrides))
+    return node
+
+
+def test_argv_is_quoted_once_so_shell_syntax_in_arguments_reaches_the_command_verbatim(nodes, pool):
+    t = pool.transport_for(spec_of(nodes, "alpha"))
+    marker = nodes.node("alpha").dir / "home" / "pwned"
+    args = ["a b", "$(touch ~/pwned)", "'q'", '"dq"', "semi;colon", "back`tick`", "*"]
+    r = t.run(["printf", "%s|", *args])
+    assert r.rc == 0
+    assert r.stdout.decode() == "".join(a + "|" for a in args)
+    assert not marker.exists()
+
+
+def test_stdin_reaches_the_command_and_exit_codes_and_stderr_come_back(nodes, pool):
+    t = pool.transport_for(spec_of(nodes, "alpha"))
+    blob = os.urandom(1 << 20)  # larger than one SSH window
+    r = t.run(["cat"], stdin=blob)
+    assert r.rc == 0 and r.stdout == blob
+    r = t.run(["sh", "-c", "echo oops >&2; exit 7"])
+    assert (r.rc, r.stdout, r.stderr) == (7, b"", b"oops\n")
+
+
+def test_one_connection_is_reused_across_commands_and_passes(nodes, pool):
+    node = spec_of(nodes, "alpha")
+    first = pool.transport_for(node).run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split()
+    second = pool.transport_for(node).run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split()
+    assert pool.transport_for(node) is pool.transport_for(node)
+    # SSH_CLIENT is "client-ip client-port server-port": the same client port is the same TCP connection.
+    assert first[1] == second[1]
+
+
+def test_a_broken_connection_is_reopened_on_the_next_command(nodes, pool):
+    node = spec_of(nodes, "beta")
+    t = pool.transport_for(node)
+    before = t.run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split()[1]
+    nodes.kill_sshd("beta")
+    nodes.start_sshd("beta")
+    r = t.run(["sh", "-c", "echo $SSH_CLIENT"])
+    assert r.rc == 0 and r.stdout.split()[1] != before
+
+
+def test_a_command_past_its_deadline_raises_command_timeout_naming_the_node(nodes, pool):
+    t = pool.transport_for(spec_of(nodes, "alpha"))
+    with pytest.raises(CommandTimeout) as err:
+        t.run(["sleep", "30"], timeout=0.3)
+    assert err.value.node == "alpha" and "sleep ran past 0.3s" in str(err.value)
+    assert t.run(["true"]).rc == 0  # the connection survives a timed-out command
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(nodes, pool, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    node = spec_of(nodes, "alpha", known_hosts=str(empty))
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(node).run(["true"])
+    key_fp = subprocess.run(["ssh-keygen", "-lf", str(nodes.node("alpha").dir / "ssh_host_ed25519_key.pub")],
+                            capture_output=True, text=True).stdout.split()[1]
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "not in" in msg and key_fp in msg
+
+
+def test_a_missing_known_hosts_file_is_refused_not_trusted(nodes, pool, tmp_path):
+    node = spec_of(nodes, "alpha", known_hosts=str(tmp_path / "nope"))
+    with pytest.raises(HostKeyError, match="is missing"):
+        pool.transport_for(node).run(["true"])
+
+
+def test_changed_host_key_is_refused_naming_both_fingerprints(fleet, pool):  # noqa: F811
+    fleet.add_node("gamma")
+    node = spec_of(fleet, "gamma")
+    assert pool.transport_for(node).run(["true"]).rc == 0
+    pool.forget("gamma")
+    fleet.rekey("gamma")
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(node).run(["true"])
+    assert "HOST KEY CHANGED" in str(err.value) and str(err.value).count("SHA256:") == 2
+
+
+def test_refused_authentication_names_the_user_and_key(nodes, pool, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    with pytest.raises(TransportError) as err:
+        pool.transport_for(spec_of(nodes, "alpha", identity_file=str(other))).run(["true"])
+    assert "authentication refused for root@" in str(err.value) and str(other) in str(err.value)
+
+
+def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(nodes, pool):
+    dns = dataclasses.replace(spec_of(nodes, "alpha"), id="dns", address="no-such-node.invalid")
+    with pytest.raises(TransportError, match="cannot resolve host name 'no-such-node.invalid'"):
+        pool.transport_for(dns).run(["true"])
+    refused = spec_of(nodes, "alpha", port=2)
+    with pytest.raises(TransportError, match=r"connection refused by 10\.213\.\d+\.\d+:2 "):
+        pool.transport_for(dataclasses.replace(refused, id="refused")).run(["true"])
+    nodes.cut("beta")
+    try:
+        with pytest.raises(TransportError, match="timed out connecting to|no route to"):
+            pool.transport_for(dataclasses.replace(spec_of(nodes, "beta", connect_timeout_s=0.5), id="cut")).run(["true"])
+    finally:
+        nodes.restore("beta")
+
+
+def test_ssh_config_alias_and_proxy_jump_route_through_the_jump_host(nodes, tmp_path):
+    alpha, beta = nodes.node("alpha"), nodes.node("beta")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host beta-via-alpha\n  HostName {beta.address}\n  ProxyJump root@{alpha.address}\n  IdentityFile {nodes.key}\n"
+    )
+    node = dataclasses.replace(spec_of(nodes, "beta"), address="beta-via-alpha")
+    node = dataclasses.replace(node, ssh=dataclasses.replace(node.ssh, identity_file=None))
+    with TransportPool(ssh_config_path=str(config)) as pool:
+        r = pool.transport_for(node).run(["sh", "-c", "echo $SSH_CLIENT $LLMFLEET_NODE"])
+    client_ip, _, _, node_name = r.stdout.decode().split()
+    assert node_name == "beta"
+    assert client_ip == alpha.address  # beta saw the connection come from alpha: it went through the jump
+
+
+def test_ssh_config_supplies_what_fleet_yaml_leaves_unset(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host gpu1\n  HostName 10.9.9.9\n  User serve\n  Port 2222\n  IdentityFile /keys/k\n")
+    import paramiko
+
+    cfg = paramiko.SSHConfig.from_path(str(config))
+    t = resolve_target("gpu1", SshSettings(), cfg)
+    assert (t.hostname, t.port, t.user, t.identity_files, t.known_hosts_name) == ("10.9.9.9", 2222, "serve", ("/keys/k",), "[10.9.9.9]:2222")
+    t = resolve_target("gpu1", SshSettings(user="ops", port=2200, identity_file="/keys/ops"), cfg)
+    assert (t.port, t.user, t.identity_files) == (2200, "ops", ("/keys/ops",))
+
+
+def test_local_nodes_get_a_local_transport(pool):
+    node = NodeSpec(id="here", address="127.0.0.1", data_address="127.0.0.1", transport="local")
+    t = pool.transport_for(node)
+    assert isinstance(t, LocalTransport)
+    assert t.run(["sh", "-c", "echo $0 ok"]).stdout == b"sh ok\n"
+
+
+def test_fingerprint_matches_ssh_keygen(nodes):
+    import paramiko
+
+    pub = nodes.node("alpha").dir / "ssh_host_ed25519_key.pub"
+    kind, blob = pub.read_text().split()[:2]
+    key = paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(blob))
+    expected = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True).stdout.split()[1]
+    assert fingerprint(key) == expected
+
+
+class CountingConnector:
+    """A connector seam: fails the first `failures` opens with a refused connection, counting attempts."""
+
+    def __init__(self, failures: int):
+        import paramiko
+
+        from reconciler.ssh import _Shared
+
+        self.shared = _Shared(None, 4)
+        self.failures = failures
+        self.attempts = 0
+        self._paramiko = paramiko
+
+    def open(self, node_id, target, settings):
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise TransportError(node_id, "connection refused by x:22 (no SSH server listening)")
+        raise TransportError(node_id, "stop here")
+
+
+def test_a_node_that_failed_is_not_retried_before_its_backoff_and_then_is():
+    from reconciler.ssh import SshTransport
+
+    now = [100.0]
+    connector = CountingConnector(failures=2)
+    node = NodeSpec(id="flaky", address="10.0.0.9", data_address="10.0.0.9")
+    t = SshTransport(node, connector=connector, min_backoff_s=1, max_backoff_s=8, clock=lambda: now[0])
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])  # within the backoff: the last error again, without a new attempt
+    assert connector.attempts == 1
+    now[0] += 1.0
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])
+    assert connector.attempts == 2
+    now[0] += 1.5  # the second failure doubled the backoff to 2 s
+    with pytest.raises(TransportError, match="connection refused"):
+        t.run(["true"])
+    assert connector.attempts == 2
+    now[0] += 0.5
+    with pytest.raises(TransportError, match="stop here"):
+        t.run(["true"])
+    assert connector.attempts == 3
+
+
+def test_keys_held_by_ssh_agent_log_in_when_no_key_file_does(nodes, tmp_path, monkeypatch):
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        env = {"SSH_AUTH_SOCK": str(sock), "PATH": os.environ["PATH"]}
+        for _ in range(200):
+            if sock.exists():
+                break
+            __import__("time").sleep(0.01)
+        subprocess.run(["ssh-add", "-q", str(nodes.key)], env=env, check=True, capture_output=True)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        node = spec_of(nodes, "alpha", identity_file=str(tmp_path / "no-such-key"))
+        with TransportPool() as pool:
+            assert pool.transport_for(node).run(["true"]).rc == 0
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def test_an_encrypted_key_without_an_agent_is_named_as_the_reason(nodes, tmp_path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    locked = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
+    with TransportPool() as pool:
+        with pytest.raises(TransportError, match=r"no usable private key to log in as root: .*locked is encrypted"):
+            pool.transport_for(spec_of(nodes, "alpha", identity_file=str(locked))).run(["true"])
+
+
+def test_an_unreadable_ssh_config_is_a_usage_error_not_a_traceback(tmp_path):
+    from reconciler.errors import UsageError
+
+    bad = tmp_path / "config"
+    bad.write_text("Host x\n  ProxyCommand\n")
+    with pytest.raises(UsageError, match="cannot read this SSH config"):
+        TransportPool(ssh_config_path=str(bad))
+
+
+def test_nodes_behind_one_jump_host_share_one_connection_to_it(fleet, tmp_path):  # noqa: F811
+    from concurrent.futures import ThreadPoolExecutor
+
+    fleet.add_node("bastion")
+    bastion = fleet.node("bastion").address
+    for i in range(4):
+        fleet.add_node(f"behind{i}")
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(
+        f"Host behind{i}\n  HostName {fleet.node(f'behind{i}').address}\n  ProxyJump root@{bastion}\n" for i in range(4)
+    ))
+    aliased = [dataclasses.replace(spec_of(fleet, f"behind{i}"), address=f"behind{i}") for i in range(4)]
+    with TransportPool(ssh_config_path=str(config)) as pool:
+        with ThreadPoolExecutor(4) as ex:
+            clients = list(ex.map(lambda s: pool.transport_for(s).run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split(), aliased))
+        into_bastion = fleet.exec("bastion", ["ss", "-Htn", "state", "established", "( sport = :22 )"]).stdout.splitlines()
+    assert {c[0].decode() for c in clients} == {bastion}
+    assert len(into_bastion) == 1, into_bastion
