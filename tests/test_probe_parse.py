@@ -312,7 +312,7 @@ def test_proc_net_tcp_listening_ports_only():
 
 def test_proc_stat_with_spaces_and_parentheses_in_the_command_name():
     text = "4242 (vllm (serve) x) S 1 4240 4240 0 -1 4194560 500 0 0 0 10 5 0 0 20 0 12 0 987654 1000000 100 18446744073709551615\n"
-    assert parse_proc_stat(text) == {"pid": 4242, "pgrp": 4240, "session": 4240, "start_time": 987654}
+    assert parse_proc_stat(text) == {"pid": 4242, "state": "S", "pgrp": 4240, "session": 4240, "start_time": 987654}
 
 
 # --------------------------------------------------------------------------

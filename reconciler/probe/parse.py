@@ -274,7 +274,7 @@ def parse_inet_diag(data: bytes) -> tuple[list[int], bool]:
 
 
 def parse_proc_stat(text: str) -> dict:
-    """/proc/<pid>/stat -> pid, pgrp, session, start_time (field 22, clock ticks since boot).
+    """/proc/<pid>/stat -> pid, state (field 3: Z is a zombie), pgrp, session, start_time (field 22, clock ticks since boot).
 
     The command name (field 2) may hold spaces and parentheses, so fields are
     counted from the last ')'.
@@ -288,6 +288,7 @@ def parse_proc_stat(text: str) -> dict:
     # rest[0] is field 3 (state); field N is rest[N - 3].
     return {
         "pid": int(text[: text.find("(")].strip()),
+        "state": rest[0],
         "pgrp": int(rest[2]),
         "session": int(rest[3]),
         "start_time": int(rest[19]),

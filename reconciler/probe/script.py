@@ -388,7 +388,9 @@ def replica_records(state_dir, warnings):
         if not isinstance(rec, dict) or rec.get("managed_by") != MANAGED_BY:
             continue
         st = proc_stat(rec.get("pid", -1)) if isinstance(rec.get("pid"), int) else None
-        rec["alive"] = bool(st) and st["start_time"] == rec.get("start_time")
+        # A zombie has exited: it only waits for a parent to reap it, and where PID 1 does not reap
+        # (containers), it waits forever. Counting it alive would hide every crashed engine.
+        rec["alive"] = bool(st) and st["state"] not in ("Z", "X") and st["start_time"] == rec.get("start_time")
         rec["file"] = name
         records.append(rec)
     return records

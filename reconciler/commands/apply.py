@@ -1,0 +1,85 @@
+"""`reconciler apply [CATALOG] [--dry-run]`: one reconcile pass, one line per decision, then the endpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from reconciler.ssh import TransportPool
+
+EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
+
+
+def memory_path(catalog_root: str) -> Path:
+    """Where one-shot `apply` keeps what the daemon keeps in memory (restart backoff, when a node
+    became unreachable, where replicas were placed): per catalog, on this management host,
+    outside the catalog (it is not desired state and must not show in `git status`)."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
+    return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
+
+
+def load_memory(path: Path):
+    from reconciler.apply import PassMemory, memory_from_document
+
+    try:
+        return memory_from_document(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return PassMemory()
+
+
+def save_memory(path: Path, memory) -> None:
+    from reconciler.apply import memory_to_document
+    from reconciler.status import write_if_changed
+
+    try:
+        write_if_changed(path, json.dumps(memory_to_document(memory), sort_keys=True))
+    except OSError as exc:  # losing the memory costs a backoff step, never the pass
+        print(f"reconciler: could not save {path}: {exc.strerror}", file=sys.stderr)
+
+
+def main(args) -> int:
+    from reconciler.apply import run_pass
+    from reconciler.catalog import load_catalog
+
+    catalog = load_catalog(args.catalog)
+    as_json = getattr(args, "log_format", "text") == "json"
+
+    def log(decision) -> None:
+        line = json.dumps(decision.as_dict()) if as_json else str(decision)
+        print(line, flush=True)
+
+    memory_file = memory_path(catalog.root)
+    transports = TransportPool()  # LocalTransport for `transport: local` nodes, SSH otherwise
+    try:
+        result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log,
+                          history=load_memory(memory_file))
+    finally:
+        transports.close()
+    if result.memory is not None and not args.dry_run:
+        save_memory(memory_file, result.memory)
+
+    nodes = result.inventory.nodes if result.inventory is not None else ()
+    if nodes and all(n.state == "unreachable" for n in nodes):
+        for n in nodes:
+            print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if not result.decisions and not as_json:
+        print("nothing to do")
+    if not args.dry_run:
+        endpoints = result.endpoints()
+        if as_json:
+            print(json.dumps({"endpoints": endpoints}))
+        else:
+            print("endpoints:" if endpoints else "endpoints: none Ready")
+            for model, urls in endpoints.items():
+                for url in urls:
+                    print(f"  {model}  {url}")
+    failed = [d for d in result.decisions if not d.ok]
+    if failed:
+        print(f"reconciler: {len(failed)} decision{'s' if len(failed) != 1 else ''} failed", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,75 @@
+"""How ranks get onto nodes: one small interface, so nothing above it cares who launched them.
+
+The SSH launcher (`SshLauncher`) is the first implementation: it sends the
+node agent (`node_agent.py`, stdlib-only) over any Transport, so it works for
+`transport: local` nodes and SSH nodes alike. A Slurm launcher, where `srun`
+places the ranks, can implement the same protocol later; placement, rendering
+and status only ever see `RankLaunch` in and the outcomes below out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from reconciler.model import RankLaunch
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    node: str
+    replica: str
+    rank: int
+    ok: bool
+    reason: str = ""  # why it failed: names the port and holder, the missing binary, the unreachable node
+    pid: int | None = None
+    log: str | None = None
+    already_running: bool = False  # found running with the same spec: adopted, not launched again
+    port_in_use: int | None = None  # the port that was taken, so the next pass avoids it
+    # The node stopped answering mid-request: the rank may be running (its record says so) or not.
+    uncertain: bool = False
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    node: str
+    replica: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RankState:
+    """A managed rank as its node reports it now."""
+
+    node: str
+    replica: str
+    rank: int
+    alive: bool
+    spec_hash: str = ""
+    port: int = 0
+    pid: int | None = None
+    started_at: float | None = None  # wall clock of the node at launch
+    log_tail: tuple[str, ...] = ()
+    model: str = ""
+    profile: str = ""
+    nnodes: int = 1
+    gpus: tuple[int, ...] = ()
+
+
+class Launcher(Protocol):
+    def start(self, launch: RankLaunch) -> StartOutcome:
+        """Start one rank, or find it already running with the same spec. Never raises for a node's failure."""
+
+    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
+        """Stop one rank (or every rank of the replica on that node) and confirm it is gone.
+
+        Stopping what is already gone succeeds."""
+
+    def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
+        """The managed ranks on a node, with liveness; raises TransportError when the node cannot answer."""
+
+
+from reconciler.launcher.ssh_launcher import SshLauncher  # noqa: E402  (re-export)
+
+__all__ = ["Launcher", "RankState", "SshLauncher", "StartOutcome", "StopOutcome"]

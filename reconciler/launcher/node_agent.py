@@ -1,0 +1,432 @@
+"""The node-side lifecycle agent: start, stop and inspect managed engine ranks.
+
+This file is sent, as text, on the stdin of `python3 -I -S -` on a node
+(through any Transport), and runs there. It must stay self-contained: stdlib
+only, nothing imported from `reconciler`, Python 3.8+ (nodes run whatever
+their distribution ships).
+
+The request is ONE JSON document, base64-encoded into a first line
+`REQUEST_B64 = "..."` that the sender puts before this text (base64 cannot
+break out of the string literal). It travels on stdin rather than in argv
+because it holds the engine's environment, API keys included, and a node's
+/proc/<pid>/cmdline is world-readable. (For debugging by hand, the JSON may
+instead be given as argv[1].) The engine's argv and env reach `execve`
+unchanged, so no shell ever sees a catalog value. The answer is ONE JSON
+document on stdout.
+A logical failure (port taken, binary missing) is an answer with `"ok":
+false` and a reason; a non-zero exit means the agent itself broke.
+
+Each rank has a record, `<state_dir>/replicas/<replica>.rank<rank>.json`,
+written atomically before the agent answers, so a management host that loses
+the node mid-launch still finds the rank on its next probe. A record's
+`start_time` (field 22 of /proc/<pid>/stat) guards against a reused pid being
+taken for the engine, or, worse, signalled in its place.
+"""
+
+import binascii
+import errno
+import fcntl
+import json
+import os
+import signal
+import sys
+import time
+
+# socket and subprocess are imported where used: only `start` needs them, and on a
+# cold interpreter they cost a third of a status call (base64 likewise: binascii is enough).
+
+MANAGED_BY = "llm-reconciler"
+TAIL_BYTES = 256 * 1024
+LOG_ROTATE_BYTES = 64 * 1024 * 1024
+
+
+# ---------------------------------------------------------------- /proc facts
+
+
+def proc_stat(pid):
+    """(state, pgrp, session, start_time) of pid, or None when there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the LAST ')'.
+    rest = text[text.rindex(")") + 2:].split()
+    # rest[0] is field 3 (state); field n is rest[n - 3].
+    return rest[0], int(rest[2]), int(rest[3]), int(rest[19])
+
+
+def running(stat):
+    # A zombie has exited; it only waits for its parent to read its status.
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def rank_alive(record):
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    stat = proc_stat(pid)
+    return running(stat) and stat[3] == record.get("start_time")
+
+
+def group_members(pgid):
+    """Live pids in process group or session `pgid` (an engine's workers stay in both)."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = proc_stat(int(name))
+        if running(stat) and (stat[1] == pgid or stat[2] == pgid):
+            members.append(int(name))
+    return sorted(members)
+
+
+def listening_inodes(port):
+    """Socket inodes LISTENing on `port` (any address), from /proc/net/tcp and tcp6."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 10 or cols[3] != "0A":  # 0A: TCP_LISTEN
+                continue
+            if int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    return inodes
+
+
+def socket_holders(inodes):
+    """(pid, command name) of processes holding any of these socket inodes, where /proc lets us see."""
+    wanted = {"socket:[%s]" % i for i in inodes}
+    holders = []
+    if not wanted:
+        return holders
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fd_dir = "/proc/%s/fd" % name
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd_dir + "/" + fd) in wanted:
+                    holders.append((int(name), read_comm(int(name))))
+                    break
+            except OSError:
+                continue
+    return sorted(holders)
+
+
+def read_comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def port_problem(port):
+    """None when `port` is free to serve on, else a sentence naming the port and its holder."""
+    import socket
+    taken = False
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this node
+        try:
+            # Engines set SO_REUSEADDR too: a TIME_WAIT left by a stopped engine is no conflict.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                taken = True
+        finally:
+            s.close()
+    inodes = listening_inodes(port)
+    if not taken and not inodes:
+        return None
+    holders = socket_holders(inodes)
+    if holders:
+        who = ", ".join("pid %d (%s)" % h for h in holders)
+        return "port %d is in use by %s" % (port, who)
+    return "port %d is in use" % port
+
+
+# ---------------------------------------------------------------- records
+
+
+def state_paths(state_dir):
+    root = os.path.expanduser(state_dir)
+    return root, os.path.join(root, "replicas"), os.path.join(root, "logs")
+
+
+def record_name(replica, rank):
+    return "%s.rank%d" % (replica, rank)
+
+
+def read_record(path):
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("managed_by") != MANAGED_BY:
+        return None
+    return rec
+
+
+def write_atomically(path, data):
+    # Atomic (rename), not durable (no fsync): a record only has to outlive the
+    # reconciler, not the machine; after a power loss its engine is gone too, and
+    # an unreadable record is skipped like a missing one.
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def records(records_dir, replica=None):
+    """(path, record) of every readable record, optionally of one replica, in name order."""
+    try:
+        names = sorted(os.listdir(records_dir))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(records_dir, name)
+        rec = read_record(path)
+        if rec is None or (replica is not None and rec.get("id") != replica):
+            continue
+        found.append((path, rec))
+    return found
+
+
+def tail(path, lines):
+    if lines <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", "replace").splitlines()[-lines:]
+
+
+# ---------------------------------------------------------------- operations
+
+
+def rank_lock(records_dir, name):
+    """An exclusive lock per rank: two reconcilers (a daemon and a manual `apply`) racing to start
+    the same rank would otherwise both launch it, and one engine would end up without a record."""
+    fd = os.open(os.path.join(records_dir, "." + name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def op_start(req):
+    root, records_dir, logs_dir = state_paths(req["state_dir"])
+    for d in (records_dir, logs_dir):
+        # Private: records hold argv (which may carry secrets) and logs what engines print.
+        os.makedirs(d, mode=0o700, exist_ok=True)
+    name = record_name(req["replica"], int(req["rank"]))
+    lock = rank_lock(records_dir, name)
+    try:
+        return start_locked(req, records_dir, logs_dir)
+    finally:
+        os.close(lock)
+
+
+def start_locked(req, records_dir, logs_dir):
+    import subprocess
+    replica, rank, port = req["replica"], int(req["rank"]), int(req["port"])
+    name = record_name(replica, rank)
+    record_path = os.path.join(records_dir, name + ".json")
+    log_path = os.path.join(logs_dir, name + ".log")
+
+    existing = read_record(record_path)
+    if existing is not None and rank_alive(existing):
+        if existing.get("spec_hash") == req["spec_hash"] and existing.get("port") == port:
+            # Launched before (a retried pass, a restarted reconciler): never launch twice.
+            return {"ok": True, "already_running": True, "pid": existing["pid"],
+                    "pgid": existing.get("pgid"), "log": existing.get("log", log_path)}
+        return {"ok": False, "reason": "%s rank %d already runs here (pid %d, spec %s, port %s); stop it first"
+                % (replica, rank, existing["pid"], existing.get("spec_hash"), existing.get("port"))}
+
+    problem = port_problem(port)
+    if problem:
+        return {"ok": False, "reason": problem, "port_in_use": port}
+
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    env["LLM_RECONCILER_REPLICA"] = name
+    argv = [str(a) for a in req["argv"]]
+    try:
+        if os.path.getsize(log_path) > LOG_ROTATE_BYTES:
+            os.replace(log_path, log_path + ".1")  # one generation kept: enough to read why the last run died
+    except OSError:
+        pass
+    log = open(log_path, "ab")
+    try:
+        log.write(("--- llm-reconciler: starting %s rank %d, spec %s, at %s\n"
+                   % (replica, rank, req["spec_hash"], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))).encode())
+        log.flush()
+        try:
+            # Own session and process group: survives the SSH session, and stop can signal every process it spawned.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True, close_fds=True)
+        except FileNotFoundError:
+            return {"ok": False, "reason": "cannot run %s: no such file on this node's PATH" % argv[0]}
+        except PermissionError:
+            return {"ok": False, "reason": "cannot run %s: permission denied" % argv[0]}
+        except OSError as exc:
+            return {"ok": False, "reason": "cannot run %s: %s" % (argv[0], exc.strerror or exc)}
+    finally:
+        log.close()
+
+    stat = proc_stat(proc.pid)
+    record = {
+        "id": replica,
+        "model": req["model"],
+        "profile": req["profile"],
+        "rank": rank,
+        "nnodes": int(req.get("nnodes", 1)),
+        "spec_hash": req["spec_hash"],
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "start_time": stat[3] if stat else None,
+        "started_at": time.time(),
+        "port": port,
+        "gpus": list(req.get("gpus") or []),
+        "argv": argv,
+        "env_keys": sorted((req.get("env") or {}).keys()),
+        "log": log_path,
+        "managed_by": MANAGED_BY,
+    }
+    # Written before answering: if the connection drops now, the next probe still finds this rank.
+    write_atomically(record_path, json.dumps(record, sort_keys=True, indent=1))
+    return {"ok": True, "already_running": False, "pid": proc.pid, "pgid": proc.pid, "log": log_path,
+            "start_time": record["start_time"]}
+
+
+def stop_rank(record, grace_s):
+    """Stop one rank's process group. Returns (ok, what happened)."""
+    pid, pgid = record.get("pid"), record.get("pgid") or record.get("pid")
+    if not isinstance(pid, int) or not isinstance(pgid, int) or pgid <= 1:
+        return True, "no process recorded"
+    leader = proc_stat(pid)
+    if running(leader) and leader[3] != record.get("start_time"):
+        # The pid now belongs to someone else. A pid number is not reused while its
+        # group still has members, so nothing of ours is left: signal nothing.
+        return True, "already gone (pid %d reused by another process)" % pid
+    if not group_members(pgid):
+        return True, "already gone"
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + wait_s
+        pause = 0.005
+        while True:
+            left = group_members(pgid)
+            if not left:
+                return True, "stopped by %s" % ("SIGTERM" if sig == signal.SIGTERM else "SIGKILL")
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+    return False, "still running after SIGKILL: pids %s" % ", ".join(str(p) for p in left)
+
+
+def op_stop(req):
+    _, records_dir, _ = state_paths(req["state_dir"])
+    rank = req.get("rank")
+    results = []
+    ok = True
+    for path, rec in records(records_dir, req["replica"]):
+        if rank is not None and rec.get("rank") != rank:
+            continue
+        lock = rank_lock(records_dir, record_name(req["replica"], int(rec.get("rank", 0))))
+        try:
+            current = read_record(path)  # re-read under the lock: a racing start may have replaced it
+            if current is None:
+                continue
+            stopped, what = stop_rank(current, float(req.get("grace_s", 10.0)))
+            if stopped:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(lock)
+        ok = ok and stopped
+        results.append({"rank": rec.get("rank"), "pid": rec.get("pid"), "ok": stopped, "detail": what})
+    return {"ok": ok, "ranks": results}
+
+
+def op_status(req):
+    _, records_dir, _ = state_paths(req["state_dir"])
+    lines = int(req.get("log_lines", 0))
+    ranks = []
+    for _, rec in records(records_dir, req.get("replica")):
+        rec = dict(rec)
+        rec["alive"] = rank_alive(rec)
+        rec["log_tail"] = tail(rec.get("log", ""), lines)
+        ranks.append(rec)
+    return {"ok": True, "ranks": ranks}
+
+
+def op_logs(req):
+    _, _, logs_dir = state_paths(req["state_dir"])
+    path = os.path.join(logs_dir, record_name(req["replica"], int(req["rank"])) + ".log")
+    return {"ok": True, "log": path, "lines": tail(path, int(req.get("lines", 50)))}
+
+
+def op_port(req):
+    problem = port_problem(int(req["port"]))
+    return {"ok": problem is None, "reason": problem or ""}
+
+
+OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs, "port": op_port}
+
+
+def main(argv):
+    # A dropped SSH connection must not kill the agent between launching and recording.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    encoded = globals().get("REQUEST_B64")
+    if encoded is not None:
+        req = json.loads(binascii.a2b_base64(encoded))
+    elif len(argv) == 2:
+        req = json.loads(argv[1])
+    else:
+        sys.stderr.write("usage: python3 - REQUEST_JSON (or a REQUEST_B64 line before the script)\n")
+        return 2
+    op = OPS.get(req.get("op"))
+    if op is None:
+        sys.stderr.write("unknown op %r\n" % req.get("op"))
+        return 2
+    answer = op(req)
+    try:
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass  # the management host went away; the record already says what happened
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

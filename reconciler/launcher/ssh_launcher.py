@@ -1,0 +1,151 @@
+"""The SSH launcher: the node agent sent through a node's Transport, one command per call."""
+
+from __future__ import annotations
+
+import base64
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+from reconciler.errors import TransportError
+from reconciler.launcher import RankState, StartOutcome, StopOutcome
+from reconciler.model import RankLaunch
+from reconciler.transport import Transport
+
+DEFAULT_STATE_DIR = "~/.local/state/llm-reconciler"
+
+
+@lru_cache(maxsize=1)
+def agent_source() -> bytes:
+    return (Path(__file__).with_name("node_agent.py")).read_bytes()
+
+
+def agent_stdin(request: dict) -> bytes:
+    """The agent's text with the request as a base64 literal on its first line (see node_agent.py)."""
+    encoded = base64.b64encode(json.dumps(request, separators=(",", ":")).encode())
+    return b'REQUEST_B64 = "' + encoded + b'"\n' + agent_source()
+
+
+def request_of(stdin: bytes) -> dict:
+    """The request inside an agent's stdin (for tests and debugging)."""
+    first = stdin.split(b"\n", 1)[0]
+    return json.loads(base64.b64decode(first.split(b'"')[1]))
+
+
+class SshLauncher:
+    """Starts and stops ranks through each node's Transport (LocalTransport or SshTransport).
+
+    `state_dirs` maps node id -> that node's state dir (NodeSpec.state_dir);
+    `~` in it is expanded on the node, by the agent.
+    """
+
+    def __init__(
+        self,
+        transports: Mapping[str, Transport],
+        state_dirs: Mapping[str, str] | None = None,
+        *,
+        python: str = "python3",
+        stop_grace_s: float = 10.0,
+        timeout_s: float = 60.0,
+    ):
+        self.transports = transports
+        self.state_dirs = dict(state_dirs or {})
+        self.python = python
+        self.stop_grace_s = stop_grace_s
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def for_fleet(cls, fleet, transports: Mapping[str, Transport], **kw) -> "SshLauncher":
+        return cls(transports, {n.id: n.state_dir for n in fleet.nodes}, **kw)
+
+    def _call(self, node: str, request: dict, timeout: float | None = None) -> dict:
+        transport = self.transports.get(node)
+        if transport is None:
+            raise TransportError(node, "no transport for this node")
+        request = {**request, "state_dir": self.state_dirs.get(node, DEFAULT_STATE_DIR)}
+        # The request travels as one argv element of JSON: the transport quotes it once, nothing parses it as shell.
+        # -I -S: the agent needs nothing but the stdlib, so skip site-packages and PYTHON* variables
+        # (a third of the interpreter's start-up, and immune to a node's stray PYTHONPATH).
+        # The argv is constant; the request rides on stdin, where `ps` on the node cannot read its secrets.
+        result = transport.run(
+            [self.python, "-I", "-S", "-"],
+            stdin=agent_stdin(request),
+            timeout=timeout or self.timeout_s,
+        )
+        if result.rc != 0:
+            last = (result.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+            if result.rc == 127:
+                last = f"{self.python} not found on the node"
+            raise TransportError(node, f"node agent failed (exit {result.rc}): {last}")
+        try:
+            answer = json.loads(result.stdout)
+        except ValueError:
+            raise TransportError(node, "node agent answered something that is not JSON") from None
+        if not isinstance(answer, dict):
+            raise TransportError(node, "node agent answered something that is not a JSON object")
+        return answer
+
+    def start(self, launch: RankLaunch) -> StartOutcome:
+        request = {
+            "op": "start",
+            "replica": launch.replica,
+            "model": launch.model,
+            "profile": launch.profile,
+            "rank": launch.rank,
+            "nnodes": launch.nnodes,
+            "spec_hash": launch.spec_hash,
+            "argv": list(launch.argv),
+            "env": dict(launch.env),
+            "port": launch.port,
+            "gpus": list(launch.gpus),
+        }
+        try:
+            answer = self._call(launch.node, request)
+        except TransportError as exc:
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=exc.reason, uncertain=True)
+        return StartOutcome(
+            launch.node,
+            launch.replica,
+            launch.rank,
+            ok=bool(answer.get("ok")),
+            reason=answer.get("reason", ""),
+            pid=answer.get("pid"),
+            log=answer.get("log"),
+            already_running=bool(answer.get("already_running")),
+            port_in_use=answer.get("port_in_use"),
+        )
+
+    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
+        request = {"op": "stop", "replica": replica, "rank": rank, "grace_s": self.stop_grace_s}
+        try:
+            answer = self._call(node, request, timeout=self.timeout_s + 2 * self.stop_grace_s)
+        except TransportError as exc:
+            return StopOutcome(node, replica, ok=False, detail=exc.reason)
+        details = "; ".join(f"rank {r['rank']}: {r['detail']}" for r in answer.get("ranks", []))
+        return StopOutcome(node, replica, ok=bool(answer.get("ok")), detail=details or "nothing running")
+
+    def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
+        answer = self._call(node, {"op": "status", "replica": replica, "log_lines": log_lines})
+        return [
+            RankState(
+                node=node,
+                replica=r.get("id", ""),
+                rank=int(r.get("rank", 0)),
+                alive=bool(r.get("alive")),
+                spec_hash=r.get("spec_hash", ""),
+                port=int(r.get("port") or 0),
+                pid=r.get("pid"),
+                started_at=r.get("started_at"),
+                log_tail=tuple(r.get("log_tail") or ()),
+                model=r.get("model", ""),
+                profile=r.get("profile", ""),
+                nnodes=int(r.get("nnodes") or 1),
+                gpus=tuple(r.get("gpus") or ()),
+            )
+            for r in answer.get("ranks", [])
+        ]
+
+    def log_tail(self, node: str, replica: str, rank: int, lines: int = 20) -> list[str]:
+        answer = self._call(node, {"op": "logs", "replica": replica, "rank": rank, "lines": lines})
+        return list(answer.get("lines") or [])

@@ -1,0 +1,128 @@
+"""`reconciler apply` end to end on this machine: the single-machine example, a real reconcile."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.apply import http_health
+from tests.apply_support.local import free_port, is_running, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def private_state(root: Path) -> dict:
+    """One-shot apply keeps its memory under XDG_STATE_HOME: this test's, not the user's."""
+    return {"XDG_STATE_HOME": str(root.parent / "xdg-state")}
+
+
+@pytest.fixture
+def example(tmp_path):
+    """The bundled single-machine example, with its own state dir and a free port."""
+    root = tmp_path / "catalog"
+    shutil.copytree(REPO / "examples" / "single-machine", root)
+    fleet = yaml.safe_load((root / "fleet.yaml").read_text())
+    fleet["state_dir"] = str(tmp_path / "state")
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
+    model_file = next((root / "models").glob("*.yaml"))
+    model = yaml.safe_load(model_file.read_text())
+    model["profiles"][0]["port"] = free_port()
+    model_file.write_text(yaml.safe_dump(model, sort_keys=False))
+    yield root, model, tmp_path / "state"
+    for rec in (tmp_path / "state" / "replicas").glob("*.json"):
+        pid = json.loads(rec.read_text())["pid"]
+        if is_running(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def test_apply_runs_the_single_machine_example_and_shows_its_endpoint(cli, example):
+    root, model, state = example
+    port = model["profiles"][0]["port"]
+    first = cli("apply", str(root), env=private_state(root))
+    assert first.returncode == 0, first.stderr
+    rid = f"{model['name']}-0"
+    assert f"{rid}  local  start  rank 0/1 port {port}" in first.stdout
+    assert f"{rid}  local  health  Ready" in first.stdout
+    assert f"  {model['name']}  http://127.0.0.1:{port}" in first.stdout
+    assert http_health(f"http://127.0.0.1:{port}", "/health")[0]
+    status = yaml.safe_load((root / "status" / "models" / f"{model['name']}.yaml").read_text())
+    assert status["ready"] == 1 and status["replicas"][0]["phase"] == "Ready"
+
+    again = cli("apply", str(root), env=private_state(root))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("nothing to do")
+    assert len(list((state / "replicas").glob("*.json"))) == 1
+
+
+def test_apply_dry_run_says_what_it_would_do_and_does_nothing(cli, example):
+    root, model, state = example
+    result = cli("apply", str(root), "--dry-run", env=private_state(root))
+    assert result.returncode == 0, result.stderr
+    assert f"{model['name']}-0  local  start  would start" in result.stdout
+    assert not (state / "replicas").exists() or not list((state / "replicas").glob("*.json"))
+    assert not (root / "status" / "models").exists()
+
+
+def test_apply_exits_3_when_no_node_can_be_reached(cli, tmp_path):
+    root = tmp_path / "catalog"
+    (root / "models").mkdir(parents=True)
+    closed = free_port()  # nothing listens there: connection refused
+    (root / "fleet.yaml").write_text(yaml.safe_dump({
+        "ssh": {"port": closed, "connect_timeout_s": 2, "known_hosts": str(tmp_path / "known_hosts")},
+        "nodes": [{"id": "gone", "address": "127.0.0.1"}],
+    }))
+    (tmp_path / "known_hosts").write_text("")
+    result = cli("apply", str(root), env=private_state(root))
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert "gone" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_invalid_catalog_applies_nothing_and_exits_1(cli, example):
+    root, model, state = example
+    (root / "models" / "broken.yaml").write_text("name: [unclosed\n")
+    result = cli("apply", str(root), env=private_state(root))
+    assert result.returncode == 1
+    assert "broken.yaml:" in result.stderr and "Traceback" not in result.stderr
+    assert not (state / "replicas").exists()
+
+
+def test_the_pass_after_a_start_with_nothing_changed_writes_no_status_file(example):
+    from reconciler.apply import run_pass
+    from reconciler.catalog import load_catalog
+    from reconciler.transport import LocalTransport
+
+    root, model, state = example
+    catalog = load_catalog(root, with_revision=False)
+    transports = {"local": LocalTransport("local")}
+    first = run_pass(catalog, transports=transports, ready_wait_s=30)
+    assert first.replicas[f"{model['name']}-0"].phase == "Ready"
+    before = {p: p.read_bytes() for p in (root / "status").rglob("*.yaml")}
+    second = run_pass(catalog, transports=transports, history=first.memory, ready_wait_s=30)
+    assert second.decisions == [] and second.written == []
+    assert {p: p.read_bytes() for p in (root / "status").rglob("*.yaml")} == before
+
+
+def test_one_shot_apply_remembers_restarts_between_runs(cli, example):
+    root, model, state = example
+    rid = f"{model['name']}-0"
+    env = private_state(root)
+    assert cli("apply", str(root), env=env).returncode == 0
+    [record] = (state / "replicas").glob("*.json")
+    pid = json.loads(record.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not is_running(pid), what="engine to die")
+
+    restarted = cli("apply", str(root), env=env)
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"{rid}  local  start" in restarted.stdout and "restart 1" in restarted.stdout
+    quiet = cli("apply", str(root), env=env)
+    assert quiet.stdout.startswith("nothing to do")
+    status = yaml.safe_load((root / "status" / "models" / f"{model['name']}.yaml").read_text())
+    assert status["replicas"][0]["restarts"] == 1  # not forgotten by the next run
+    assert list((root.parent / "xdg-state" / "llm-reconciler" / "apply-memory").glob("*.json"))
