@@ -166,3 +166,20 @@ class DaemonProcess:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def marked_pids(marker: str) -> set[int]:
+    """Every live process whose environment carries this test's marker."""
+    needle = f"E2E_MARKER={marker}".encode()
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            out.add(int(entry))
+    return out

@@ -28,6 +28,22 @@ def catalog(*node_ids: str) -> Catalog:
     return Catalog(root="/nonexistent", fleet=Fleet(nodes=nodes), models=(), revision="r")
 
 
+class MemoryStore:
+    def __init__(self, saved=None):
+        self.saved = {} if saved is None else saved
+
+    def load(self, root):
+        return self.saved.get(root)
+
+    def save(self, root, memory):
+        self.saved[root] = memory
+
+
+def apply_pass(run, pool=None, saved=None, **kw) -> ApplyPass:
+    store = MemoryStore(saved)
+    return ApplyPass(run_pass=run, pool=pool or Pool(), memory=(store.load, store.save), **kw)
+
+
 class RecordingRunPass:
     def __init__(self):
         self.calls = []
@@ -43,7 +59,7 @@ class RecordingRunPass:
 
 def test_history_is_handed_to_the_next_pass_and_readiness_is_never_awaited_inside_one():
     run = RecordingRunPass()
-    p = ApplyPass(run_pass=run, pool=Pool())
+    p = apply_pass(run)
     p(catalog("a"), print, trigger="start")
     p(catalog("a"), print, trigger="interval")
     assert [c.history for c in run.calls] == [None, "memory-1"]
@@ -53,7 +69,7 @@ def test_history_is_handed_to_the_next_pass_and_readiness_is_never_awaited_insid
 def test_a_commit_pass_reuses_the_inventory_the_last_pass_left_only_while_fresh_and_fleet_unchanged():
     now = [100.0]
     run = RecordingRunPass()
-    p = ApplyPass(reuse_inventory_s=30, clock=lambda: now[0], run_pass=run, pool=Pool())
+    p = apply_pass(run, reuse_inventory_s=30, clock=lambda: now[0])
     logged = []
     p(catalog("a"), lambda *a, **k: logged.append(a), trigger="start")
     assert run.calls[-1].probe is None
@@ -76,7 +92,20 @@ def test_a_commit_pass_reuses_the_inventory_the_last_pass_left_only_while_fresh_
 
 def test_a_node_removed_from_the_fleet_has_its_connection_dropped():
     pool = Pool()
-    p = ApplyPass(run_pass=RecordingRunPass(), pool=pool)
+    p = apply_pass(RecordingRunPass(), pool=pool)
     p(catalog("a", "b"), print, trigger="start")
     p(catalog("a"), print, trigger="commit")
     assert pool.forgotten == ["b"]
+
+
+def test_the_pass_memory_is_saved_after_each_pass_and_read_back_by_a_new_daemon():
+    saved = {}
+    first = apply_pass(RecordingRunPass(), saved=saved)
+    first(catalog("a"), print, trigger="start")
+    first(catalog("a"), print, trigger="interval")
+    assert saved == {"/nonexistent": "memory-2"}
+
+    run = RecordingRunPass()
+    restarted = apply_pass(run, saved=saved)
+    restarted(catalog("a"), print, trigger="start")
+    assert run.calls[0].history == "memory-2"

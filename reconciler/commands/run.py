@@ -52,7 +52,11 @@ class ApplyPass:
     which always probes.
     """
 
-    def __init__(self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None) -> None:
+    def __init__(
+        self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None, memory=None
+    ) -> None:
+        """memory: (load(root) -> memory, save(root, memory)); default: the file one-shot `apply` keeps,
+        so restart counts and backoff survive a daemon restart and agree with `apply` run by hand."""
         if run_pass is None:
             try:
                 from reconciler.apply import run_pass
@@ -61,6 +65,8 @@ class ApplyPass:
         self._run_pass = run_pass
         self._pool = pool if pool is not None else _transport_pool()
         self._history = None
+        self._memory = memory or _memory_file_store()
+        self._memory_loaded = False
         self._nodes: set[str] = set()
         self._reuse_s = reuse_inventory_s
         self._clock = clock
@@ -85,6 +91,9 @@ class ApplyPass:
         return out
 
     def __call__(self, catalog, log, *, trigger: str = "interval"):
+        if not self._memory_loaded:
+            self._history = self._memory[0](catalog.root)
+            self._memory_loaded = True
         kwargs = {}
         if trigger == "commit" and self._last is not None:
             fleet, inventory, when = self._last
@@ -97,12 +106,20 @@ class ApplyPass:
             catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
         self._history = getattr(result, "memory", None)
+        if self._history is not None:
+            self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, getattr(result, "inventory", None), self._clock())
         return result
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+
+
+def _memory_file_store():
+    from reconciler.commands.apply import load_memory, memory_path, save_memory
+
+    return (lambda root: load_memory(memory_path(root)), lambda root, m: save_memory(memory_path(root), m))
 
 
 def _transport_pool():
