@@ -195,6 +195,7 @@ def bench(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
     catalog = work / "catalog"
     state_dir = work / "state"
+    os.environ["XDG_STATE_HOME"] = str(work / "xdg")  # the pass memory file stays in the bench's directory
     test_fleet = None
     model = model_yaml
     if args.fleet:
