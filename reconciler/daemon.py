@@ -109,7 +109,9 @@ class CatalogLock:
         self.path, self.what = path, what
         self._fd: int | None = None
 
-    def acquire(self, log: EventLog) -> None:
+    def acquire(self, log: EventLog) -> int | None:
+        """Take the lock or raise DaemonLocked naming the holder. Returns the pid of a daemon that
+        died holding it (its pid was still in the file: a clean exit empties the file), else None."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -124,12 +126,16 @@ class CatalogLock:
                 ) from None
             raise ReconcilerError(f"cannot lock {self.path}: {exc.strerror}") from exc
         previous = _read_pid(fd)
-        if previous and previous != os.getpid():
+        if previous == os.getpid():
+            previous = None
+        if previous:
             log("lock.taken-over", previous_pid=previous, lock=str(self.path),
-                msg="the previous daemon is gone (the kernel released its lock when it exited); taking over")
+                msg="the previous daemon ended without stopping cleanly (the kernel released its lock); taking over, "
+                    "its engines are adopted from their records")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        return previous
 
     def release(self) -> None:
         if self._fd is None:
@@ -255,6 +261,7 @@ class _State:
     detached: bool = False
     no_commit: bool = False
     watcher_error: str | None = None
+    took_over_from: int | None = None  # pid of a daemon that died holding the lock
 
 
 class Daemon:
@@ -326,7 +333,7 @@ class Daemon:
 
     def serve(self) -> int:
         """Run until a stop signal (or --max-passes). Must be called on the main thread."""
-        self.lock.acquire(self.log)
+        self.state.took_over_from = self.lock.acquire(self.log)
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         for s in previous:
             signal.signal(s, self._on_signal)
@@ -543,6 +550,9 @@ class Daemon:
                     "message": st.pull.message if st.pull.problem else "",
                 }
         warnings = []
+        if st.took_over_from:
+            warnings.append(f"this daemon took over from one (pid {st.took_over_from}) that ended without stopping "
+                            "cleanly; what it had started was adopted")
         if st.detached:
             warnings.append(DETACHED)
         if st.watcher_error:

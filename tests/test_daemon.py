@@ -166,6 +166,14 @@ def test_a_lock_left_by_a_killed_daemon_is_taken_over(repo, daemon):
     second.wait_pass()
     taken = second.wait_event("lock.taken-over")[0]
     assert taken["previous_pid"] == first.pid
+    assert any(f"pid {first.pid}" in w for w in repo.status()["warnings"])
+
+    second.signal(signal.SIGTERM)  # a clean exit leaves nothing to take over
+    assert second.wait_exit() == 0
+    third = daemon(*QUIET, name="third")
+    third.wait_pass(count=1)
+    assert third.events("lock.taken-over") == []
+    assert not any("took over" in w for w in repo.status()["warnings"])
 
 
 def test_sigterm_finishes_the_pass_in_progress_then_exits_leaving_status_written(repo, daemon):
@@ -384,3 +392,22 @@ def test_a_catalog_in_a_linked_worktree_sees_commits_made_there(repo, tmp_path, 
     assert d.wait_pass(bumped)[0]["models"] == {"alpha": 6}
     assert work.status()["branch"] == "deploy"
     assert repo.porcelain() == ""  # the daemon's lock and snapshots are not in either working tree
+
+
+def test_a_half_written_file_in_a_plain_directory_applies_nothing_until_it_is_whole(tmp_path, daemon):
+    plain = tmp_path / "plain"
+    (plain / "models").mkdir(parents=True)
+    (plain / "fleet.yaml").write_text(FLEET)
+    (plain / "models/alpha.yaml").write_text(model_yaml("alpha", 1))
+    d = daemon(*QUIET, catalog=plain)
+    d.wait_pass()
+    text = model_yaml("alpha", 2)
+    (plain / "models/alpha.yaml").write_text(text[: text.index("profiles")] + "profiles:\n  - name: [")
+    status_of = lambda: CatalogRepo(plain, init=False).status()  # noqa: E731
+    wait_for(lambda: status_of()["errors"], what="the half-written file reported")
+    assert status_of()["errors"][0]["file"] == "models/alpha.yaml"
+    assert all(p["models"] == {"alpha": 1} for p in d.passes())
+
+    (plain / "models/alpha.yaml").write_text(text)
+    wait_for(lambda: any(p["models"] == {"alpha": 2} for p in d.passes()), what="the whole file applied")
+    wait_for(lambda: status_of()["errors"] == [], what="errors cleared")
