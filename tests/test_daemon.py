@@ -233,6 +233,7 @@ def test_detached_head_is_applied_and_said_in_status(repo, daemon):
     status = repo.status()
     assert status["branch"] is None
     assert any("detached" in w for w in status["warnings"])
+    conforms_to_schema(status)
 
 
 def test_metrics_endpoint_serves_pass_and_action_counters(repo, daemon):
@@ -278,6 +279,7 @@ def test_git_pull_fast_forwards_to_a_commit_pushed_upstream(tmp_path, daemon):
     assert d.wait_pass(pushed)[0]["models"] == {"alpha": 4}
     assert deployed.head() == pushed
     assert deployed.status()["upstream"] == {"ref": "origin/main", "state": "up-to-date", "message": ""}
+    conforms_to_schema(deployed.status())
 
 
 def test_a_refused_pull_keeps_the_revision_in_force_and_says_why_in_status(tmp_path, daemon):
@@ -301,6 +303,7 @@ def test_a_refused_pull_keeps_the_revision_in_force_and_says_why_in_status(tmp_p
     assert upstream["state"] == "refused" and "made only here" in upstream["message"]
     assert d.events("git.pull.refused")
     assert deployed.head() == local
+    conforms_to_schema(deployed.status())
 
 
 def test_text_log_lines_carry_the_decision_and_its_reason():
