@@ -414,3 +414,18 @@ def test_a_half_written_file_in_a_plain_directory_applies_nothing_until_it_is_wh
     (plain / "models/alpha.yaml").write_text(text)
     wait_for(lambda: any(p["models"] == {"alpha": 2} for p in d.passes()), what="the whole file applied")
     wait_for(lambda: status_of()["errors"] == [], what="errors cleared")
+
+
+def test_commit_status_with_push_puts_the_status_history_upstream(tmp_path, daemon):
+    origin = CatalogRepo(tmp_path / "origin")
+    bare = tmp_path / "upstream.git"
+    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
+    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
+    deployed = CatalogRepo(tmp_path / "deployed", init=False)
+
+    d = daemon(*QUIET, "--commit-status", "--push", catalog=deployed.path)
+    committed = d.wait_event("status.committed")[0]
+    assert committed["pushed"] == "yes"
+    upstream_files = git(bare, "show", "--name-only", "--format=", "main").split()
+    assert "status/catalog.yaml" in upstream_files
+    assert git(bare, "rev-parse", "main").strip() == deployed.head()

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ def record_pids(e2e: E2E) -> set[int]:
 def test_committing_a_replica_bump_starts_the_new_replica(e2e):
     e2e.model("echo", 1)
     e2e.repo.commit("echo: 1 replica")
-    e2e.daemon()
+    d = e2e.daemon("--metrics-address", "127.0.0.1:0")
     e2e.wait_ready("echo", 1)
     first = e2e.records()["echo-0.rank0"]["pid"]
 
@@ -127,6 +128,13 @@ def test_committing_a_replica_bump_starts_the_new_replica(e2e):
     assert [r["id"] for r in status["replicas"]] == ["echo-0", "echo-1"]
     assert e2e.records()["echo-0.rank0"]["pid"] == first, "the running replica was touched"
     assert marked_pids(e2e.marker) == record_pids(e2e)
+
+    # the metrics come from the real pass result
+    address = d.wait_event("metrics.serving")[0]["address"]
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    assert 'reconciler_actions_total{action="start",outcome="ok"} 2' in body
+    assert 'reconciler_nodes{state="ready"} 1' in body
+    assert 'reconciler_replicas{phase="Ready"}' in body
 
 
 def test_removing_a_model_stops_its_replicas_and_nothing_else(e2e):
