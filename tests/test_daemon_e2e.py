@@ -214,3 +214,25 @@ def test_daemon_killed_mid_pass_and_restarted_converges_without_duplicates_or_or
     assert sorted(records) == [f"echo-{i}.rank0" for i in range(4)]
     assert marked_pids(e2e.marker) == record_pids(e2e), "an engine runs that no record accounts for"
     assert second.events("lock.taken-over")
+
+
+def test_an_invalid_commit_changes_nothing_on_the_node_and_the_next_valid_one_applies(e2e):
+    e2e.model("echo", 1)
+    good = e2e.repo.commit("echo")
+    d = e2e.daemon()
+    e2e.wait_ready("echo", 1)
+    before = e2e.records()
+
+    e2e.model("echo", 3)
+    e2e.repo.write("models/broken.yaml", "name: broken\nreplicas: two\n")
+    bad = e2e.repo.commit("bump echo and add a broken model")
+    wait_for(lambda: e2e.repo.status()["last_attempted_revision"] == bad, 60, "the bad revision attempted")
+    d.signal(signal.SIGHUP)  # a resync after the refusal keeps the good revision in force
+    passes = len(d.events("pass.end"))
+    wait_for(lambda: len(d.events("pass.end")) > passes, 60, "a resync")
+    assert e2e.repo.status()["last_applied_revision"] == good
+    assert e2e.records() == before and marked_pids(e2e.marker) == record_pids(e2e)
+
+    git(e2e.repo.path, "rm", "-q", "models/broken.yaml")
+    e2e.repo.commit("drop the broken model")
+    e2e.wait_ready("echo", 3)
