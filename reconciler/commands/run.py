@@ -1,0 +1,138 @@
+"""`reconciler run`: the daemon. Wiring only; the loop lives in reconciler/daemon.py."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
+from reconciler.errors import ReconcilerError, UsageError
+
+
+def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=None) -> Daemon:
+    if args.push and not args.commit_status:
+        raise UsageError("--push pushes status commits: it needs --commit-status")
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be above 0 seconds, not {args.interval:g}")
+    if args.max_passes is not None and args.max_passes < 1:
+        raise UsageError("--max-passes must be at least 1")
+    if not Path(args.catalog).is_dir():
+        raise ReconcilerError(f"{args.catalog}: no such catalog directory")
+    log = EventLog(args.log_format, stream if stream is not None else sys.stderr)
+    options = DaemonOptions(
+        interval=args.interval,
+        git_pull=args.git_pull,
+        commit_status=args.commit_status,
+        push=args.push,
+        metrics_address=args.metrics_address,
+        max_passes=args.max_passes,
+    )
+    if options.metrics_address:  # a bad address is a usage error before anything starts
+        from reconciler.metrics import parse_address
+
+        parse_address(options.metrics_address)
+    return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
+
+
+class ApplyPass:
+    """The daemon's pass: reconciler.apply.run_pass, with SSH connections kept open between
+    passes and the restart memory (backoff, restart counts) handed from one pass to the next.
+
+    The daemon does not wait for replicas to become Ready inside a pass (ready_wait_s=0):
+    a pass that blocked on a slow engine would hold back every other change; later
+    passes judge them instead.
+
+    A pass started by a commit plans against the inventory the previous pass left
+    (what it probed, updated with what it started and stopped) when that is younger
+    than the resync interval and fleet.yaml did not change: probing every node is
+    most of a pass on a large fleet, and a commit should reach the nodes in well
+    under a second. What that snapshot cannot know (an engine that died since, a
+    port taken since) is caught by the node agent at launch or by the next resync,
+    which always probes.
+    """
+
+    def __init__(
+        self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None, memory=None
+    ) -> None:
+        """memory: (load(root) -> memory, save(root, memory)); default: the file one-shot `apply` keeps,
+        so restart counts and backoff survive a daemon restart and agree with `apply` run by hand."""
+        if run_pass is None:
+            try:
+                from reconciler.apply import run_pass
+            except ImportError as exc:
+                raise ReconcilerError(f"the apply pass is not available in this build ({exc})") from exc
+        self._run_pass = run_pass
+        self._pool = pool if pool is not None else _transport_pool()
+        self._history = None
+        self._memory = memory or _memory_file_store()
+        self._memory_loaded = False
+        self._nodes: set[str] = set()
+        self._reuse_s = reuse_inventory_s
+        self._clock = clock
+        self._last: tuple | None = None  # (fleet, inventory after the pass, when)
+
+    def _transports(self, catalog) -> dict:
+        from reconciler.transport import LocalTransport
+
+        ids = {n.id for n in catalog.fleet.nodes}
+        for gone in self._nodes - ids:  # a node removed from fleet.yaml: drop its connection
+            if self._pool is not None:
+                self._pool.forget(gone)
+        self._nodes = ids
+        out = {}
+        for node in catalog.fleet.nodes:
+            if self._pool is not None:
+                out[node.id] = self._pool.transport_for(node)
+            elif node.transport == "local":
+                out[node.id] = LocalTransport(node.id)
+            else:
+                raise ReconcilerError(f"{node.id}: the SSH transport is not available in this build")
+        return out
+
+    def __call__(self, catalog, log, *, trigger: str = "interval"):
+        if not self._memory_loaded:
+            self._history = self._memory[0](catalog.root)
+            self._memory_loaded = True
+        kwargs = {}
+        if trigger == "commit" and self._last is not None:
+            fleet, inventory, when = self._last
+            age = self._clock() - when
+            if fleet == catalog.fleet and inventory is not None and age < self._reuse_s:
+                kwargs["probe"] = lambda _fleet, _transports: inventory
+                log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
+                    "pass left; the next resync probes every node")
+        result = self._run_pass(
+            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
+        )
+        self._history = getattr(result, "memory", None)
+        if self._history is not None:
+            self._memory[1](catalog.root, self._history)
+        self._last = (catalog.fleet, getattr(result, "inventory", None), self._clock())
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+
+def _memory_file_store():
+    from reconciler.commands.apply import load_memory, memory_path, save_memory
+
+    return (lambda root: load_memory(memory_path(root)), lambda root, m: save_memory(memory_path(root), m))
+
+
+def _transport_pool():
+    try:
+        from reconciler.ssh import TransportPool
+    except ImportError:  # before the SSH transport is merged: local nodes only
+        return None
+    return TransportPool()
+
+
+def apply_pass(interval: float = 60.0) -> PassFn:
+    return ApplyPass(reuse_inventory_s=interval)
+
+
+def main(args) -> int:
+    return daemon_from_args(args).serve()

@@ -1,0 +1,111 @@
+"""The daemon's wiring of the apply pass: what it hands run_pass from one pass to the next."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from reconciler.commands.run import ApplyPass
+from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode
+from reconciler.transport import LocalTransport
+
+
+class Pool:
+    def __init__(self):
+        self.forgotten = []
+
+    def transport_for(self, node):
+        return LocalTransport(node.id)
+
+    def forget(self, node_id):
+        self.forgotten.append(node_id)
+
+    def close(self):
+        pass
+
+
+def catalog(*node_ids: str) -> Catalog:
+    nodes = tuple(NodeSpec(id=i, address=f"10.213.9.{n}", data_address=f"10.213.9.{n}") for n, i in enumerate(node_ids, 1))
+    return Catalog(root="/nonexistent", fleet=Fleet(nodes=nodes), models=(), revision="r")
+
+
+class MemoryStore:
+    def __init__(self, saved=None):
+        self.saved = {} if saved is None else saved
+
+    def load(self, root):
+        return self.saved.get(root)
+
+    def save(self, root, memory):
+        self.saved[root] = memory
+
+
+def apply_pass(run, pool=None, saved=None, **kw) -> ApplyPass:
+    store = MemoryStore(saved)
+    return ApplyPass(run_pass=run, pool=pool or Pool(), memory=(store.load, store.save), **kw)
+
+
+class RecordingRunPass:
+    def __init__(self):
+        self.calls = []
+        self.n = 0
+
+    def __call__(self, catalog, *, transports, history, log, ready_wait_s, probe=None):
+        self.n += 1
+        inventory = Inventory(nodes=tuple(ObservedNode(id=f"seen-{self.n}") for _ in range(1)))
+        self.calls.append(SimpleNamespace(transports=sorted(transports), history=history, ready_wait_s=ready_wait_s,
+                                          probe=probe))
+        return SimpleNamespace(inventory=inventory, memory=f"memory-{self.n}")
+
+
+def test_history_is_handed_to_the_next_pass_and_readiness_is_never_awaited_inside_one():
+    run = RecordingRunPass()
+    p = apply_pass(run)
+    p(catalog("a"), print, trigger="start")
+    p(catalog("a"), print, trigger="interval")
+    assert [c.history for c in run.calls] == [None, "memory-1"]
+    assert {c.ready_wait_s for c in run.calls} == {0}
+
+
+def test_a_commit_pass_reuses_the_inventory_the_last_pass_left_only_while_fresh_and_fleet_unchanged():
+    now = [100.0]
+    run = RecordingRunPass()
+    p = apply_pass(run, reuse_inventory_s=30, clock=lambda: now[0])
+    logged = []
+    p(catalog("a"), lambda *a, **k: logged.append(a), trigger="start")
+    assert run.calls[-1].probe is None
+
+    p(catalog("a"), lambda *a, **k: logged.append(a), trigger="commit")
+    reused = run.calls[-1].probe
+    assert reused is not None and reused(None, None).nodes[0].id == "seen-1"
+    assert ("probe.reused",) in logged
+
+    p(catalog("a"), print, trigger="interval")  # a resync always probes
+    assert run.calls[-1].probe is None
+
+    p(catalog("a", "b"), print, trigger="commit")  # fleet.yaml changed: probe
+    assert run.calls[-1].probe is None
+
+    now[0] += 31
+    p(catalog("a", "b"), print, trigger="commit")  # too old: probe
+    assert run.calls[-1].probe is None
+
+
+def test_a_node_removed_from_the_fleet_has_its_connection_dropped():
+    pool = Pool()
+    p = apply_pass(RecordingRunPass(), pool=pool)
+    p(catalog("a", "b"), print, trigger="start")
+    p(catalog("a"), print, trigger="commit")
+    assert pool.forgotten == ["b"]
+
+
+def test_the_pass_memory_is_saved_after_each_pass_and_read_back_by_a_new_daemon():
+    saved = {}
+    first = apply_pass(RecordingRunPass(), saved=saved)
+    first(catalog("a"), print, trigger="start")
+    first(catalog("a"), print, trigger="interval")
+    assert saved == {"/nonexistent": "memory-2"}
+
+    run = RecordingRunPass()
+    restarted = apply_pass(run, saved=saved)
+    restarted(catalog("a"), print, trigger="start")
+    assert run.calls[0].history == "memory-2"
