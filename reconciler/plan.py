@@ -250,6 +250,7 @@ def _no_gc():
             gc.enable()
 
 
+@_no_gc()
 def plan(
     catalog: Catalog,
     inventory: Inventory,
@@ -261,7 +262,7 @@ def plan(
     last_seen: Inventory | None = None,
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
-) -> "Plan":
+) -> Plan:
     """Compare the catalog with what runs and decide what to do, each action with its reason.
 
     catalog            desired state (models, fleet); `catalog.revision` is copied into the plan.
@@ -276,26 +277,6 @@ def plan(
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     """
-    with _no_gc():
-        return _plan(
-            catalog, inventory, now=now, history=history, unreachable_since=unreachable_since, grace_s=grace_s,
-            last_seen=last_seen, explain=explain, placed_on=placed_on,
-        )
-
-
-def _plan(
-    catalog: Catalog,
-    inventory: Inventory,
-    *,
-    now: float = 0.0,
-    history: Mapping[str, ReplicaHistory] | None = None,
-    unreachable_since: Mapping[str, float] | None = None,
-    grace_s: float = UNREACHABLE_GRACE_S,
-    last_seen: Inventory | None = None,
-    explain: Iterable[str] = (),
-    placed_on: Mapping[str, tuple[str, ...]] | None = None,
-) -> Plan:
-    """The diff itself; see plan() for the arguments."""
     history = dict(history or {})
     unreachable_since = unreachable_since or {}
     placed_on = placed_on or {}
