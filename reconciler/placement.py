@@ -586,6 +586,32 @@ class Placer:
                 rejections.extend(self.rejections_for(model, profile, exclude))
         return Outcome(rid, model.name, None, tuple(rejections), nodes_considered=len(self.nodes))
 
+    def place_missing(self, models: Iterable[Model], decided: dict[str, Outcome],
+                      explain: frozenset[str] = frozenset()) -> list[Outcome]:
+        """Place every replica of `models` not yet in `decided`, largest demand first.
+
+        Every outcome goes into `decided`; the placed ones are also returned, in the
+        order they were placed. Once a replica of a model fails, the later ones of that
+        model get `rejections_same_as` it: nothing was placed since, so they would fail
+        against the same state, and their rejection lists would only repeat it.
+        """
+        placed: list[Outcome] = []
+        for model in placement_order(models):
+            failed_first: str | None = None
+            for rid in model.replica_ids():
+                if rid in decided:
+                    continue
+                if failed_first is not None:
+                    decided[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
+                    continue
+                out = self.place(model, rid, explain=model.name in explain)
+                decided[rid] = out
+                if out.placement is None:
+                    failed_first = rid
+                else:
+                    placed.append(out)
+        return placed
+
     # ---- explaining ------------------------------------------------------
 
     def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset) -> str | None:
@@ -677,26 +703,12 @@ def place(
     GPUs and ports before anything new is placed. `explain` names models whose
     placed replicas should also keep the rejections of profiles they skipped.
     """
-    running = list(running)
     placer = Placer(fleet, inventory, models)
     outcomes: dict[str, Outcome] = {}
     for p in running:
         placer.hold(p)
         outcomes[p.replica] = Outcome(p.replica, p.model, p, kept=True)
-    explain = frozenset(explain)
-    for model in placement_order(models):
-        failed_first: str | None = None
-        for rid in model.replica_ids():
-            if rid in outcomes:
-                continue
-            if failed_first is not None:
-                # Nothing was placed since the first failure of this model, so the state is the same.
-                outcomes[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
-                continue
-            out = placer.place(model, rid, explain=model.name in explain)
-            outcomes[rid] = out
-            if out.placement is None:
-                failed_first = rid
+    placer.place_missing(models, outcomes, frozenset(explain))
     return PlacementResult(outcomes)
 
 

@@ -39,11 +39,12 @@ from reconciler.model import (
     Inventory,
     Model,
     Placement,
+    Profile,
     RunningRank,
     replica_ordinal,
     spec_hash,
 )
-from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, placement_order, pool_name
+from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 
 # Restart backoff: first restart at once, then 10 s, 20 s, 40 s ... capped at 5 minutes,
 # the same curve as a kubelet's CrashLoopBackOff so operators read it the same way.
@@ -384,7 +385,7 @@ def plan(
                                    f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(delay)} s)",
                                    False, new_history[rid]))
                 continue
-            target = _restart_placement(placer, catalog, current, profile, copy)
+            target = _restart_placement(placer, current, profile)
             restarts.append(Action("restart", rid, model_name,
                                    f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(delay)} s)",
                                    target, previous=current))
@@ -422,23 +423,11 @@ def plan(
             reason += "; no placement fits, the old copy keeps running"
         replaces.append(Action("replace", rid, model.name, reason, out.placement, previous=old, stop_first=stop_first))
 
-    # Starts: everything desired and not found running, largest demand first.
-    starts: list[Action] = []
-    for model in placement_order(catalog.models):
-        failed_first: str | None = None
-        for ordinal, rid in enumerate(model.replica_ids()):
-            if rid in outcomes:
-                continue
-            if failed_first is not None:
-                outcomes[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
-                continue
-            out = placer.place(model, rid, explain=model.name in explain)
-            outcomes[rid] = out
-            if out.placement is None:
-                failed_first = rid
-                continue
-            new_history[rid] = ReplicaHistory()
-            starts.append(Action("start", rid, model.name, "not running", out.placement))
+    # Starts: everything desired and not found running.
+    starts = [Action("start", o.replica, o.model, "not running", o.placement)
+              for o in placer.place_missing(catalog.models, outcomes, explain)]
+    for a in starts:
+        new_history[a.replica] = ReplicaHistory()
 
     def by_model_ordinal(a: Action):
         return (a.model, replica_ordinal(a.model, a.replica) or 0)
@@ -465,7 +454,7 @@ def plan(
     )
 
 
-def _restart_placement(placer: Placer, catalog: Catalog, current: Placement, profile, copy: _Copy) -> Placement:
+def _restart_placement(placer: Placer, current: Placement, profile: Profile) -> Placement:
     """The same nodes, GPUs and ports again; a multi-node replica also needs a rendezvous port."""
     placement = _replace(current, pool=pool_name(current.fabric, profile))
     if len(current.nodes) > 1:
