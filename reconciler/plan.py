@@ -30,6 +30,7 @@ import datetime as _dt
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace as _replace
+from functools import cached_property
 from typing import Iterable, Mapping
 
 from reconciler.model import (
@@ -94,7 +95,7 @@ class Plan:
         """Per desired replica, the nodes it is on or goes to: the `placed_on` input of the next pass."""
         return {rid: tuple(a.node for a in o.placement.nodes) for rid, o in self.outcomes.items() if o.placement is not None}
 
-    @property
+    @cached_property  # status asks once per replica; the history holds every replica
     def restarts(self) -> dict[str, int]:
         """Per replica, how many times the reconciler restarted it (for status)."""
         return {rid: h.restarts for rid, h in self.history.items() if h.restarts}
