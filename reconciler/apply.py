@@ -45,7 +45,8 @@ from reconciler.model import (
     RankLaunch,
     RunningRank,
 )
-from reconciler.pass_status import endpoint_url, plan_unplaced, write_pass_status
+from reconciler.plan import Plan, ReplicaHistory, plan as make_plan
+from reconciler.status import replica_endpoint, write_nodes_status, write_plan_status
 from reconciler.transport import Transport
 
 # A GPU whose memory is more than this share used is not clean, even with no process listed
@@ -99,7 +100,7 @@ class ReplicaState:
 class PassResult:
     revision: str | None
     inventory: Inventory | None
-    plan: Any
+    plan: Plan
     decisions: list[Decision] = field(default_factory=list)
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     dry_run: bool = False
@@ -302,7 +303,7 @@ class Actor:
         self.decide(replica, node, "fail", message, ok=False)
         self.states[replica] = ReplicaState(
             replica, model, profile, "Failed", message, placement.nodes if placement else (),
-            endpoint_url(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
+            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
         )
 
     # -- actions
@@ -322,10 +323,13 @@ class Actor:
 
     def old_targets(self, action: Action) -> list[tuple[str, int]]:
         """(node, rank) of the copy an action supersedes: the plan's `previous`, else what the records show."""
-        previous = getattr(action, "previous", None)
-        if previous is not None and previous.nodes:
-            return sorted({(a.node, a.rank) for a in previous.nodes})
-        return sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, action.replica)})
+        if action.previous is not None and action.previous.nodes:
+            return sorted({(a.node, a.rank) for a in action.previous.nodes})
+        return self.recorded_targets(action.replica)
+
+    def recorded_targets(self, replica: str) -> list[tuple[str, int]]:
+        """(node, rank) of every record of the replica in the working snapshot."""
+        return sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, replica)})
 
     def reachable(self, node_id: str) -> bool:
         node = self.inventory.node(node_id)
@@ -432,7 +436,7 @@ class Actor:
         self.pending[action.replica] = _Started(launches, action.model, profile, placement, self.clock())
         self.states[action.replica] = ReplicaState(
             action.replica, action.model, profile.name, "Starting", "", placement.nodes,
-            endpoint_url(self.catalog.fleet, placement.head.node, placement.head.port),
+            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
         )
         return True
 
@@ -455,7 +459,7 @@ class Actor:
         if action.placement is not None and action.placement.nodes:
             targets = sorted({(a.node, a.rank) for a in action.placement.nodes})
         else:
-            targets = sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, action.replica)})
+            targets = self.recorded_targets(action.replica)
         if not targets:
             self.decide(action.replica, "-", "stop", f"nothing running: {action.reason}")
             return
@@ -471,7 +475,7 @@ class Actor:
         old_live = [t for t in old if self.reachable(t[0])]
         new_slots = {(a.node, a.rank) for a in placement.nodes}
         # Starting first needs the new ranks' records to be distinct from the old ones (same replica id).
-        start_first = bool(old) and not getattr(action, "stop_first", False) and not (new_slots & set(old))
+        start_first = bool(old) and not action.stop_first and not (new_slots & set(old))
         if not start_first:
             if not self.stop_ranks(action.replica, old_live, f"replace, old copy first: {action.reason}"):
                 model, profile = self._model_profile(action)
@@ -518,7 +522,7 @@ class Actor:
     def judge(self, replica: str, started: _Started, *, final: bool) -> ReplicaState | None:
         """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
         head = next(l for l in started.launches if l.rank == 0)
-        url = endpoint_url(self.catalog.fleet, head.node, head.port)
+        url = replica_endpoint(self.catalog.fleet, head.node, head.port)
         base = ReplicaState(replica, started.model, started.profile.name, "Starting", "", started.placement.nodes, url)
         answered, seen = self.health(url, head.health_path or started.profile.health_path)
         now = self.clock()
@@ -608,7 +612,7 @@ def observed_state(
     head_node, head = next(((n, r) for n, r in ranks if r.rank == 0), ranks[0])
     profile = model.profile(head.profile)
     nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
-    url = endpoint_url(catalog.fleet, head_node.id, head.port)
+    url = replica_endpoint(catalog.fleet, head_node.id, head.port)
     base = ReplicaState(replica, model.name, head.profile, "Unknown", "", nodes, url)
     gone = [n for n, _ in ranks if n.state == "unreachable"]
     if gone:
@@ -678,7 +682,7 @@ class PassMemory:
     placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
     """
 
-    history: Mapping[str, Any] = field(default_factory=dict)
+    history: Mapping[str, ReplicaHistory] = field(default_factory=dict)
     unreachable_since: Mapping[str, float] = field(default_factory=dict)
     last_seen: Inventory | None = None
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -686,7 +690,7 @@ class PassMemory:
 
 def remember(
     memory: PassMemory,
-    plan: Any,
+    plan: Plan | None,
     inventory: Inventory,
     acted: Mapping[str, "ReplicaState"],
     now: float,
@@ -710,9 +714,8 @@ def remember(
             placed_on[rid] = tuple(a.node for a in state.nodes)
     if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
         placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
-    history = getattr(plan, "history", None)
     return PassMemory(
-        history=dict(history) if isinstance(history, Mapping) else dict(memory.history),
+        history=dict(plan.history if plan is not None else memory.history),
         unreachable_since=unreachable,
         last_seen=Inventory(tuple(last_nodes)),
         placed_on=placed_on,
@@ -731,8 +734,6 @@ def memory_to_document(memory: PassMemory) -> dict:
 
 def memory_from_document(doc: Any) -> PassMemory:
     """The inverse of memory_to_document; anything unreadable is forgotten, never an error."""
-    from reconciler.plan import ReplicaHistory
-
     try:
         return PassMemory(
             history={rid: ReplicaHistory(**h) for rid, h in (doc.get("history") or {}).items()},
@@ -750,10 +751,8 @@ def _default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
     return probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
 
 
-def _default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory):
-    from reconciler.plan import plan  # the placement branch
-
-    return plan(
+def _default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory) -> Plan:
+    return make_plan(
         catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on,
     )
@@ -765,29 +764,17 @@ def _default_render(model, profile, placement, fleet, inventory) -> list[RankLau
     return render_replica(model, profile, placement, fleet, inventory)
 
 
-def _plan_actions(plan: Any) -> list[Action]:
-    return list(getattr(plan, "actions", plan) or [])
-
-
-def _as_memory(history: Any) -> PassMemory:
-    if history is None:
-        return PassMemory()
-    if isinstance(history, PassMemory):
-        return history
-    return PassMemory(history=dict(history))  # the plan's own history mapping
-
-
 def run_pass(
     catalog: Catalog,
     *,
     transports: Any,
     dry_run: bool = False,
     now: float | None = None,
-    history: PassMemory | Mapping | None = None,
+    history: PassMemory | None = None,
     log: LogFn = lambda d: None,
     launcher: Launcher | None = None,
     probe: Callable[[Catalog, FleetTransports], Inventory] | None = None,
-    planner: Callable[..., Any] | None = None,
+    planner: Callable[..., Plan] | None = None,
     render: RenderFn | None = None,
     ready_wait_s: float | None = None,
     write_status: bool = True,
@@ -810,17 +797,16 @@ def run_pass(
     planner = planner or _default_planner
     render = render or _default_render
     now = time.time() if now is None else now
-    memory = _as_memory(history)
+    memory = history or PassMemory()
     fleet_transports = FleetTransports(transports, catalog.fleet)
     launcher = launcher or SshLauncher.for_fleet(catalog.fleet, fleet_transports)
 
     inventory = probe(catalog, fleet_transports)
     plan = planner(catalog, inventory, now=now, memory=memory)
-    actions = _plan_actions(plan)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory)
 
     if dry_run:
-        for a in actions:
+        for a in plan.actions:
             nodes = ",".join(x.node for x in a.placement.nodes) if a.placement and a.placement.nodes else "-"
             d = Decision(a.replica, nodes, a.action, f"would {a.action}: {a.reason}")
             result.decisions.append(d)
@@ -829,7 +815,7 @@ def run_pass(
 
     actor = Actor(catalog, inventory, launcher, render, log, ready_wait_s=ready_wait_s, health=health)
     try:
-        for action in actions:
+        for action in plan.actions:
             try:
                 actor.act(action)
             except ReconcilerError as exc:  # one action's failure never stops the others
@@ -842,7 +828,7 @@ def run_pass(
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
     finally:
         if write_status:
-            result.written = write_pass_status(catalog, result)
+            result.written = _write_status(catalog, result)
     return result
 
 
@@ -850,13 +836,13 @@ def replica_states(
     catalog: Catalog,
     inventory: Inventory,
     acted: Mapping[str, ReplicaState],
-    plan: Any,
+    plan: Plan,
     launcher: Launcher,
     health: Callable[[str, str], tuple[bool, str]] = http_health,
 ) -> dict[str, ReplicaState]:
     """Every desired replica's state: from this pass's actions, else observed, else Pending."""
-    unplaced = plan_unplaced(plan)
-    reasons = {a.replica: a.reason for a in _plan_actions(plan)}
+    unplaced = {o.replica for o in plan.unplaced}
+    reasons = {a.replica: a.reason for a in plan.actions}
     todo = []
     states: dict[str, ReplicaState] = {}
     for model in catalog.models:
@@ -870,8 +856,8 @@ def replica_states(
         rid, model = item
         return rid, model, observed_state(catalog, inventory, rid, model, launcher, health)
 
-    waiting = {w.replica: w for w in getattr(plan, "waiting", None) or ()}
-    observed = getattr(plan, "observed", None) or {}
+    waiting = {w.replica: w for w in plan.waiting}
+    observed = plan.observed
 
     # Health checks are network round trips: ask them concurrently, answer in catalog order.
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
@@ -889,3 +875,22 @@ def replica_states(
                 state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
             states[rid] = state
     return states
+
+
+def _write_status(catalog: Catalog, result: PassResult) -> list[str]:
+    """Write status/ for this pass (models, endpoints, nodes); returns the files whose content changed.
+
+    Models and endpoints go through status.py's writer, the same one `plan
+    --write-status` uses, so a predicted status and an applied one have one
+    shape; here it gets the phases and messages the pass observed.
+    """
+    phases = {rid: st.phase for rid, st in result.replicas.items()}
+    messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
+    # The pass observed every replica, so its messages are the whole story: without the plan's
+    # action reasons ("start: not running") a replica started in this pass reads the same as
+    # in the next, quiet one, and status does not change for nothing.
+    observed_plan = replace(result.plan, actions=(), waiting=())
+    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages)
+    if result.inventory is not None:
+        written += write_nodes_status(catalog.root, result.inventory)
+    return [str(p) for p in written]
