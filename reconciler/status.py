@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import yaml
 
 from reconciler.inventory import inventory_to_document
-from reconciler.model import Fleet, Inventory, Placement
+from reconciler.model import Fleet, Inventory, Placement, Rejection
 from reconciler.placement import summarize
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
@@ -123,7 +123,7 @@ def predicted_phases(plan) -> dict[str, str]:
     return phases
 
 
-def _rejection_doc(r) -> dict:
+def rejection_document(r: Rejection) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
 
@@ -169,7 +169,7 @@ def model_status_document(model, plan, fleet, phases: Mapping[str, str] | None =
             else:
                 lines = summarize(out.rejections, out.nodes_considered, show_all)
                 entry["message"] = entry["message"] or "cannot be placed: " + " | ".join(lines)
-                entry["rejections"] = [_rejection_doc(r) for r in out.rejections]
+                entry["rejections"] = [rejection_document(r) for r in out.rejections]
         if not entry["message"]:
             entry["message"] = reasons.get(rid, "")
         replicas.append(entry)

@@ -8,7 +8,7 @@ import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
-from reconciler.commands.plan import _where
+from reconciler.commands.plan import where_text
 from reconciler.errors import UsageError
 from reconciler.placement import summarize
 from reconciler.plan import plan
@@ -39,7 +39,7 @@ def main(args) -> int:
             p = o.placement
             verb = "runs on" if o.kept else {"start": "would start on", "replace": "would move to",
                                               "restart": "would restart on"}.get(a.action if a else "", "goes to")
-            out.append(f"{rid}: {verb} {_where(p)} (profile {p.profile}, pool {p.pool}"
+            out.append(f"{rid}: {verb} {where_text(p)} (profile {p.profile}, pool {p.pool}"
                        + (f", rendezvous port {p.dist_port}" if p.dist_port else "") + ")")
             if a is not None:
                 out.append(f"  {a.action}: {a.reason}")
