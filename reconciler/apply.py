@@ -44,8 +44,11 @@ from reconciler.model import (
     Profile,
     RankLaunch,
     RunningRank,
+    replica_ordinal,
 )
 from reconciler.plan import Plan, ReplicaHistory, plan as make_plan
+from reconciler.probe import probe_fleet
+from reconciler.render import render_replica
 from reconciler.status import replica_endpoint, write_nodes_status, write_plan_status
 from reconciler.transport import Transport
 
@@ -121,8 +124,7 @@ class PassResult:
 
 
 def _replica_sort_key(state: ReplicaState):
-    tail = state.replica.rsplit("-", 1)[-1]
-    return (state.model, int(tail) if tail.isdigit() else 0, state.replica)
+    return (state.model, replica_ordinal(state.model, state.replica) or 0, state.replica)
 
 
 # --------------------------------------------------------------------------
@@ -306,6 +308,11 @@ class Actor:
             replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
         )
 
+    def fail_action(self, action: Action, message: str) -> None:
+        """fail() with the profile and placement the action names."""
+        _, profile = self._model_profile(action)
+        self.fail(action.replica, action.model, profile.name if profile else None, message, placement=action.placement)
+
     # -- actions
 
     def act(self, action: Action) -> None:
@@ -343,9 +350,7 @@ class Actor:
         # A crashed rank takes its whole replica down: ranks of a multi-node replica only rendezvous at start.
         targets = [t for t in self.old_targets(action) if self.reachable(t[0])]
         if not self.stop_ranks(action.replica, targets, f"restart: {action.reason}"):
-            model, profile = self._model_profile(action)
-            self.fail(action.replica, action.model, profile.name if profile else None,
-                      "restart: the crashed copy could not be stopped", placement=action.placement)
+            self.fail_action(action, "restart: the crashed copy could not be stopped")
             return
         self.forget(action.replica, targets)
         self.start(action, reason=f"restart: {action.reason}")
@@ -478,9 +483,7 @@ class Actor:
         start_first = bool(old) and not action.stop_first and not (new_slots & set(old))
         if not start_first:
             if not self.stop_ranks(action.replica, old_live, f"replace, old copy first: {action.reason}"):
-                model, profile = self._model_profile(action)
-                self.fail(action.replica, action.model, profile.name if profile else None,
-                          "replace: the old copy could not be stopped", placement=placement)
+                self.fail_action(action, "replace: the old copy could not be stopped")
                 return
             self.forget(action.replica, old_live)
             self.start(action, reason=f"replace: {action.reason}")
@@ -513,7 +516,7 @@ class Actor:
     def replace_wait_s(self, action: Action) -> float:
         """A replacement waits for its new copy inside the pass (even for the daemon): the old copy must not
         go before the new one serves, and must not stay beside it for longer than one pass."""
-        model, profile = self._model_profile(action)
+        _, profile = self._model_profile(action)
         timeout = profile.start_timeout_s if profile is not None else APPLY_READY_WAIT_S
         return min(timeout, APPLY_READY_WAIT_S)
 
@@ -746,8 +749,6 @@ def memory_from_document(doc: Any) -> PassMemory:
 
 
 def _default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    from reconciler.probe import probe_fleet  # the probe branch
-
     return probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
 
 
@@ -756,12 +757,6 @@ def _default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memo
         catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on,
     )
-
-
-def _default_render(model, profile, placement, fleet, inventory) -> list[RankLaunch]:
-    from reconciler.render import render_replica  # the engines branch
-
-    return render_replica(model, profile, placement, fleet, inventory)
 
 
 def run_pass(
@@ -795,7 +790,7 @@ def run_pass(
     """
     probe = probe or _default_probe
     planner = planner or _default_planner
-    render = render or _default_render
+    render = render or render_replica
     now = time.time() if now is None else now
     memory = history or PassMemory()
     fleet_transports = FleetTransports(transports, catalog.fleet)
