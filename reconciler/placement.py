@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left, insort
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from reconciler.errors import Problem
@@ -241,10 +241,8 @@ class PlacementResult:
 # --------------------------------------------------------------------------
 
 
-def _replace_profile(profile: Profile) -> Profile:
+def _without_disk(profile: Profile) -> Profile:
     """The profile without its disk requirement (the part of the filter that depends on the model)."""
-    from dataclasses import replace
-
     return replace(profile, min_disk_gb=0) if profile.min_disk_gb else profile
 
 
@@ -325,7 +323,7 @@ class Placer:
         base_key = _base_key(profile)
         base = self._static_reasons.get(base_key)
         if base is None:
-            plain = _replace_profile(profile)
+            plain = _without_disk(profile)
             base = [self._static_reason(n, None, plain) for n in self.nodes]
             self._static_reasons[base_key] = base
         return base
@@ -792,7 +790,7 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
 # --------------------------------------------------------------------------
 
 
-def _hardware_reason(spec, obs: ObservedNode | None, model: Model, profile: Profile) -> str | None:
+def _hardware_reason(spec, obs: ObservedNode | None, profile: Profile) -> str | None:
     """Why this node could not take the profile even with nothing running and every node ready."""
     if obs is None:
         return "not in the snapshot"
@@ -810,12 +808,12 @@ def _hardware_reason(spec, obs: ObservedNode | None, model: Model, profile: Prof
     return None
 
 
-def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profile) -> tuple[str | None, str, set[str]]:
+def _why_never(fleet: Fleet, inventory: Inventory, profile: Profile) -> tuple[str | None, str, set[str]]:
     """(None, "", nodes that can hold a rank) when the profile fits an empty fleet; else (why not, field to blame, {})."""
     ok_nodes = []
     for spec in fleet.nodes:
         obs = inventory.node(spec.id)
-        if _hardware_reason(spec, obs, model, profile) is None:
+        if _hardware_reason(spec, obs, profile) is None:
             ok_nodes.append((spec, obs))
     if profile.nodes <= 1:
         if ok_nodes:
@@ -865,7 +863,7 @@ def unfittable_problems(
         hosts: set[str] = set()
         single_only = all(p.nodes <= 1 for p in model.profiles)
         for profile in model.profiles:
-            why, fieldname, ok = _why_never(catalog.fleet, inventory, model, profile)
+            why, fieldname, ok = _why_never(catalog.fleet, inventory, profile)
             if why is None:
                 hosts |= ok
             else:
