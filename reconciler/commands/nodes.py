@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 
 from reconciler.catalog import load_catalog
+from reconciler.commands._observe import print_probe_warnings
 from reconciler.inventory import inventory_to_document
 from reconciler.model import ObservedNode
 from reconciler.probe import FleetProbe, probe_fleet_report
@@ -28,9 +29,7 @@ def main(args) -> int:
         result = _probe(catalog.fleet, pool, sources)
     write_nodes_status(catalog.root, result.inventory)
 
-    for r in sorted(result.results, key=lambda r: r.node.id):
-        for w in r.warnings:
-            print(f"{r.node.id}: warning: {w}", file=sys.stderr)
+    print_probe_warnings(result)
     if args.format == "json":
         print(json.dumps(inventory_to_document(result.inventory), indent=2))
     else:
