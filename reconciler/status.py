@@ -17,8 +17,9 @@ from typing import Any, Mapping
 import yaml
 
 from reconciler.inventory import inventory_to_document
-from reconciler.model import Fleet, Inventory, Placement, Rejection
+from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
 from reconciler.placement import summarize
+from reconciler.plan import Plan
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
@@ -96,13 +97,13 @@ def replica_endpoint(fleet: Fleet, node_id: str, port: int) -> str:
     return endpoint_url(spec.data_address if spec is not None else node_id, port)
 
 
-def _where_it_runs(plan, rid: str) -> Placement | None:
+def _where_it_runs(plan: Plan, rid: str) -> Placement | None:
     """Where the plan puts a replica, else where it was found running."""
     out = plan.outcomes.get(rid)
     return out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
 
 
-def predicted_phases(plan) -> dict[str, str]:
+def predicted_phases(plan: Plan) -> dict[str, str]:
     """The phase each desired replica will be in once the plan is applied, as far as a plan can tell.
 
     Kept replicas are assumed Ready (a plan has no health checks); anything about
@@ -127,7 +128,7 @@ def rejection_document(r: Rejection) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
 
-def model_status_document(model, plan, fleet, phases: Mapping[str, str] | None = None,
+def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
                           messages: Mapping[str, str] | None = None, show_all: bool = False) -> dict:
     """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
 
@@ -181,7 +182,7 @@ def model_status_document(model, plan, fleet, phases: Mapping[str, str] | None =
     }
 
 
-def endpoints_document(catalog, plan, phases: Mapping[str, str] | None = None) -> dict:
+def endpoints_document(catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None) -> dict:
     """status/endpoints.yaml: per model, the URLs of its Ready replicas (the head's serving port)."""
     phases = predicted_phases(plan) if phases is None else phases
     models = {}
@@ -199,7 +200,7 @@ def endpoints_document(catalog, plan, phases: Mapping[str, str] | None = None) -
     return {"models": models}
 
 
-def write_plan_status(catalog_root, catalog, plan, phases: Mapping[str, str] | None = None,
+def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
                       messages: Mapping[str, str] | None = None) -> list[Path]:
     """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
 
@@ -225,7 +226,7 @@ def write_plan_status(catalog_root, catalog, plan, phases: Mapping[str, str] | N
     return changed
 
 
-def write_nodes_status(catalog_root, inventory: Inventory) -> list[Path]:
+def write_nodes_status(catalog_root: str | os.PathLike, inventory: Inventory) -> list[Path]:
     """Write status/nodes.yaml (the snapshot as observed); returns it when its content changed."""
     path = Path(catalog_root) / STATUS_DIR / "nodes.yaml"
     return [path] if write_document(path, inventory_to_document(inventory)) else []
