@@ -15,7 +15,7 @@ from reconciler.inventory import load_inventory
 from reconciler.model import Catalog, Inventory
 
 
-def observe(catalog: Catalog, catalog_dir: str, inventory_path: str | None) -> Inventory:
+def observe(catalog: Catalog, inventory_path: str | None) -> Inventory:
     if inventory_path is not None:
         if not Path(inventory_path).is_file():
             raise UsageError(f"--inventory {inventory_path}: no such file")

@@ -24,7 +24,7 @@ def main(args) -> int:
     if model is None:
         names = ", ".join(m.name for m in catalog.models) or "none"
         raise UsageError(f"model {args.model} is not in the catalog (models: {names})")
-    inventory = observe(catalog, args.catalog, args.inventory)
+    inventory = observe(catalog, args.inventory)
     pl = plan(catalog, inventory, now=time.time(), explain=[model.name])
     actions = {a.replica: a for a in pl.actions if a.model == model.name}
     waiting = {w.replica: w for w in pl.waiting if w.model == model.name}

@@ -131,7 +131,7 @@ def main(args) -> int:
     # costs a third of the run.
     gc.disable()
     catalog = load_catalog(args.catalog)
-    inventory = observe(catalog, args.catalog, args.inventory)
+    inventory = observe(catalog, args.inventory)
     # The clock only matters for backoff and grace periods, which an offline plan reports, not waits for.
     pl = plan(catalog, inventory, now=time.time())
     if args.format == "json":
