@@ -412,26 +412,11 @@ class Actor:
                 self.started.append(launch)
                 if outcome.pid is not None:
                     self.pids[(launch.node, launch.replica, launch.rank)] = outcome.pid
-        failed = [(l, o) for l, o in outcomes if not o.ok]
-        if failed:
-            launch, outcome = failed[0]
+        failed = next(((l, o) for l, o in outcomes if not o.ok), None)
+        if failed is not None:
+            launch, outcome = failed
             message = f"rank {launch.rank} on {launch.node} did not start: {outcome.reason}"
-            # Nothing half-started: take back the ranks that did start, and the one whose node
-            # stopped answering mid-launch (it may have started; if it cannot be reached now,
-            # its record is on the node and the next probe finds it).
-            for l, o in outcomes:
-                if not o.ok and o.uncertain:
-                    undone = self.launcher.stop(l.node, l.replica, l.rank)
-                    self.decide(l.replica, l.node, "stop",
-                                f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
-                                ok=undone.ok)
-                elif o.ok:
-                    undone = self.launcher.stop(l.node, l.replica, l.rank)
-                    self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
-                    if undone.ok and l in self.started:
-                        self.started.remove(l)
-                    elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
-                        self.stopped.append((l.node, l.replica, l.rank))
+            self.roll_back(outcomes, message)
             if outcome.port_in_use:
                 # The snapshot written after this pass says so, and the next plan picks another port.
                 self.taken_ports.setdefault(launch.node, set()).add(outcome.port_in_use)
@@ -444,6 +429,24 @@ class Actor:
             replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
         )
         return True
+
+    def roll_back(self, outcomes: Sequence[tuple[RankLaunch, StartOutcome]], message: str) -> None:
+        """Nothing half-started: take back the ranks that did start, and the one whose node
+        stopped answering mid-launch (it may have started; if it cannot be reached now,
+        its record is on the node and the next probe finds it)."""
+        for l, o in outcomes:
+            if not o.ok and o.uncertain:
+                undone = self.launcher.stop(l.node, l.replica, l.rank)
+                self.decide(l.replica, l.node, "stop",
+                            f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
+                            ok=undone.ok)
+            elif o.ok:
+                undone = self.launcher.stop(l.node, l.replica, l.rank)
+                self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
+                if undone.ok and l in self.started:
+                    self.started.remove(l)
+                elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
+                    self.stopped.append((l.node, l.replica, l.rank))
 
     def stop_ranks(self, replica: str, targets: Sequence[tuple[str, int | None]], reason: str) -> bool:
         """Stop ranks on their nodes, all at once (a multi-node replica goes down as one)."""
