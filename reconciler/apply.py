@@ -165,13 +165,22 @@ def start_order(launches: Sequence[RankLaunch]) -> list[RankLaunch]:
     return sorted(launches, key=lambda l: (l.rank == 0, l.rank))
 
 
-def running_ranks(inventory: Inventory, replica: str) -> list[tuple[ObservedNode, RunningRank]]:
-    found = []
+RankRecords = list[tuple[ObservedNode, RunningRank]]
+
+
+def ranks_by_replica(inventory: Inventory) -> dict[str, RankRecords]:
+    """Replica id -> its (node, rank) records, in rank order.
+
+    One walk of the fleet for all replicas: a pass looks up every desired replica,
+    and a walk per lookup costs milliseconds each at fleet scale.
+    """
+    found: dict[str, RankRecords] = {}
     for node in inventory.nodes:
         for rank in node.replicas:
-            if rank.id == replica:
-                found.append((node, rank))
-    return sorted(found, key=lambda nr: (nr[1].rank, nr[0].id))
+            found.setdefault(rank.id, []).append((node, rank))
+    for records in found.values():
+        records.sort(key=lambda nr: (nr[1].rank, nr[0].id))
+    return found
 
 
 def inventory_after(
@@ -292,6 +301,7 @@ class Actor:
         self.taken_ports: dict[str, set[int]] = {}
         self.stopped: list[tuple[str, str, int | None]] = []
         self.pending: dict[str, _Started] = {}
+        self._ranks: tuple[Inventory, dict[str, RankRecords]] | None = None  # index of self.inventory
 
     # -- bookkeeping
 
@@ -336,7 +346,13 @@ class Actor:
 
     def recorded_targets(self, replica: str) -> list[tuple[str, int]]:
         """(node, rank) of every record of the replica in the working snapshot."""
-        return sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, replica)})
+        return sorted({(n.id, r.rank) for n, r in self.ranks_of(replica)})
+
+    def ranks_of(self, replica: str) -> RankRecords:
+        """The replica's records in the working snapshot, indexed again only when the snapshot changed."""
+        if self._ranks is None or self._ranks[0] is not self.inventory:
+            self._ranks = (self.inventory, ranks_by_replica(self.inventory))
+        return self._ranks[1].get(replica, [])
 
     def reachable(self, node_id: str) -> bool:
         node = self.inventory.node(node_id)
@@ -388,7 +404,7 @@ class Actor:
         # every one is alive exactly where the plan wants it (then the agent adopts them).
         wanted = {(l.node, l.rank, l.spec_hash) for l in launches}
         # Ranks on unreachable nodes cannot be cleared now; the plan stops them as stale copies when they return.
-        existing = [(n, r) for n, r in running_ranks(self.inventory, action.replica) if n.state != "unreachable"]
+        existing = [(n, r) for n, r in self.ranks_of(action.replica) if n.state != "unreachable"]
         if existing and not all(r.alive and (n.id, r.rank, r.spec_hash) in wanted for n, r in existing):
             targets = sorted({(n.id, r.rank) for n, r in existing})
             if not self.stop_ranks(action.replica, targets, "clearing an earlier, incomplete copy"):
@@ -511,7 +527,8 @@ class Actor:
             self.fail(action.replica, action.model, state.profile, message, placement=placement)
             # What serves is the old copy: report it as it is, so its endpoint stays listed.
             model = self.catalog.model(action.model)
-            kept = observed_state(self.catalog, before, action.replica, model, self.launcher, self.health) if model else None
+            kept = (observed_state(self.catalog, ranks_by_replica(before).get(action.replica, []), action.replica, model,
+                                   self.launcher, self.health) if model else None)
             if kept is not None:
                 self.states[action.replica] = replace(kept, message=f"replacement failed: {message}")
         self.pending.pop(action.replica, None)
@@ -604,15 +621,17 @@ class Actor:
 
 def observed_state(
     catalog: Catalog,
-    inventory: Inventory,
+    ranks: RankRecords,
     replica: str,
     model: Model,
     launcher: Launcher,
     health: Callable[[str, str], tuple[bool, str]] = http_health,
     wall_now: float | None = None,
 ) -> ReplicaState | None:
-    """The phase of a replica running from an earlier pass (or an earlier reconciler), or None when none runs."""
-    ranks = running_ranks(inventory, replica)
+    """The phase of a replica running from an earlier pass (or an earlier reconciler), or None when none runs.
+
+    ranks: the replica's records in the snapshot (ranks_by_replica).
+    """
     if not ranks:
         return None
     head_node, head = next(((n, r) for n, r in ranks if r.rank == 0), ranks[0])
@@ -840,6 +859,7 @@ def replica_states(
 ) -> dict[str, ReplicaState]:
     """Every desired replica's state: from this pass's actions, else observed, else Pending."""
     unplaced = {o.replica for o in plan.unplaced}
+    records = ranks_by_replica(inventory)
     reasons = {a.replica: a.reason for a in plan.actions}
     todo = []
     states: dict[str, ReplicaState] = {}
@@ -852,7 +872,7 @@ def replica_states(
 
     def observe(item):
         rid, model = item
-        return rid, model, observed_state(catalog, inventory, rid, model, launcher, health)
+        return rid, model, observed_state(catalog, records.get(rid, []), rid, model, launcher, health)
 
     waiting = {w.replica: w for w in plan.waiting}
     observed = plan.observed
