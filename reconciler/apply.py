@@ -195,30 +195,35 @@ def inventory_after(
     `pids` maps (node, replica, rank) -> pid of a started rank, so this snapshot
     reads exactly like the next probe's and status/nodes.yaml does not flap.
     """
-    stopped = list(stopped)
-    started = list(started)
     pids = pids or {}
     taken_ports = taken_ports or {}
+    # Grouped by node first: a first pass at fleet scale starts thousands of ranks on thousands of nodes.
+    started_on: dict[str, list[RankLaunch]] = {}
+    for l in started:
+        started_on.setdefault(l.node, []).append(l)
+    stopped_on: dict[str, list[tuple[str, int | None]]] = {}
+    for n, rid, rank in stopped:
+        stopped_on.setdefault(n, []).append((rid, rank))
     nodes = []
     for node in inventory.nodes:
+        gone = stopped_on.get(node.id, ())
+        here = started_on.get(node.id, ())
         keep = tuple(
-            r
-            for r in node.replicas
-            if not any(n == node.id and rid == r.id and (rank is None or rank == r.rank) for n, rid, rank in stopped)
+            r for r in node.replicas if not any(rid == r.id and (rank is None or rank == r.rank) for rid, rank in gone)
         )
         new = tuple(
             RunningRank(
                 id=l.replica, model=l.model, profile=l.profile, rank=l.rank, gpus=tuple(l.gpus), port=l.port,
                 spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)),
             )
-            for l in started
-            if l.node == node.id and not any(r.id == l.replica and r.rank == l.rank for r in keep)
+            for l in here
+            if not any(r.id == l.replica and r.rank == l.rank for r in keep)
         )
         taken = set(taken_ports.get(node.id, ()))
         if len(keep) != len(node.replicas) or new or taken - set(node.ports_in_use):
             # A stopped engine's port is free again (unless a kept rank shares it); a started one's is taken.
             freed = {r.port for r in node.replicas if r not in keep} - {r.port for r in keep}
-            ports = (set(node.ports_in_use) - freed) | {l.port for l in started if l.node == node.id} | taken
+            ports = (set(node.ports_in_use) - freed) | {l.port for l in here} | taken
             node = replace(node, replicas=keep + new, ports_in_use=tuple(sorted(ports)))
         nodes.append(node)
     return Inventory(tuple(nodes))

@@ -48,3 +48,26 @@ def test_replica_states_walk_the_snapshot_once_for_all_replicas_not_once_per_rep
     assert states["m-1"].endpoint == "http://10.1.0.1:8001" and states["m-2"].nodes[0].node == "b"
     assert sorted(asked) == ["http://10.1.0.1:8000", "http://10.1.0.1:8001", "http://10.1.0.2:8000"]
     assert counted.walks == 1
+
+
+def test_the_snapshot_after_a_pass_looks_at_each_started_rank_a_few_times_not_once_per_fleet_node():
+    from reconciler.apply import inventory_after
+    from reconciler.model import RankLaunch
+
+    reads = []
+
+    class CountedLaunch(RankLaunch):
+        def __getattribute__(self, name):
+            if name == "node":
+                reads.append(1)
+            return super().__getattribute__(name)
+
+    def launch(rid, node, port):
+        return CountedLaunch(rid, "m", "p", node, 0, 1, ("engine",), {}, port, (0,), H, "/health")
+
+    before = inventory(*(observed(f"n{i}", ports_in_use=(22,)) for i in range(20)))
+    started = [launch("m-0", "n3", 8000), launch("m-1", "n7", 8001)]
+    after = inventory_after(before, started, [], pids={("n3", "m-0", 0): 30, ("n7", "m-1", 0): 70})
+    assert [(r.id, r.pid) for r in after.node("n3").replicas] == [("m-0", 30)]
+    assert after.node("n7").ports_in_use == (22, 8001) and after.node("n0") == before.node("n0")
+    assert len(reads) <= 2 * len(started)
