@@ -44,8 +44,12 @@ from reconciler.model import (
     Profile,
     RankLaunch,
     RunningRank,
+    replica_ordinal,
 )
-from reconciler.pass_status import endpoint_url, plan_unplaced, write_pass_status
+from reconciler.plan import Plan, ReplicaHistory, plan as make_plan
+from reconciler.probe import probe_fleet
+from reconciler.render import render_replica
+from reconciler.status import replica_endpoint, write_nodes_status, write_plan_status
 from reconciler.transport import Transport
 
 # A GPU whose memory is more than this share used is not clean, even with no process listed
@@ -99,7 +103,7 @@ class ReplicaState:
 class PassResult:
     revision: str | None
     inventory: Inventory | None
-    plan: Any
+    plan: Plan
     decisions: list[Decision] = field(default_factory=list)
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     dry_run: bool = False
@@ -120,8 +124,7 @@ class PassResult:
 
 
 def _replica_sort_key(state: ReplicaState):
-    tail = state.replica.rsplit("-", 1)[-1]
-    return (state.model, int(tail) if tail.isdigit() else 0, state.replica)
+    return (state.model, replica_ordinal(state.model, state.replica) or 0, state.replica)
 
 
 # --------------------------------------------------------------------------
@@ -162,13 +165,22 @@ def start_order(launches: Sequence[RankLaunch]) -> list[RankLaunch]:
     return sorted(launches, key=lambda l: (l.rank == 0, l.rank))
 
 
-def running_ranks(inventory: Inventory, replica: str) -> list[tuple[ObservedNode, RunningRank]]:
-    found = []
+RankRecords = list[tuple[ObservedNode, RunningRank]]
+
+
+def ranks_by_replica(inventory: Inventory) -> dict[str, RankRecords]:
+    """Replica id -> its (node, rank) records, in rank order.
+
+    One walk of the fleet for all replicas: a pass looks up every desired replica,
+    and a walk per lookup costs milliseconds each at fleet scale.
+    """
+    found: dict[str, RankRecords] = {}
     for node in inventory.nodes:
         for rank in node.replicas:
-            if rank.id == replica:
-                found.append((node, rank))
-    return sorted(found, key=lambda nr: (nr[1].rank, nr[0].id))
+            found.setdefault(rank.id, []).append((node, rank))
+    for records in found.values():
+        records.sort(key=lambda nr: (nr[1].rank, nr[0].id))
+    return found
 
 
 def inventory_after(
@@ -183,30 +195,35 @@ def inventory_after(
     `pids` maps (node, replica, rank) -> pid of a started rank, so this snapshot
     reads exactly like the next probe's and status/nodes.yaml does not flap.
     """
-    stopped = list(stopped)
-    started = list(started)
     pids = pids or {}
     taken_ports = taken_ports or {}
+    # Grouped by node first: a first pass at fleet scale starts thousands of ranks on thousands of nodes.
+    started_on: dict[str, list[RankLaunch]] = {}
+    for l in started:
+        started_on.setdefault(l.node, []).append(l)
+    stopped_on: dict[str, list[tuple[str, int | None]]] = {}
+    for n, rid, rank in stopped:
+        stopped_on.setdefault(n, []).append((rid, rank))
     nodes = []
     for node in inventory.nodes:
+        gone = stopped_on.get(node.id, ())
+        here = started_on.get(node.id, ())
         keep = tuple(
-            r
-            for r in node.replicas
-            if not any(n == node.id and rid == r.id and (rank is None or rank == r.rank) for n, rid, rank in stopped)
+            r for r in node.replicas if not any(rid == r.id and (rank is None or rank == r.rank) for rid, rank in gone)
         )
         new = tuple(
             RunningRank(
                 id=l.replica, model=l.model, profile=l.profile, rank=l.rank, gpus=tuple(l.gpus), port=l.port,
                 spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)),
             )
-            for l in started
-            if l.node == node.id and not any(r.id == l.replica and r.rank == l.rank for r in keep)
+            for l in here
+            if not any(r.id == l.replica and r.rank == l.rank for r in keep)
         )
         taken = set(taken_ports.get(node.id, ()))
         if len(keep) != len(node.replicas) or new or taken - set(node.ports_in_use):
             # A stopped engine's port is free again (unless a kept rank shares it); a started one's is taken.
             freed = {r.port for r in node.replicas if r not in keep} - {r.port for r in keep}
-            ports = (set(node.ports_in_use) - freed) | {l.port for l in started if l.node == node.id} | taken
+            ports = (set(node.ports_in_use) - freed) | {l.port for l in here} | taken
             node = replace(node, replicas=keep + new, ports_in_use=tuple(sorted(ports)))
         nodes.append(node)
     return Inventory(tuple(nodes))
@@ -289,6 +306,7 @@ class Actor:
         self.taken_ports: dict[str, set[int]] = {}
         self.stopped: list[tuple[str, str, int | None]] = []
         self.pending: dict[str, _Started] = {}
+        self._ranks: tuple[Inventory, dict[str, RankRecords]] | None = None  # index of self.inventory
 
     # -- bookkeeping
 
@@ -302,8 +320,13 @@ class Actor:
         self.decide(replica, node, "fail", message, ok=False)
         self.states[replica] = ReplicaState(
             replica, model, profile, "Failed", message, placement.nodes if placement else (),
-            endpoint_url(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
+            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
         )
+
+    def fail_action(self, action: Action, message: str) -> None:
+        """fail() with the profile and placement the action names."""
+        _, profile = self._model_profile(action)
+        self.fail(action.replica, action.model, profile.name if profile else None, message, placement=action.placement)
 
     # -- actions
 
@@ -322,10 +345,19 @@ class Actor:
 
     def old_targets(self, action: Action) -> list[tuple[str, int]]:
         """(node, rank) of the copy an action supersedes: the plan's `previous`, else what the records show."""
-        previous = getattr(action, "previous", None)
-        if previous is not None and previous.nodes:
-            return sorted({(a.node, a.rank) for a in previous.nodes})
-        return sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, action.replica)})
+        if action.previous is not None and action.previous.nodes:
+            return sorted({(a.node, a.rank) for a in action.previous.nodes})
+        return self.recorded_targets(action.replica)
+
+    def recorded_targets(self, replica: str) -> list[tuple[str, int]]:
+        """(node, rank) of every record of the replica in the working snapshot."""
+        return sorted({(n.id, r.rank) for n, r in self.ranks_of(replica)})
+
+    def ranks_of(self, replica: str) -> RankRecords:
+        """The replica's records in the working snapshot, indexed again only when the snapshot changed."""
+        if self._ranks is None or self._ranks[0] is not self.inventory:
+            self._ranks = (self.inventory, ranks_by_replica(self.inventory))
+        return self._ranks[1].get(replica, [])
 
     def reachable(self, node_id: str) -> bool:
         node = self.inventory.node(node_id)
@@ -339,9 +371,7 @@ class Actor:
         # A crashed rank takes its whole replica down: ranks of a multi-node replica only rendezvous at start.
         targets = [t for t in self.old_targets(action) if self.reachable(t[0])]
         if not self.stop_ranks(action.replica, targets, f"restart: {action.reason}"):
-            model, profile = self._model_profile(action)
-            self.fail(action.replica, action.model, profile.name if profile else None,
-                      "restart: the crashed copy could not be stopped", placement=action.placement)
+            self.fail_action(action, "restart: the crashed copy could not be stopped")
             return
         self.forget(action.replica, targets)
         self.start(action, reason=f"restart: {action.reason}")
@@ -379,7 +409,7 @@ class Actor:
         # every one is alive exactly where the plan wants it (then the agent adopts them).
         wanted = {(l.node, l.rank, l.spec_hash) for l in launches}
         # Ranks on unreachable nodes cannot be cleared now; the plan stops them as stale copies when they return.
-        existing = [(n, r) for n, r in running_ranks(self.inventory, action.replica) if n.state != "unreachable"]
+        existing = [(n, r) for n, r in self.ranks_of(action.replica) if n.state != "unreachable"]
         if existing and not all(r.alive and (n.id, r.rank, r.spec_hash) in wanted for n, r in existing):
             targets = sorted({(n.id, r.rank) for n, r in existing})
             if not self.stop_ranks(action.replica, targets, "clearing an earlier, incomplete copy"):
@@ -403,26 +433,11 @@ class Actor:
                 self.started.append(launch)
                 if outcome.pid is not None:
                     self.pids[(launch.node, launch.replica, launch.rank)] = outcome.pid
-        failed = [(l, o) for l, o in outcomes if not o.ok]
-        if failed:
-            launch, outcome = failed[0]
+        failed = next(((l, o) for l, o in outcomes if not o.ok), None)
+        if failed is not None:
+            launch, outcome = failed
             message = f"rank {launch.rank} on {launch.node} did not start: {outcome.reason}"
-            # Nothing half-started: take back the ranks that did start, and the one whose node
-            # stopped answering mid-launch (it may have started; if it cannot be reached now,
-            # its record is on the node and the next probe finds it).
-            for l, o in outcomes:
-                if not o.ok and o.uncertain:
-                    undone = self.launcher.stop(l.node, l.replica, l.rank)
-                    self.decide(l.replica, l.node, "stop",
-                                f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
-                                ok=undone.ok)
-                elif o.ok:
-                    undone = self.launcher.stop(l.node, l.replica, l.rank)
-                    self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
-                    if undone.ok and l in self.started:
-                        self.started.remove(l)
-                    elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
-                        self.stopped.append((l.node, l.replica, l.rank))
+            self.roll_back(outcomes, message)
             if outcome.port_in_use:
                 # The snapshot written after this pass says so, and the next plan picks another port.
                 self.taken_ports.setdefault(launch.node, set()).add(outcome.port_in_use)
@@ -432,9 +447,27 @@ class Actor:
         self.pending[action.replica] = _Started(launches, action.model, profile, placement, self.clock())
         self.states[action.replica] = ReplicaState(
             action.replica, action.model, profile.name, "Starting", "", placement.nodes,
-            endpoint_url(self.catalog.fleet, placement.head.node, placement.head.port),
+            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
         )
         return True
+
+    def roll_back(self, outcomes: Sequence[tuple[RankLaunch, StartOutcome]], message: str) -> None:
+        """Nothing half-started: take back the ranks that did start, and the one whose node
+        stopped answering mid-launch (it may have started; if it cannot be reached now,
+        its record is on the node and the next probe finds it)."""
+        for l, o in outcomes:
+            if not o.ok and o.uncertain:
+                undone = self.launcher.stop(l.node, l.replica, l.rank)
+                self.decide(l.replica, l.node, "stop",
+                            f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
+                            ok=undone.ok)
+            elif o.ok:
+                undone = self.launcher.stop(l.node, l.replica, l.rank)
+                self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
+                if undone.ok and l in self.started:
+                    self.started.remove(l)
+                elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
+                    self.stopped.append((l.node, l.replica, l.rank))
 
     def stop_ranks(self, replica: str, targets: Sequence[tuple[str, int | None]], reason: str) -> bool:
         """Stop ranks on their nodes, all at once (a multi-node replica goes down as one)."""
@@ -455,7 +488,7 @@ class Actor:
         if action.placement is not None and action.placement.nodes:
             targets = sorted({(a.node, a.rank) for a in action.placement.nodes})
         else:
-            targets = sorted({(n.id, r.rank) for n, r in running_ranks(self.inventory, action.replica)})
+            targets = self.recorded_targets(action.replica)
         if not targets:
             self.decide(action.replica, "-", "stop", f"nothing running: {action.reason}")
             return
@@ -471,12 +504,10 @@ class Actor:
         old_live = [t for t in old if self.reachable(t[0])]
         new_slots = {(a.node, a.rank) for a in placement.nodes}
         # Starting first needs the new ranks' records to be distinct from the old ones (same replica id).
-        start_first = bool(old) and not getattr(action, "stop_first", False) and not (new_slots & set(old))
+        start_first = bool(old) and not action.stop_first and not (new_slots & set(old))
         if not start_first:
             if not self.stop_ranks(action.replica, old_live, f"replace, old copy first: {action.reason}"):
-                model, profile = self._model_profile(action)
-                self.fail(action.replica, action.model, profile.name if profile else None,
-                          "replace: the old copy could not be stopped", placement=placement)
+                self.fail_action(action, "replace: the old copy could not be stopped")
                 return
             self.forget(action.replica, old_live)
             self.start(action, reason=f"replace: {action.reason}")
@@ -501,7 +532,8 @@ class Actor:
             self.fail(action.replica, action.model, state.profile, message, placement=placement)
             # What serves is the old copy: report it as it is, so its endpoint stays listed.
             model = self.catalog.model(action.model)
-            kept = observed_state(self.catalog, before, action.replica, model, self.launcher, self.health) if model else None
+            kept = (observed_state(self.catalog, ranks_by_replica(before).get(action.replica, []), action.replica, model,
+                                   self.launcher, self.health) if model else None)
             if kept is not None:
                 self.states[action.replica] = replace(kept, message=f"replacement failed: {message}")
         self.pending.pop(action.replica, None)
@@ -509,7 +541,7 @@ class Actor:
     def replace_wait_s(self, action: Action) -> float:
         """A replacement waits for its new copy inside the pass (even for the daemon): the old copy must not
         go before the new one serves, and must not stay beside it for longer than one pass."""
-        model, profile = self._model_profile(action)
+        _, profile = self._model_profile(action)
         timeout = profile.start_timeout_s if profile is not None else APPLY_READY_WAIT_S
         return min(timeout, APPLY_READY_WAIT_S)
 
@@ -518,7 +550,7 @@ class Actor:
     def judge(self, replica: str, started: _Started, *, final: bool) -> ReplicaState | None:
         """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
         head = next(l for l in started.launches if l.rank == 0)
-        url = endpoint_url(self.catalog.fleet, head.node, head.port)
+        url = replica_endpoint(self.catalog.fleet, head.node, head.port)
         base = ReplicaState(replica, started.model, started.profile.name, "Starting", "", started.placement.nodes, url)
         answered, seen = self.health(url, head.health_path or started.profile.health_path)
         now = self.clock()
@@ -594,21 +626,23 @@ class Actor:
 
 def observed_state(
     catalog: Catalog,
-    inventory: Inventory,
+    ranks: RankRecords,
     replica: str,
     model: Model,
     launcher: Launcher,
     health: Callable[[str, str], tuple[bool, str]] = http_health,
     wall_now: float | None = None,
 ) -> ReplicaState | None:
-    """The phase of a replica running from an earlier pass (or an earlier reconciler), or None when none runs."""
-    ranks = running_ranks(inventory, replica)
+    """The phase of a replica running from an earlier pass (or an earlier reconciler), or None when none runs.
+
+    ranks: the replica's records in the snapshot (ranks_by_replica).
+    """
     if not ranks:
         return None
     head_node, head = next(((n, r) for n, r in ranks if r.rank == 0), ranks[0])
     profile = model.profile(head.profile)
     nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
-    url = endpoint_url(catalog.fleet, head_node.id, head.port)
+    url = replica_endpoint(catalog.fleet, head_node.id, head.port)
     base = ReplicaState(replica, model.name, head.profile, "Unknown", "", nodes, url)
     gone = [n for n, _ in ranks if n.state == "unreachable"]
     if gone:
@@ -678,7 +712,7 @@ class PassMemory:
     placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
     """
 
-    history: Mapping[str, Any] = field(default_factory=dict)
+    history: Mapping[str, ReplicaHistory] = field(default_factory=dict)
     unreachable_since: Mapping[str, float] = field(default_factory=dict)
     last_seen: Inventory | None = None
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -686,7 +720,7 @@ class PassMemory:
 
 def remember(
     memory: PassMemory,
-    plan: Any,
+    plan: Plan | None,
     inventory: Inventory,
     acted: Mapping[str, "ReplicaState"],
     now: float,
@@ -710,9 +744,8 @@ def remember(
             placed_on[rid] = tuple(a.node for a in state.nodes)
     if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
         placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
-    history = getattr(plan, "history", None)
     return PassMemory(
-        history=dict(history) if isinstance(history, Mapping) else dict(memory.history),
+        history=dict(plan.history if plan is not None else memory.history),
         unreachable_since=unreachable,
         last_seen=Inventory(tuple(last_nodes)),
         placed_on=placed_on,
@@ -731,8 +764,6 @@ def memory_to_document(memory: PassMemory) -> dict:
 
 def memory_from_document(doc: Any) -> PassMemory:
     """The inverse of memory_to_document; anything unreadable is forgotten, never an error."""
-    from reconciler.plan import ReplicaHistory
-
     try:
         return PassMemory(
             history={rid: ReplicaHistory(**h) for rid, h in (doc.get("history") or {}).items()},
@@ -745,36 +776,14 @@ def memory_from_document(doc: Any) -> PassMemory:
 
 
 def _default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    from reconciler.probe import probe_fleet  # the probe branch
-
     return probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
 
 
-def _default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory):
-    from reconciler.plan import plan  # the placement branch
-
-    return plan(
+def _default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory) -> Plan:
+    return make_plan(
         catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on,
     )
-
-
-def _default_render(model, profile, placement, fleet, inventory) -> list[RankLaunch]:
-    from reconciler.render import render_replica  # the engines branch
-
-    return render_replica(model, profile, placement, fleet, inventory)
-
-
-def _plan_actions(plan: Any) -> list[Action]:
-    return list(getattr(plan, "actions", plan) or [])
-
-
-def _as_memory(history: Any) -> PassMemory:
-    if history is None:
-        return PassMemory()
-    if isinstance(history, PassMemory):
-        return history
-    return PassMemory(history=dict(history))  # the plan's own history mapping
 
 
 def run_pass(
@@ -783,11 +792,11 @@ def run_pass(
     transports: Any,
     dry_run: bool = False,
     now: float | None = None,
-    history: PassMemory | Mapping | None = None,
+    history: PassMemory | None = None,
     log: LogFn = lambda d: None,
     launcher: Launcher | None = None,
     probe: Callable[[Catalog, FleetTransports], Inventory] | None = None,
-    planner: Callable[..., Any] | None = None,
+    planner: Callable[..., Plan] | None = None,
     render: RenderFn | None = None,
     ready_wait_s: float | None = None,
     write_status: bool = True,
@@ -808,19 +817,18 @@ def run_pass(
     """
     probe = probe or _default_probe
     planner = planner or _default_planner
-    render = render or _default_render
+    render = render or render_replica
     now = time.time() if now is None else now
-    memory = _as_memory(history)
+    memory = history or PassMemory()
     fleet_transports = FleetTransports(transports, catalog.fleet)
     launcher = launcher or SshLauncher.for_fleet(catalog.fleet, fleet_transports)
 
     inventory = probe(catalog, fleet_transports)
     plan = planner(catalog, inventory, now=now, memory=memory)
-    actions = _plan_actions(plan)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory)
 
     if dry_run:
-        for a in actions:
+        for a in plan.actions:
             nodes = ",".join(x.node for x in a.placement.nodes) if a.placement and a.placement.nodes else "-"
             d = Decision(a.replica, nodes, a.action, f"would {a.action}: {a.reason}")
             result.decisions.append(d)
@@ -829,7 +837,7 @@ def run_pass(
 
     actor = Actor(catalog, inventory, launcher, render, log, ready_wait_s=ready_wait_s, health=health)
     try:
-        for action in actions:
+        for action in plan.actions:
             try:
                 actor.act(action)
             except ReconcilerError as exc:  # one action's failure never stops the others
@@ -842,7 +850,7 @@ def run_pass(
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
     finally:
         if write_status:
-            result.written = write_pass_status(catalog, result)
+            result.written = _write_status(catalog, result)
     return result
 
 
@@ -850,13 +858,14 @@ def replica_states(
     catalog: Catalog,
     inventory: Inventory,
     acted: Mapping[str, ReplicaState],
-    plan: Any,
+    plan: Plan,
     launcher: Launcher,
     health: Callable[[str, str], tuple[bool, str]] = http_health,
 ) -> dict[str, ReplicaState]:
     """Every desired replica's state: from this pass's actions, else observed, else Pending."""
-    unplaced = plan_unplaced(plan)
-    reasons = {a.replica: a.reason for a in _plan_actions(plan)}
+    unplaced = {o.replica for o in plan.unplaced}
+    records = ranks_by_replica(inventory)
+    reasons = {a.replica: a.reason for a in plan.actions}
     todo = []
     states: dict[str, ReplicaState] = {}
     for model in catalog.models:
@@ -868,10 +877,10 @@ def replica_states(
 
     def observe(item):
         rid, model = item
-        return rid, model, observed_state(catalog, inventory, rid, model, launcher, health)
+        return rid, model, observed_state(catalog, records.get(rid, []), rid, model, launcher, health)
 
-    waiting = {w.replica: w for w in getattr(plan, "waiting", None) or ()}
-    observed = getattr(plan, "observed", None) or {}
+    waiting = {w.replica: w for w in plan.waiting}
+    observed = plan.observed
 
     # Health checks are network round trips: ask them concurrently, answer in catalog order.
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
@@ -889,3 +898,22 @@ def replica_states(
                 state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
             states[rid] = state
     return states
+
+
+def _write_status(catalog: Catalog, result: PassResult) -> list[str]:
+    """Write status/ for this pass (models, endpoints, nodes); returns the files whose content changed.
+
+    Models and endpoints go through status.py's writer, the same one `plan
+    --write-status` uses, so a predicted status and an applied one have one
+    shape; here it gets the phases and messages the pass observed.
+    """
+    phases = {rid: st.phase for rid, st in result.replicas.items()}
+    messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
+    # The pass observed every replica, so its messages are the whole story: without the plan's
+    # action reasons ("start: not running") a replica started in this pass reads the same as
+    # in the next, quiet one, and status does not change for nothing.
+    observed_plan = replace(result.plan, actions=(), waiting=())
+    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages)
+    if result.inventory is not None:
+        written += write_nodes_status(catalog.root, result.inventory)
+    return [str(p) for p in written]

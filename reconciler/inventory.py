@@ -8,14 +8,19 @@ positions; positions are only worth their cost in the human-written catalog.
 from __future__ import annotations
 
 import json
+import re
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from reconciler.errors import InventoryInvalid, Problem
 from reconciler.model import (
+    OBSERVED_STATES,
     Disk,
     FabricAttachment,
+    Fleet,
     Gpu,
     GpuProcess,
     Inventory,
@@ -180,12 +185,7 @@ def inventory_to_document(inv: Inventory) -> dict:
 # schema/inventory.schema.json field for field; tests hold the two together.
 # Positions are only looked up once something is wrong.
 
-import re as _re
-
-from reconciler.errors import InventoryInvalid, Problem
-from reconciler.model import OBSERVED_STATES, Fleet
-
-_NODE_ID = _re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_NODE_ID = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 
 def _is_int(v) -> bool:
@@ -404,23 +404,21 @@ class _Lines:
     line; failing that, to the `id` line itself.
     """
 
-    _ID = _re.compile(r"""(?m)["']?\bid["']?\s*:\s*["']?([a-z0-9][a-z0-9-]*)["']?\s*(?:,|}|$)""")
+    _ID = re.compile(r"""(?m)["']?\bid["']?\s*:\s*["']?([a-z0-9][a-z0-9-]*)["']?\s*(?:,|}|$)""")
 
     def __init__(self, text: str):
         self.text = text
-        self.starts = [0] + [m.end() for m in _re.finditer("\n", text)]
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.ids: dict[str, int] = {}
         for m in self._ID.finditer(text):
             self.ids.setdefault(m.group(1), m.start())
 
     def line(self, node: str | None, path: str) -> int:
-        from bisect import bisect_right
-
         start = self.ids.get(node, 0) if node is not None else 0
         if node is not None and node not in self.ids:
             return 1
         pos = start
-        key = _re.match(r"^(?:nodes\[\d+\]\.)?([a-z_]+)", path)
+        key = re.match(r"^(?:nodes\[\d+\]\.)?([a-z_]+)", path)
         if key and key.group(1) != "id":
             k = self.text.find(key.group(1), start, start + 200_000)
             if k != -1:
@@ -436,6 +434,11 @@ def validate_inventory_document(doc, fleet: Fleet | None = None, *, file: str = 
     fleet.yaml does not have is most likely the wrong file) or "ignore" (SPEC section
     3, for a daemon whose fleet changed under a snapshot it wrote itself).
     """
+    return _problems(_check_document(doc, fleet, unknown_nodes), file, text)
+
+
+def _check_document(doc, fleet: Fleet | None, unknown_nodes: str) -> list[tuple[str | None, str, str]]:
+    """(node id, field path, message) of every problem with a snapshot document."""
     c = _Checker()
     if not isinstance(doc, dict):
         c.err(None, "(document)", f"must be a mapping with a `nodes` list, not {_describe(doc)}")
@@ -455,9 +458,14 @@ def validate_inventory_document(doc, fleet: Fleet | None = None, *, file: str = 
                 if fleet is not None and unknown_nodes == "error" and fleet.node(nid) is None:
                     c.err(nid, "id", f"node {nid} is not in fleet.yaml (a snapshot of another fleet, "
                                      "or a node removed from it: take it out of the snapshot or add it back)")
-    lines = _Lines(text) if text is not None and c.errors else None
+    return c.errors
+
+
+def _problems(errors: list[tuple[str | None, str, str]], file: str, text: str | None) -> list[Problem]:
+    """The errors as Problems, each on the line of its field when the document's text is given."""
+    lines = _Lines(text) if text is not None and errors else None
     problems = []
-    for node, path, msg in c.errors:
+    for node, path, msg in errors:
         where = f"node {node}: {path}" if node else path
         problems.append(Problem(file, lines.line(node, path) if lines else 1, 1, f"{where}: {msg}"))
     return problems
@@ -480,11 +488,10 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
         raise InventoryInvalid([Problem(str(path), line, col, f"not valid YAML or JSON: {msg}")]) from None
     except UnicodeDecodeError:
         raise InventoryInvalid([Problem(str(path), 1, 1, "not valid YAML or JSON: not UTF-8 text")]) from None
-    problems = validate_inventory_document(doc, fleet, file=str(path), unknown_nodes=unknown_nodes)
-    if problems:
-        text = path.read_text(errors="replace")
-        problems = validate_inventory_document(doc, fleet, file=str(path), text=text, unknown_nodes=unknown_nodes)
-        raise InventoryInvalid(problems)
+    errors = _check_document(doc, fleet, unknown_nodes)
+    if errors:
+        # Only a broken snapshot is read again as text, to place each problem on its line.
+        raise InventoryInvalid(_problems(errors, str(path), path.read_text(errors="replace")))
     inv = inventory_from_document(doc)
     if fleet is not None and unknown_nodes == "ignore":
         known = {n.id for n in fleet.nodes}

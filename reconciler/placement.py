@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left, insort
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from reconciler.errors import Problem
@@ -241,10 +241,8 @@ class PlacementResult:
 # --------------------------------------------------------------------------
 
 
-def _replace_profile(profile: Profile) -> Profile:
+def _without_disk(profile: Profile) -> Profile:
     """The profile without its disk requirement (the part of the filter that depends on the model)."""
-    from dataclasses import replace
-
     return replace(profile, min_disk_gb=0) if profile.min_disk_gb else profile
 
 
@@ -325,7 +323,7 @@ class Placer:
         base_key = _base_key(profile)
         base = self._static_reasons.get(base_key)
         if base is None:
-            plain = _replace_profile(profile)
+            plain = _without_disk(profile)
             base = [self._static_reason(n, None, plain) for n in self.nodes]
             self._static_reasons[base_key] = base
         return base
@@ -586,6 +584,32 @@ class Placer:
                 rejections.extend(self.rejections_for(model, profile, exclude))
         return Outcome(rid, model.name, None, tuple(rejections), nodes_considered=len(self.nodes))
 
+    def place_missing(self, models: Iterable[Model], decided: dict[str, Outcome],
+                      explain: frozenset[str] = frozenset()) -> list[Outcome]:
+        """Place every replica of `models` not yet in `decided`, largest demand first.
+
+        Every outcome goes into `decided`; the placed ones are also returned, in the
+        order they were placed. Once a replica of a model fails, the later ones of that
+        model get `rejections_same_as` it: nothing was placed since, so they would fail
+        against the same state, and their rejection lists would only repeat it.
+        """
+        placed: list[Outcome] = []
+        for model in placement_order(models):
+            failed_first: str | None = None
+            for rid in model.replica_ids():
+                if rid in decided:
+                    continue
+                if failed_first is not None:
+                    decided[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
+                    continue
+                out = self.place(model, rid, explain=model.name in explain)
+                decided[rid] = out
+                if out.placement is None:
+                    failed_first = rid
+                else:
+                    placed.append(out)
+        return placed
+
     # ---- explaining ------------------------------------------------------
 
     def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset) -> str | None:
@@ -677,26 +701,12 @@ def place(
     GPUs and ports before anything new is placed. `explain` names models whose
     placed replicas should also keep the rejections of profiles they skipped.
     """
-    running = list(running)
     placer = Placer(fleet, inventory, models)
     outcomes: dict[str, Outcome] = {}
     for p in running:
         placer.hold(p)
         outcomes[p.replica] = Outcome(p.replica, p.model, p, kept=True)
-    explain = frozenset(explain)
-    for model in placement_order(models):
-        failed_first: str | None = None
-        for rid in model.replica_ids():
-            if rid in outcomes:
-                continue
-            if failed_first is not None:
-                # Nothing was placed since the first failure of this model, so the state is the same.
-                outcomes[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
-                continue
-            out = placer.place(model, rid, explain=model.name in explain)
-            outcomes[rid] = out
-            if out.placement is None:
-                failed_first = rid
+    placer.place_missing(models, outcomes, frozenset(explain))
     return PlacementResult(outcomes)
 
 
@@ -780,7 +790,7 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
 # --------------------------------------------------------------------------
 
 
-def _hardware_reason(spec, obs: ObservedNode | None, model: Model, profile: Profile) -> str | None:
+def _hardware_reason(spec, obs: ObservedNode | None, profile: Profile) -> str | None:
     """Why this node could not take the profile even with nothing running and every node ready."""
     if obs is None:
         return "not in the snapshot"
@@ -798,12 +808,12 @@ def _hardware_reason(spec, obs: ObservedNode | None, model: Model, profile: Prof
     return None
 
 
-def _why_never(fleet: Fleet, inventory: Inventory, model: Model, profile: Profile) -> tuple[str | None, str, set[str]]:
+def _why_never(fleet: Fleet, inventory: Inventory, profile: Profile) -> tuple[str | None, str, set[str]]:
     """(None, "", nodes that can hold a rank) when the profile fits an empty fleet; else (why not, field to blame, {})."""
     ok_nodes = []
     for spec in fleet.nodes:
         obs = inventory.node(spec.id)
-        if _hardware_reason(spec, obs, model, profile) is None:
+        if _hardware_reason(spec, obs, profile) is None:
             ok_nodes.append((spec, obs))
     if profile.nodes <= 1:
         if ok_nodes:
@@ -853,7 +863,7 @@ def unfittable_problems(
         hosts: set[str] = set()
         single_only = all(p.nodes <= 1 for p in model.profiles)
         for profile in model.profiles:
-            why, fieldname, ok = _why_never(catalog.fleet, inventory, model, profile)
+            why, fieldname, ok = _why_never(catalog.fleet, inventory, profile)
             if why is None:
                 hosts |= ok
             else:

@@ -30,6 +30,7 @@ import datetime as _dt
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace as _replace
+from functools import cached_property
 from typing import Iterable, Mapping
 
 from reconciler.model import (
@@ -39,11 +40,12 @@ from reconciler.model import (
     Inventory,
     Model,
     Placement,
+    Profile,
     RunningRank,
     replica_ordinal,
     spec_hash,
 )
-from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, placement_order, pool_name
+from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 
 # Restart backoff: first restart at once, then 10 s, 20 s, 40 s ... capped at 5 minutes,
 # the same curve as a kubelet's CrashLoopBackOff so operators read it the same way.
@@ -93,7 +95,7 @@ class Plan:
         """Per desired replica, the nodes it is on or goes to: the `placed_on` input of the next pass."""
         return {rid: tuple(a.node for a in o.placement.nodes) for rid, o in self.outcomes.items() if o.placement is not None}
 
-    @property
+    @cached_property  # status asks once per replica; the history holds every replica
     def restarts(self) -> dict[str, int]:
         """Per replica, how many times the reconciler restarted it (for status)."""
         return {rid: h.restarts for rid, h in self.history.items() if h.restarts}
@@ -155,12 +157,27 @@ def _collect(catalog: Catalog, inventory: Inventory, last_seen: Inventory | None
     return found
 
 
-def _rank_preference(catalog, inventory, model: Model | None, preferred_nodes: tuple[str, ...]):
+class _SpecHashes:
+    """spec_hash per (model, profile), computed once per pass: a pass compares it with every
+    running rank, and hashing the spec costs more than the rest of the comparison."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], str] = {}
+
+    def of(self, model: Model, profile: Profile) -> str:
+        key = (model.name, profile.name)
+        digest = self._known.get(key)
+        if digest is None:
+            digest = self._known[key] = spec_hash(model, profile)
+        return digest
+
+
+def _rank_preference(catalog, inventory, model: Model | None, preferred_nodes: tuple[str, ...], hashes: _SpecHashes):
     def key(item: tuple[str, RunningRank]):
         node, r = item
         state = _effective_state(catalog, inventory, node)
         prof = model.profile(r.profile) if model else None
-        current = prof is not None and spec_hash(model, prof) == r.spec_hash
+        current = prof is not None and hashes.of(model, prof) == r.spec_hash
         return (
             state == "unreachable",
             state == "drained",
@@ -174,13 +191,13 @@ def _rank_preference(catalog, inventory, model: Model | None, preferred_nodes: t
 
 def _split(
     catalog: Catalog, inventory: Inventory, rid: str, entries: list[tuple[str, RunningRank]],
-    model: Model | None, preferred_nodes: tuple[str, ...],
+    model: Model | None, preferred_nodes: tuple[str, ...], hashes: _SpecHashes,
 ) -> tuple[_Copy, list[tuple[str, RunningRank]]]:
     """The copy of a replica to keep reasoning about, and the stale ranks beside it."""
     by_rank: dict[int, list[tuple[str, RunningRank]]] = {}
     for e in entries:
         by_rank.setdefault(e[1].rank, []).append(e)
-    key = _rank_preference(catalog, inventory, model, preferred_nodes)
+    key = _rank_preference(catalog, inventory, model, preferred_nodes, hashes)
     chosen, stale = [], []
     for rank in sorted(by_rank):
         options = sorted(by_rank[rank], key=key)
@@ -232,6 +249,18 @@ def _stop_placement(rid: str, model: str, entries: list[tuple[str, RunningRank]]
 # --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Replacement:
+    """A running copy to be placed again elsewhere (or anew), decided after every replica was looked at."""
+
+    model: Model
+    ordinal: int
+    old: Placement  # the running copy; it keeps its resources until the new one is placed
+    reason: str
+    spec_change: bool = False  # spec changes go one at a time per model; moves off bad nodes all at once
+    history_after: ReplicaHistory = ReplicaHistory()
+
+
 @contextmanager
 def _no_gc():
     """Pause the cyclic garbage collector for one pass.
@@ -250,6 +279,7 @@ def _no_gc():
             gc.enable()
 
 
+@_no_gc()
 def plan(
     catalog: Catalog,
     inventory: Inventory,
@@ -261,7 +291,7 @@ def plan(
     last_seen: Inventory | None = None,
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
-) -> "Plan":
+) -> Plan:
     """Compare the catalog with what runs and decide what to do, each action with its reason.
 
     catalog            desired state (models, fleet); `catalog.revision` is copied into the plan.
@@ -276,32 +306,13 @@ def plan(
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     """
-    with _no_gc():
-        return _plan(
-            catalog, inventory, now=now, history=history, unreachable_since=unreachable_since, grace_s=grace_s,
-            last_seen=last_seen, explain=explain, placed_on=placed_on,
-        )
-
-
-def _plan(
-    catalog: Catalog,
-    inventory: Inventory,
-    *,
-    now: float = 0.0,
-    history: Mapping[str, ReplicaHistory] | None = None,
-    unreachable_since: Mapping[str, float] | None = None,
-    grace_s: float = UNREACHABLE_GRACE_S,
-    last_seen: Inventory | None = None,
-    explain: Iterable[str] = (),
-    placed_on: Mapping[str, tuple[str, ...]] | None = None,
-) -> Plan:
-    """The diff itself; see plan() for the arguments."""
     history = dict(history or {})
     unreachable_since = unreachable_since or {}
     placed_on = placed_on or {}
     models = {m.name: m for m in catalog.models}
     placer = Placer(catalog.fleet, inventory, catalog.models)
     explain = frozenset(explain)
+    hashes = _SpecHashes()
 
     stops_removed: list[Action] = []
     stops_scaled: list[Action] = []
@@ -311,8 +322,7 @@ def _plan(
     outcomes: dict[str, Outcome] = {}
     observed: dict[str, Placement] = {}
     new_history: dict[str, ReplicaHistory] = {}
-    # (model, ordinal, rid, running copy, reason, a spec change?, history after) for replacements
-    to_replace: list[tuple[Model, int, str, Placement, str, bool, ReplicaHistory]] = []
+    to_replace: list[_Replacement] = []
 
     def state(node: str) -> str:
         return _effective_state(catalog, inventory, node)
@@ -320,7 +330,7 @@ def _plan(
     for rid, entries in sorted(_collect(catalog, inventory, last_seen).items()):
         model_name = entries[0][1].model
         model = models.get(model_name)
-        copy, stale = _split(catalog, inventory, rid, entries, model, tuple(placed_on.get(rid, ())))
+        copy, stale = _split(catalog, inventory, rid, entries, model, tuple(placed_on.get(rid, ())), hashes)
         current = _as_placement(catalog, inventory, copy, model)
         observed[rid] = current
         ordinal = replica_ordinal(model_name, rid)
@@ -350,10 +360,11 @@ def _plan(
         dead = [(n, r) for n, r in copy.ranks if not r.alive]
         missing = sorted(set(range(copy.nnodes)) - {r.rank for _, r in copy.ranks})
 
+        # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
+        placer.hold(current)
         if lost:
             overdue = [n for n in lost if now - unreachable_since.get(n, now) >= grace_s]
             if not overdue:
-                placer.hold(current)
                 outcomes[rid] = Outcome(rid, model_name, current, kept=True)
                 new_history[rid] = hist
                 first = min(unreachable_since.get(n, now) for n in lost)
@@ -364,27 +375,23 @@ def _plan(
                 waiting.append(Waiting(rid, model_name,
                                        f"node {', '.join(lost)} unreachable; replaced elsewhere {when}", first + grace_s))
                 continue
-            placer.hold(current)
             n = overdue[0]
-            to_replace.append((model, ordinal, rid, current,
-                               f"node {n} unreachable for {int(now - unreachable_since.get(n, now))} s "
-                               f"(grace {int(grace_s)} s)", False, ReplicaHistory()))
+            to_replace.append(_Replacement(model, ordinal, current,
+                                           f"node {n} unreachable for {int(now - unreachable_since.get(n, now))} s "
+                                           f"(grace {int(grace_s)} s)"))
             continue
         if drained:
-            placer.hold(current)
-            to_replace.append((model, ordinal, rid, current, f"node {', '.join(drained)} is drained", False, ReplicaHistory()))
+            to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained"))
             continue
-        if profile is None or spec_hash(model, profile) != copy.ranks[0][1].spec_hash or any(
+        if profile is None or hashes.of(model, profile) != copy.ranks[0][1].spec_hash or any(
             r.spec_hash != copy.ranks[0][1].spec_hash for _, r in copy.ranks
         ):
-            placer.hold(current)
             why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
-            to_replace.append((model, ordinal, rid, current, why, True, ReplicaHistory()))
+            to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True))
             continue
 
-        placer.hold(current)
         outcomes[rid] = Outcome(rid, model_name, current, kept=True)
-        if dead or missing or len(copy.ranks) < copy.nnodes:
+        if dead or missing:
             what = [f"rank {r.rank} on {n} is dead" for n, r in dead] + [f"rank {k} is missing" for k in missing]
             streak = hist.streak
             ready_at = (hist.last_restart or 0.0) + backoff_delay(streak)
@@ -395,18 +402,14 @@ def _plan(
                 new_history[rid] = hist
                 continue
             new_history[rid] = ReplicaHistory(hist.restarts + 1, streak + 1, now)
-            delay = backoff_delay(streak + 1)
-            if missing or len(copy.ranks) < copy.nnodes:
+            why = f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(backoff_delay(streak + 1))} s)"
+            if missing:
                 # Where a lost rank ran is unknown, so the replica is placed again as a whole.
                 del outcomes[rid]
-                to_replace.append((model, ordinal, rid, current,
-                                   f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(delay)} s)",
-                                   False, new_history[rid]))
+                to_replace.append(_Replacement(model, ordinal, current, why, history_after=new_history[rid]))
                 continue
-            target = _restart_placement(placer, catalog, current, profile, copy)
-            restarts.append(Action("restart", rid, model_name,
-                                   f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(delay)} s)",
-                                   target, previous=current))
+            target = _restart_placement(placer, current, profile)
+            restarts.append(Action("restart", rid, model_name, why, target, previous=current))
             continue
         # Healthy: a quiet spell long enough resets the backoff, not the count shown in status.
         if hist.streak and hist.last_restart is not None and now - hist.last_restart >= BACKOFF_RESET_S:
@@ -416,14 +419,15 @@ def _plan(
     # Replacements: one spec change at a time per model; moves off bad nodes all at once.
     replaces: list[Action] = []
     spec_busy: dict[str, str] = {}
-    for model, ordinal, rid, old, why, healthy, hist_after in sorted(to_replace, key=lambda t: (t[0].name, t[1])):
-        if healthy and model.name in spec_busy:
+    for r in sorted(to_replace, key=lambda r: (r.model.name, r.ordinal)):
+        model, rid, old, why = r.model, r.old.replica, r.old, r.reason
+        if r.spec_change and model.name in spec_busy:
             outcomes[rid] = Outcome(rid, model.name, old, kept=True)
             new_history[rid] = history.get(rid, ReplicaHistory())
             waiting.append(Waiting(rid, model.name, f"{why}; waiting for {spec_busy[model.name]} "
                                    "to be replaced first (one at a time per model)"))
             continue
-        if healthy:
+        if r.spec_change:
             spec_busy[model.name] = rid
         out = placer.place(model, rid, exclude=[a.node for a in old.nodes], explain=model.name in explain)
         stop_first = False
@@ -435,29 +439,17 @@ def _plan(
             if retry.placement is None:
                 placer.hold(old)
         outcomes[rid] = out
-        new_history[rid] = hist_after
+        new_history[rid] = r.history_after
         reason = why + ("; no room beside the old copy, so it is stopped first" if stop_first else "")
         if out.placement is None:
             reason += "; no placement fits, the old copy keeps running"
         replaces.append(Action("replace", rid, model.name, reason, out.placement, previous=old, stop_first=stop_first))
 
-    # Starts: everything desired and not found running, largest demand first.
-    starts: list[Action] = []
-    for model in placement_order(catalog.models):
-        failed_first: str | None = None
-        for ordinal, rid in enumerate(model.replica_ids()):
-            if rid in outcomes:
-                continue
-            if failed_first is not None:
-                outcomes[rid] = Outcome(rid, model.name, None, rejections_same_as=failed_first)
-                continue
-            out = placer.place(model, rid, explain=model.name in explain)
-            outcomes[rid] = out
-            if out.placement is None:
-                failed_first = rid
-                continue
-            new_history[rid] = ReplicaHistory()
-            starts.append(Action("start", rid, model.name, "not running", out.placement))
+    # Starts: everything desired and not found running.
+    starts = [Action("start", o.replica, o.model, "not running", o.placement)
+              for o in placer.place_missing(catalog.models, outcomes, explain)]
+    for a in starts:
+        new_history[a.replica] = ReplicaHistory()
 
     def by_model_ordinal(a: Action):
         return (a.model, replica_ordinal(a.model, a.replica) or 0)
@@ -484,7 +476,7 @@ def _plan(
     )
 
 
-def _restart_placement(placer: Placer, catalog: Catalog, current: Placement, profile, copy: _Copy) -> Placement:
+def _restart_placement(placer: Placer, current: Placement, profile: Profile) -> Placement:
     """The same nodes, GPUs and ports again; a multi-node replica also needs a rendezvous port."""
     placement = _replace(current, pool=pool_name(current.fabric, profile))
     if len(current.nodes) > 1:

@@ -8,12 +8,18 @@ change a byte does not touch the file at all.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
+
+from reconciler.inventory import inventory_to_document
+from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
+from reconciler.placement import summarize
+from reconciler.plan import Plan
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
@@ -31,6 +37,9 @@ def _represent_list(dumper: yaml.BaseDumper, data: list) -> yaml.Node:
 
 
 _StatusDumper.add_representer(list, _represent_list)
+
+
+STATUS_DIR = "status"  # under the catalog root
 
 
 def dump_yaml(doc: Any) -> str:
@@ -71,21 +80,30 @@ def write_document(path: str | os.PathLike, doc: Any) -> bool:
 # Model and endpoint status documents (SPEC section 2), from a plan and the phases seen
 # --------------------------------------------------------------------------
 
-import ipaddress as _ipaddress
-from typing import Mapping as _Mapping
-
 
 def endpoint_url(data_address: str, port: int) -> str:
     host = data_address
     try:
-        if isinstance(_ipaddress.ip_address(data_address), _ipaddress.IPv6Address):
+        if isinstance(ipaddress.ip_address(data_address), ipaddress.IPv6Address):
             host = f"[{data_address}]"
     except ValueError:
         pass  # a host name
     return f"http://{host}:{port}"
 
 
-def predicted_phases(plan) -> dict[str, str]:
+def replica_endpoint(fleet: Fleet, node_id: str, port: int) -> str:
+    """Where a replica serves: the head's data address (what other hosts reach), not its SSH address."""
+    spec = fleet.node(node_id)
+    return endpoint_url(spec.data_address if spec is not None else node_id, port)
+
+
+def _where_it_runs(plan: Plan, rid: str) -> Placement | None:
+    """Where the plan puts a replica, else where it was found running."""
+    out = plan.outcomes.get(rid)
+    return out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
+
+
+def predicted_phases(plan: Plan) -> dict[str, str]:
     """The phase each desired replica will be in once the plan is applied, as far as a plan can tell.
 
     Kept replicas are assumed Ready (a plan has no health checks); anything about
@@ -106,19 +124,17 @@ def predicted_phases(plan) -> dict[str, str]:
     return phases
 
 
-def _rejection_doc(r) -> dict:
+def rejection_document(r: Rejection) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
 
-def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None = None,
-                          messages: _Mapping[str, str] | None = None, show_all: bool = False) -> dict:
+def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
+                          messages: Mapping[str, str] | None = None, show_all: bool = False) -> dict:
     """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
 
     phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
     messages: replica id -> message, overriding the plan's own reasons.
     """
-    from reconciler.placement import summarize
-
     phases = predicted_phases(plan) if phases is None else phases
     messages = messages or {}
     reasons: dict[str, str] = {}
@@ -131,17 +147,14 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
     replicas = []
     for rid in model.replica_ids():
         out = plan.outcomes.get(rid)
-        placement = out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
+        placement = _where_it_runs(plan, rid)
         nodes = []
-        if placement is not None:
-            for a in placement.nodes:
-                spec = fleet.node(a.node)
-                addr = spec.data_address if spec is not None else a.node
-                entry_node = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
-                if a.rank == 0:
-                    # Only the head serves; other ranks' ports are for the engine's own traffic.
-                    entry_node["endpoint"] = endpoint_url(addr, a.port)
-                nodes.append(entry_node)
+        for a in placement.nodes if placement is not None else ():
+            entry_node = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
+            if a.rank == 0:
+                # Only the head serves; other ranks' ports are for the engine's own traffic.
+                entry_node["endpoint"] = replica_endpoint(fleet, a.node, a.port)
+            nodes.append(entry_node)
         entry = {
             "id": rid,
             "profile": placement.profile if placement is not None else None,
@@ -157,7 +170,7 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
             else:
                 lines = summarize(out.rejections, out.nodes_considered, show_all)
                 entry["message"] = entry["message"] or "cannot be placed: " + " | ".join(lines)
-                entry["rejections"] = [_rejection_doc(r) for r in out.rejections]
+                entry["rejections"] = [rejection_document(r) for r in out.rejections]
         if not entry["message"]:
             entry["message"] = reasons.get(rid, "")
         replicas.append(entry)
@@ -169,7 +182,7 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
     }
 
 
-def endpoints_document(catalog, plan, phases: _Mapping[str, str] | None = None) -> dict:
+def endpoints_document(catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None) -> dict:
     """status/endpoints.yaml: per model, the URLs of its Ready replicas (the head's serving port)."""
     phases = predicted_phases(plan) if phases is None else phases
     models = {}
@@ -178,24 +191,22 @@ def endpoints_document(catalog, plan, phases: _Mapping[str, str] | None = None) 
         for rid in model.replica_ids():
             if phases.get(rid) != "Ready":
                 continue
-            out = plan.outcomes.get(rid)
-            placement = out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
+            placement = _where_it_runs(plan, rid)
             if placement is None or not placement.nodes:
                 continue
             head = placement.nodes[0]
-            spec = catalog.fleet.node(head.node)
-            urls.append(endpoint_url(spec.data_address if spec is not None else head.node, head.port))
+            urls.append(replica_endpoint(catalog.fleet, head.node, head.port))
         models[model.name] = sorted(urls)
     return {"models": models}
 
 
-def write_plan_status(catalog_root, catalog, plan, phases: _Mapping[str, str] | None = None,
-                      messages: _Mapping[str, str] | None = None) -> list[Path]:
+def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
+                      messages: Mapping[str, str] | None = None) -> list[Path]:
     """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
 
     Returns the paths whose content changed.
     """
-    root = Path(catalog_root) / "status"
+    root = Path(catalog_root) / STATUS_DIR
     phases = predicted_phases(plan) if phases is None else phases
     changed = []
     wanted = set()
@@ -213,3 +224,9 @@ def write_plan_status(catalog_root, catalog, plan, phases: _Mapping[str, str] | 
     if write_document(root / "endpoints.yaml", endpoints_document(catalog, plan, phases)):
         changed.append(root / "endpoints.yaml")
     return changed
+
+
+def write_nodes_status(catalog_root: str | os.PathLike, inventory: Inventory) -> list[Path]:
+    """Write status/nodes.yaml (the snapshot as observed); returns it when its content changed."""
+    path = Path(catalog_root) / STATUS_DIR / "nodes.yaml"
+    return [path] if write_document(path, inventory_to_document(inventory)) else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -78,3 +79,23 @@ def test_write_plan_status_writes_once_and_removes_status_of_removed_models(tmp_
     assert not (tmp_path / "status" / "models" / "gone.yaml").exists()
     assert yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())["name"] == "m"
     assert write_plan_status(tmp_path, c, p) == []
+
+
+class _CountingHistory(dict):
+    """A plan history that counts how often it is walked."""
+
+    walks = 0
+
+    def items(self):
+        self.walks += 1
+        return super().items()
+
+
+def test_status_of_a_plan_walks_its_restart_history_once_not_once_per_replica(tmp_path):
+    c, p = setup()
+    history = _CountingHistory(p.history)
+    counted = dataclasses.replace(p, history=history)
+    write_plan_status(tmp_path, c, counted)
+    doc = yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())
+    assert [r["restarts"] for r in doc["replicas"]] == [2, 0, 0]
+    assert history.walks == 1

@@ -15,7 +15,7 @@ from reconciler.inventory import load_inventory
 from reconciler.model import Catalog, Inventory
 
 
-def observe(catalog: Catalog, catalog_dir: str, inventory_path: str | None) -> Inventory:
+def observe(catalog: Catalog, inventory_path: str | None) -> Inventory:
     if inventory_path is not None:
         if not Path(inventory_path).is_file():
             raise UsageError(f"--inventory {inventory_path}: no such file")
@@ -30,9 +30,14 @@ def probe_fleet(catalog: Catalog) -> Inventory:
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
         result = probe_fleet_report(catalog.fleet, pool, sources=sources)
-    for r in sorted(result.results, key=lambda r: r.node.id):
-        for warning in r.warnings:
-            print(f"{r.node.id}: warning: {warning}", file=sys.stderr)
+    print_probe_warnings(result)
     if catalog.fleet.nodes and result.reached == 0:
         raise FleetUnreachable("no node of the fleet could be reached; pass --inventory FILE to plan from a snapshot")
     return result.inventory
+
+
+def print_probe_warnings(result) -> None:
+    """What the probe noticed but did not fail on, node by node, on stderr."""
+    for r in sorted(result.results, key=lambda r: r.node.id):
+        for warning in r.warnings:
+            print(f"{r.node.id}: warning: {warning}", file=sys.stderr)

@@ -8,7 +8,7 @@ import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
-from reconciler.commands.plan import _where
+from reconciler.commands.plan import where_text
 from reconciler.errors import UsageError
 from reconciler.placement import summarize
 from reconciler.plan import plan
@@ -24,7 +24,7 @@ def main(args) -> int:
     if model is None:
         names = ", ".join(m.name for m in catalog.models) or "none"
         raise UsageError(f"model {args.model} is not in the catalog (models: {names})")
-    inventory = observe(catalog, args.catalog, args.inventory)
+    inventory = observe(catalog, args.inventory)
     pl = plan(catalog, inventory, now=time.time(), explain=[model.name])
     actions = {a.replica: a for a in pl.actions if a.model == model.name}
     waiting = {w.replica: w for w in pl.waiting if w.model == model.name}
@@ -39,7 +39,7 @@ def main(args) -> int:
             p = o.placement
             verb = "runs on" if o.kept else {"start": "would start on", "replace": "would move to",
                                               "restart": "would restart on"}.get(a.action if a else "", "goes to")
-            out.append(f"{rid}: {verb} {_where(p)} (profile {p.profile}, pool {p.pool}"
+            out.append(f"{rid}: {verb} {where_text(p)} (profile {p.profile}, pool {p.pool}"
                        + (f", rendezvous port {p.dist_port}" if p.dist_port else "") + ")")
             if a is not None:
                 out.append(f"  {a.action}: {a.reason}")

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from pathlib import Path
 
 from reconciler.catalog import load_catalog
+from reconciler.commands._observe import print_probe_warnings
 from reconciler.inventory import inventory_to_document
 from reconciler.model import ObservedNode
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
-from reconciler.status import write_document
+from reconciler.status import write_nodes_status
 
 EXIT_UNREACHABLE = 3
 GIB = 1 << 30
@@ -27,14 +27,11 @@ def main(args) -> int:
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
         result = _probe(catalog.fleet, pool, sources)
-    doc = inventory_to_document(result.inventory)
-    write_document(Path(catalog.root) / "status" / "nodes.yaml", doc)
+    write_nodes_status(catalog.root, result.inventory)
 
-    for r in sorted(result.results, key=lambda r: r.node.id):
-        for w in r.warnings:
-            print(f"{r.node.id}: warning: {w}", file=sys.stderr)
+    print_probe_warnings(result)
     if args.format == "json":
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(inventory_to_document(result.inventory), indent=2))
     else:
         print_table(result)
     if catalog.fleet.nodes and result.reached == 0:

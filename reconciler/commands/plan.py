@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import gc
+import json
 import sys
 import time
 
@@ -12,6 +12,7 @@ from reconciler.commands._observe import observe
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan, plan
+from reconciler.status import rejection_document, write_plan_status
 
 EXIT_UNPLACED = 1
 
@@ -49,9 +50,7 @@ def plan_document(pl: Plan, show_all: bool = False) -> dict:
         if o.rejections_same_as:
             entry["rejections_same_as"] = o.rejections_same_as
         else:
-            entry["rejections"] = [
-                {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason} for r in o.rejections
-            ]
+            entry["rejections"] = [rejection_document(r) for r in o.rejections]
             entry["summary"] = summarize(o.rejections, o.nodes_considered, show_all)
         unplaced.append(entry)
     return {
@@ -71,7 +70,8 @@ def _gpus(gpus) -> str:
     return "[" + ",".join(map(str, g)) + "]"
 
 
-def _where(p: Placement | None) -> str:
+def where_text(p: Placement | None) -> str:
+    """Nodes, GPUs and ports in one short line: `a1[0-7]:8000 a2[0-7]:8000`."""
     if p is None:
         return "-"
     return " ".join(f"{a.node}{_gpus(a.gpus)}:{a.port}" for a in p.nodes)
@@ -85,7 +85,7 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
     rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
     for a in pl.actions:
         profile = a.placement.profile if a.placement is not None else "-"
-        rows.append((a.action, a.replica, profile, _where(a.placement), a.reason))
+        rows.append((a.action, a.replica, profile, where_text(a.placement), a.reason))
     out = []
     if pl.revision:
         out.append(f"revision {pl.revision}")
@@ -131,7 +131,7 @@ def main(args) -> int:
     # costs a third of the run.
     gc.disable()
     catalog = load_catalog(args.catalog)
-    inventory = observe(catalog, args.catalog, args.inventory)
+    inventory = observe(catalog, args.inventory)
     # The clock only matters for backoff and grace periods, which an offline plan reports, not waits for.
     pl = plan(catalog, inventory, now=time.time())
     if args.format == "json":
@@ -139,8 +139,6 @@ def main(args) -> int:
     else:
         sys.stdout.write(render_text(pl, args.all))
     if args.write_status:
-        from reconciler.status import write_plan_status
-
         write_plan_status(catalog.root, catalog, pl)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)

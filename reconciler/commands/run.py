@@ -6,7 +6,10 @@ import sys
 import time
 from pathlib import Path
 
+from reconciler.apply import run_pass as run_apply_pass
+from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
+from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
 
@@ -57,13 +60,8 @@ class ApplyPass:
     ) -> None:
         """memory: (load(root) -> memory, save(root, memory)); default: the file one-shot `apply` keeps,
         so restart counts and backoff survive a daemon restart and agree with `apply` run by hand."""
-        if run_pass is None:
-            try:
-                from reconciler.apply import run_pass
-            except ImportError as exc:
-                raise ReconcilerError(f"the apply pass is not available in this build ({exc})") from exc
-        self._run_pass = run_pass
-        self._pool = pool if pool is not None else _transport_pool()
+        self._run_pass = run_pass or run_apply_pass
+        self._pool = pool if pool is not None else TransportPool()
         self._history = None
         self._memory = memory or _memory_file_store()
         self._memory_loaded = False
@@ -73,22 +71,11 @@ class ApplyPass:
         self._last: tuple | None = None  # (fleet, inventory after the pass, when)
 
     def _transports(self, catalog) -> dict:
-        from reconciler.transport import LocalTransport
-
         ids = {n.id for n in catalog.fleet.nodes}
         for gone in self._nodes - ids:  # a node removed from fleet.yaml: drop its connection
-            if self._pool is not None:
-                self._pool.forget(gone)
+            self._pool.forget(gone)
         self._nodes = ids
-        out = {}
-        for node in catalog.fleet.nodes:
-            if self._pool is not None:
-                out[node.id] = self._pool.transport_for(node)
-            elif node.transport == "local":
-                out[node.id] = LocalTransport(node.id)
-            else:
-                raise ReconcilerError(f"{node.id}: the SSH transport is not available in this build")
-        return out
+        return {node.id: self._pool.transport_for(node) for node in catalog.fleet.nodes}
 
     def __call__(self, catalog, log, *, trigger: str = "interval"):
         if not self._memory_loaded:
@@ -112,22 +99,11 @@ class ApplyPass:
         return result
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self._pool.close()
 
 
 def _memory_file_store():
-    from reconciler.commands.apply import load_memory, memory_path, save_memory
-
     return (lambda root: load_memory(memory_path(root)), lambda root, m: save_memory(memory_path(root), m))
-
-
-def _transport_pool():
-    try:
-        from reconciler.ssh import TransportPool
-    except ImportError:  # before the SSH transport is merged: local nodes only
-        return None
-    return TransportPool()
 
 
 def apply_pass(interval: float = 60.0) -> PassFn:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from reconciler.catalog import field_locator, load_catalog
 from reconciler.errors import CatalogInvalid
 
