@@ -122,6 +122,45 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     return user, host, port
 
 
+@dataclass(frozen=True)
+class KnownHosts:
+    """A known_hosts file as read: its keys, or why it could not be read, and the lines skipped."""
+
+    keys: paramiko.HostKeys | None
+    problem: str | None = None  # "is missing", or "cannot be read (...)": nothing can be verified
+    skipped: tuple[int, ...] = ()  # line numbers that hold no usable key
+
+
+def load_known_hosts(path: str) -> KnownHosts:
+    """Read a known_hosts file line by line, as OpenSSH does: an unreadable line is skipped.
+
+    paramiko.HostKeys(path) raises on the first line whose key is not valid
+    base64, which would make one stray line a traceback (or every node
+    unreachable); a skipped line only trusts less, never more.
+    """
+    keys = paramiko.HostKeys()
+    skipped = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        return KnownHosts(None, f"cannot be read ({exc.strerror or exc})")
+    for lineno, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception:  # noqa: BLE001  paramiko raises InvalidHostKey, SSHException, ValueError... per bad line
+            entry = None
+        if entry is None:
+            skipped.append(lineno)
+            continue
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+    return KnownHosts(keys, None, tuple(skipped))
+
+
 class _Shared:
     """What every connection of one pool shares: parsed config, known_hosts files, loaded keys, handshake slots."""
 
@@ -133,22 +172,24 @@ class _Shared:
             raise UsageError(f"{path}: cannot read this SSH config: {exc}") from None
         self.handshakes = threading.BoundedSemaphore(max_handshakes)
         self._lock = threading.Lock()
-        self._host_keys: dict[str, tuple[float, paramiko.HostKeys]] = {}
+        self._host_keys: dict[str, tuple[float, KnownHosts]] = {}
         self._keys: dict[str, paramiko.PKey | Exception] = {}
 
-    def host_keys(self, path: str) -> paramiko.HostKeys | None:
+    def host_keys(self, path: str) -> KnownHosts:
         try:
             mtime = os.stat(path).st_mtime
-        except OSError:
-            return None
+        except FileNotFoundError:
+            return KnownHosts(None, "is missing")
+        except OSError as exc:
+            return KnownHosts(None, f"cannot be read ({exc.strerror or exc})")
         with self._lock:
             cached = self._host_keys.get(path)
             if cached and cached[0] == mtime:
                 return cached[1]
-        keys = paramiko.HostKeys(path)
+        known = load_known_hosts(path)
         with self._lock:
-            self._host_keys[path] = (mtime, keys)
-        return keys
+            self._host_keys[path] = (mtime, known)
+        return known
 
     def key_problem(self, path: str) -> str | None:
         """Why the key file at `path` could not be used, once private_key() has tried it."""
@@ -184,7 +225,8 @@ class _HostKeyCheck:
     def __init__(self, node_id: str, target: Target, shared: _Shared):
         self.node_id = node_id
         self.target = target
-        self.known = shared.host_keys(target.known_hosts)
+        self.file = shared.host_keys(target.known_hosts)
+        self.known = self.file.keys
 
     def known_types(self) -> list[str]:
         entry = self.known.lookup(self.target.known_hosts_name) if self.known is not None else None
@@ -195,14 +237,19 @@ class _HostKeyCheck:
         if self.known is None:
             raise HostKeyError(
                 self.node_id,
-                f"known_hosts file {self.target.known_hosts} is missing, so the host key of {name} "
+                f"known_hosts file {self.target.known_hosts} {self.file.problem}, so the host key of {name} "
                 f"({key.get_name()} {fingerprint(key)}) cannot be verified; refusing to connect",
             )
         entry = self.known.lookup(name)
         if not entry:
+            skipped = ""
+            if self.file.skipped:
+                n = len(self.file.skipped)
+                lines = ", ".join(str(i) for i in self.file.skipped[:10]) + (", ..." if n > 10 else "")
+                skipped = f"; {'lines' if n > 1 else 'line'} {lines} of it {'hold' if n > 1 else 'holds'} no usable key, skipped"
             raise HostKeyError(
                 self.node_id,
-                f"host key of {name} is not in {self.target.known_hosts} ({key.get_name()} {fingerprint(key)}); "
+                f"host key of {name} is not in {self.target.known_hosts} ({key.get_name()} {fingerprint(key)}{skipped}); "
                 f"refusing to connect to an unknown host: verify the key, then add it to known_hosts",
             )
         expected = entry.get(key.get_name())

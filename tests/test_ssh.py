@@ -99,6 +99,33 @@ def test_a_missing_known_hosts_file_is_refused_not_trusted(nodes, pool, tmp_path
         pool.transport_for(node).run(["true"])
 
 
+def alpha_fingerprint(nodes) -> str:
+    pub = nodes.node("alpha").dir / "ssh_host_ed25519_key.pub"
+    return subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def test_a_known_hosts_path_that_cannot_be_read_is_refused_naming_the_node_and_the_fingerprint(nodes, pool, tmp_path):
+    node = spec_of(nodes, "alpha", known_hosts=str(tmp_path))  # a directory, not a file
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(node).run(["true"])
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "cannot be read" in msg and alpha_fingerprint(nodes) in msg
+
+
+def test_a_corrupt_known_hosts_line_is_skipped_and_the_other_lines_still_verify(nodes, pool, tmp_path):
+    corrupt = f"{nodes.node('alpha').address} ssh-ed25519 !!not-base64"
+    known = tmp_path / "known_hosts"
+    known.write_text(corrupt + "\n" + nodes.node("alpha").host_key_line + "\n")
+    assert pool.transport_for(spec_of(nodes, "alpha", known_hosts=str(known))).run(["true"]).rc == 0
+
+    only_corrupt = tmp_path / "only_corrupt"
+    only_corrupt.write_text("# a comment\n" + corrupt + "\n")
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(spec_of(nodes, "alpha", known_hosts=str(only_corrupt))).run(["true"])
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "line 2 of it holds no usable key" in msg and alpha_fingerprint(nodes) in msg
+
+
 def test_changed_host_key_is_refused_naming_both_fingerprints(fleet, pool):  # noqa: F811
     fleet.add_node("gamma")
     node = spec_of(fleet, "gamma")
