@@ -298,6 +298,8 @@ class _Connector:
             sock = socket.create_connection((target.hostname, target.port), timeout=target.connect_timeout_s)
         except OSError as exc:
             raise _socket_error(node_id, target, exc) from None
+        except UnicodeError as exc:  # the idna codec refuses it (an empty or over-long label) before any lookup
+            raise TransportError(node_id, f"cannot resolve host name {target.hostname!r}: not a valid host name ({exc})") from None
         # paramiko leaves Nagle on: every small request then waits for the previous ACK (~40 ms each).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock

@@ -160,6 +160,14 @@ def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(
         nodes.restore("beta")
 
 
+def test_a_host_name_with_an_over_long_label_is_a_transport_error_naming_the_node(pool):
+    # Python's idna codec refuses a label over 63 characters before any lookup: no packet leaves.
+    node = NodeSpec(id="long", address="n" * 64 + ".invalid", data_address="n" * 64 + ".invalid")
+    with pytest.raises(TransportError) as err:
+        pool.transport_for(node).run(["true"])
+    assert err.value.node == "long" and "not a valid host name" in str(err.value)
+
+
 def test_ssh_config_alias_and_proxy_jump_route_through_the_jump_host(nodes, tmp_path):
     alpha, beta = nodes.node("alpha"), nodes.node("beta")
     config = tmp_path / "ssh_config"
