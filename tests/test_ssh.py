@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -145,10 +148,36 @@ def test_refused_authentication_names_the_user_and_key(nodes, pool, tmp_path):
     assert "authentication refused for root@" in str(err.value) and str(other) in str(err.value)
 
 
-def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(nodes, pool):
-    dns = dataclasses.replace(spec_of(nodes, "alpha"), id="dns", address="no-such-node.invalid")
-    with pytest.raises(TransportError, match="cannot resolve host name 'no-such-node.invalid'"):
-        pool.transport_for(dns).run(["true"])
+RESOLVE_ONLY_HERE = """
+import sys
+from reconciler.errors import TransportError
+from reconciler.model import NodeSpec
+from reconciler.ssh import TransportPool
+
+with TransportPool() as pool:
+    try:
+        pool.transport_for(NodeSpec(id="dns", address=sys.argv[1], data_address=sys.argv[1])).run(["true"])
+    except TransportError as exc:
+        print(exc)
+"""
+
+
+def connect_with_loopback_resolver(tmp_path, address: str) -> subprocess.CompletedProcess:
+    """Connect to `address` from a process whose /etc/resolv.conf (in a private mount namespace)
+    names only 127.0.0.1, where no DNS server listens: a lookup fails without a packet leaving."""
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:1\n")
+    script = (f"mount --bind {shlex.quote(str(conf))} /etc/resolv.conf && "
+              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(RESOLVE_ONLY_HERE)} {shlex.quote(address)}")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(nodes, pool, tmp_path):
+    # The name is looked up against a loopback resolver, never the machine's own (tests send no traffic out).
+    out = connect_with_loopback_resolver(tmp_path, "no-such-node.invalid")
+    assert out.stdout.startswith("dns: cannot resolve host name 'no-such-node.invalid': "), out.stdout + out.stderr
     refused = spec_of(nodes, "alpha", port=2)
     with pytest.raises(TransportError, match=r"connection refused by 10\.213\.\d+\.\d+:2 "):
         pool.transport_for(dataclasses.replace(refused, id="refused")).run(["true"])
