@@ -294,6 +294,9 @@ def model_problems(doc: _Doc) -> list[Problem]:
         elif "command" in prof:
             problems.append(doc.at(base + ("command",), f"{where}: 'command' is only for engine: command; engine {engine} builds its own command line"))
         problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
+    if str(data.get("source", "")).startswith("-"):
+        # Render refuses it at launch; saying so here keeps it out of a merged catalog.
+        problems.append(doc.at(("source",), f"source '{data['source']}' starts with '-', which an engine would read as a flag, not as the weights"))
     if "$" in data.get("source", ""):
         for name in placeholders_in(data["source"]):
             problems.append(doc.at(("source",), f"placeholder ${{{name}}} is not allowed in source; placeholders work only in a command profile's command and env"))

@@ -202,6 +202,11 @@ CASES = {
     ),
     "model_outside_models_dir": ({"extra/llama2.yaml": MODEL.replace("llama", "llama2")}, "extra/llama2.yaml:1:1", "outside models/"),
     "model_in_subdirectory": ({"models/more/x.yaml": MODEL}, "models/more:1:1", "not in a subdirectory"),
+    "source_read_as_a_flag": (
+        {"models/llama.yaml": MODEL.replace("source: /models/llama", "source: --trust-remote-code")},
+        "models/llama.yaml:2:9",
+        "source '--trust-remote-code' starts with '-'",
+    ),
 }
 
 
