@@ -82,7 +82,7 @@ def resolve_target(address: str, settings: SshSettings, config: paramiko.SSHConf
     """
     found = config.lookup(address) if config is not None else {}
     hostname = found.get("hostname", address)
-    port = settings.port if settings.port != 22 else int(found.get("port", 22))
+    port = settings.port if settings.port != 22 else tcp_port(found.get("port", 22), f"~/.ssh/config for {address}")
     user = settings.user or found.get("user") or getpass.getuser()
     if settings.identity_file:
         identities: tuple[str, ...] = (settings.identity_file,)
@@ -104,6 +104,17 @@ def resolve_target(address: str, settings: SshSettings, config: paramiko.SSHConf
     )
 
 
+def tcp_port(value, where: str) -> int:
+    """A port number from text a user wrote; ValueError naming it when it is not one (socket would wrap 99999 to 34463)."""
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = 0
+    if not 0 < port < 65536:
+        raise ValueError(f"Port {value!r} in {where} is not a TCP port (1-65535)")
+    return port
+
+
 def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     """One ProxyJump hop, `[user@]host[:port]` -> (user, host, port)."""
     user = None
@@ -112,11 +123,11 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     port = None
     if spec.startswith("["):  # [v6addr]:port
         host, _, rest = spec[1:].partition("]")
-        if rest.startswith(":") and rest[1:].isdigit():
-            port = int(rest[1:])
+        if rest.startswith(":"):
+            port = tcp_port(rest[1:], f"ProxyJump {spec}")
     elif spec.count(":") == 1:
         host, _, p = spec.partition(":")
-        port = int(p) if p.isdigit() else None
+        port = tcp_port(p, f"ProxyJump {spec}")
     else:
         host = spec
     return user, host, port
@@ -308,12 +319,15 @@ class _Connector:
         via: paramiko.Transport | None = None
         hops = [h.strip() for h in target.proxy_jump.split(",") if h.strip()]
         for hop in hops:
-            user, host, port = parse_jump(hop)
-            hop_settings = SshSettings(
-                user=user, port=port or 22, identity_file=None,
-                known_hosts=settings.known_hosts, connect_timeout_s=settings.connect_timeout_s,
-            )
-            hop_target = resolve_target(host, hop_settings, self.shared.config)
+            try:
+                user, host, port = parse_jump(hop)
+                hop_settings = SshSettings(
+                    user=user, port=port or 22, identity_file=None,
+                    known_hosts=settings.known_hosts, connect_timeout_s=settings.connect_timeout_s,
+                )
+                hop_target = resolve_target(host, hop_settings, self.shared.config)
+            except ValueError as exc:
+                raise TransportError(node_id, f"jump host {hop}: {exc}") from None
             found = self.shared.config.lookup(host) if self.shared.config is not None else {}
             # A jump host with no IdentityFile of its own is logged into with the node's key:
             # fleets usually have one key for the bastion and the nodes behind it.
@@ -504,7 +518,10 @@ class SshTransport:
             connector = _Connector(_Shared(None, 4))
         self.node_id = node.id
         self.node = node
-        self.target = resolve_target(node.address, node.ssh, connector.shared.config)
+        try:
+            self.target = resolve_target(node.address, node.ssh, connector.shared.config)
+        except ValueError as exc:  # a bad Port in ~/.ssh/config: this node cannot be reached, the others can
+            raise TransportError(node.id, str(exc)) from None
         self._connector = connector
         self._lock = threading.Lock()
         self._conn: paramiko.Transport | None = None

@@ -212,6 +212,20 @@ def test_ssh_config_alias_and_proxy_jump_route_through_the_jump_host(nodes, tmp_
     assert client_ip == alpha.address  # beta saw the connection come from alpha: it went through the jump
 
 
+def test_a_port_in_ssh_config_that_is_no_port_makes_that_node_unreachable_naming_it_not_a_traceback(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host wordport\n  HostName 127.0.0.1\n  Port abc\n"
+                      "Host bigjump\n  HostName 127.0.0.1\n  ProxyJump 127.0.0.1:99999\n")
+    with TransportPool(ssh_config_path=str(config)) as pool:
+        with pytest.raises(TransportError) as err:
+            pool.transport_for(NodeSpec(id="w", address="wordport", data_address="127.0.0.1")).run(["true"])
+        assert err.value.node == "w" and "Port 'abc' in ~/.ssh/config for wordport is not a TCP port" in str(err.value)
+        # 99999 is not wrapped round to 34463 and dialled: nothing is dialled at all
+        with pytest.raises(TransportError) as err:
+            pool.transport_for(NodeSpec(id="j", address="bigjump", data_address="127.0.0.1")).run(["true"])
+        assert err.value.node == "j" and "Port '99999' in ProxyJump 127.0.0.1:99999 is not a TCP port" in str(err.value)
+
+
 def test_ssh_config_supplies_what_fleet_yaml_leaves_unset(tmp_path):
     config = tmp_path / "ssh_config"
     config.write_text("Host gpu1\n  HostName 10.9.9.9\n  User serve\n  Port 2222\n  IdentityFile /keys/k\n")
