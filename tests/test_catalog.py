@@ -150,6 +150,11 @@ CASES = {
         "fleet.yaml:11:19",
         "data_address 127.0.0.1 is loopback",
     ),
+    "loopback_spelt_short_in_multi_node_fleet": (
+        {"fleet.yaml": FLEET.replace("data_address: 10.9.1.2", "data_address: '127.1'")},
+        "fleet.yaml:11:19",
+        "data_address 127.1 is loopback",
+    ),
     "localhost_in_multi_node_fleet": (
         {"fleet.yaml": FLEET.replace("address: 10.9.0.1", "address: localhost")},
         "fleet.yaml:5:14",

@@ -313,7 +313,8 @@ def test_placeholder_in_the_source_is_refused_even_for_command_profiles():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head_address", ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST.", "0.0.0.0"])
+@pytest.mark.parametrize("head_address", ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST.", "0.0.0.0",
+                                          "127.1", "::ffff:127.0.0.1"])
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "llama.cpp", "command"])
 def test_multi_node_replica_with_loopback_head_is_refused(engine, head_address):
     fleet = Fleet(nodes=(NodeSpec(id="a1", address="10.0.0.11", data_address=head_address), A2))
@@ -478,6 +479,18 @@ def test_placeholder_grammar():
                                            ("10.1.0.11", False), ("node-a", False), ("fd00::1", False)])
 def test_loopback_addresses(address, loop):
     assert is_loopback(address) is loop
+
+
+@pytest.mark.parametrize("address", ["127.1", "2130706433", "0x7f000001", "0177.0.0.1", "127.000.000.001",
+                                     "::ffff:127.0.0.1", "[::ffff:7f00:1]", "0", "localhost.localdomain", "ip6-localhost"])
+def test_every_spelling_a_connect_takes_for_this_host_is_loopback(address):
+    assert is_loopback(address)
+
+
+@pytest.mark.parametrize("address", ["10.1", "0x0a010001", "::ffff:10.1.0.11", "127-node", "localhost-a", "fd00::7f00:1"])
+def test_other_hosts_are_not_loopback_however_spelt(address):
+    assert not is_loopback(address)
+
 
 
 def test_every_rendered_launch_has_no_placeholder_and_distinct_non_loopback_hosts_when_multi_node():
