@@ -132,6 +132,27 @@ def is_loopback(address: str) -> bool:
     return loopback_ip(address) is not None
 
 
+def _ip(host: str) -> "ipaddress.IPv4Address | ipaddress.IPv6Address | None":
+    """`host` as an IP when it is one in any spelling connect() accepts (inet_aton forms included)."""
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip
+
+
+def canonical_host(address: str) -> str:
+    """One spelling per host: `10.1.11` and `10.1.0.11` (or `::ffff:10.1.0.11`) are one machine."""
+    host = address.strip().strip("[]").lower().rstrip(".")
+    ip = _ip(host)
+    return str(ip) if ip is not None else host
+
+
 def loopback_ip(address: str) -> str | None:
     """The address, as a canonical IP, when it names this host; else None.
 
@@ -143,16 +164,8 @@ def loopback_ip(address: str) -> str | None:
     host = address.strip().strip("[]").lower().rstrip(".")
     if host in LOOPBACK_NAMES or host.endswith(".localhost"):
         return "::1" if "6" in host else "127.0.0.1"
-    try:
-        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            ip = ipaddress.IPv4Address(socket.inet_aton(host))
-        except (OSError, ValueError):
-            return None
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip) if ip.is_loopback or ip.is_unspecified else None
+    ip = _ip(host)
+    return str(ip) if ip is not None and (ip.is_loopback or ip.is_unspecified) else None
 
 
 def placeholders_in(value: str) -> list[str]:
@@ -220,7 +233,7 @@ def _check_topology(rid: str, profile: Profile, placement: Placement, nodes: lis
         seen[a.node] = a.rank
     by_address: dict[str, str] = {}
     for spec in nodes:
-        other = by_address.setdefault(spec.data_address.strip("[]").lower(), spec.id)
+        other = by_address.setdefault(canonical_host(spec.data_address), spec.id)
         if other != spec.id:
             raise RenderError(
                 rid, f"nodes {other} and {spec.id} share data address {spec.data_address}; the ranks would land on one host"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -337,6 +338,14 @@ def test_multi_node_ranks_on_one_node_are_refused():
     with pytest.raises(RenderError, match="llama-0: ranks 0 and 1 are both on node a1"):
         render(profile("vllm", nodes=2), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000),
                Assignment(node="a1", rank=1, gpus=(2, 3), port=8001), dist_port=29500)
+
+
+@pytest.mark.parametrize("alias", ["10.1.11", "::ffff:10.1.0.11", "10.1.0.11."])
+def test_multi_node_ranks_on_nodes_sharing_one_data_address_spelt_two_ways_are_refused(alias):
+    fleet = Fleet(nodes=(A1, NodeSpec(id="a1-alias", address="10.0.0.99", data_address=alias)))
+    with pytest.raises(RenderError, match=f"nodes a1 and a1-alias share data address {re.escape(alias)}"):
+        render(profile("vllm", nodes=2), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000),
+               Assignment(node="a1-alias", rank=1, gpus=(0, 1), port=8000), dist_port=29500, fleet=fleet)
 
 
 def test_multi_node_ranks_on_nodes_sharing_one_data_address_are_refused():
