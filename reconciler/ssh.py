@@ -140,6 +140,7 @@ class KnownHosts:
     keys: paramiko.HostKeys | None
     problem: str | None = None  # "is missing", or "cannot be read (...)": nothing can be verified
     skipped: tuple[int, ...] = ()  # line numbers that hold no usable key
+    revoked: tuple[paramiko.PKey, ...] = ()  # `@revoked` lines: never accepted, for any host
 
 
 def load_known_hosts(path: str) -> KnownHosts:
@@ -151,6 +152,7 @@ def load_known_hosts(path: str) -> KnownHosts:
     """
     keys = paramiko.HostKeys()
     skipped = []
+    revoked = []
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
@@ -160,6 +162,10 @@ def load_known_hosts(path: str) -> KnownHosts:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        marker = None
+        if line.startswith("@"):  # paramiko does not read markers: `@revoked` must still refuse its key
+            marker, _, line = line.partition(" ")
+            line = line.strip()
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except Exception:  # noqa: BLE001  paramiko raises InvalidHostKey, SSHException, ValueError... per bad line
@@ -167,9 +173,13 @@ def load_known_hosts(path: str) -> KnownHosts:
         if entry is None:
             skipped.append(lineno)
             continue
-        for name in entry.hostnames:
-            keys.add(name, entry.key.get_name(), entry.key)
-    return KnownHosts(keys, None, tuple(skipped))
+        if marker == "@revoked":
+            revoked.append(entry.key)
+        elif marker is None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+        # @cert-authority: host certificates are not supported; such a line trusts nothing here.
+    return KnownHosts(keys, None, tuple(skipped), tuple(revoked))
 
 
 class _Shared:
@@ -250,6 +260,12 @@ class _HostKeyCheck:
                 self.node_id,
                 f"known_hosts file {self.target.known_hosts} {self.file.problem}, so the host key of {name} "
                 f"({key.get_name()} {fingerprint(key)}) cannot be verified; refusing to connect",
+            )
+        if any(key == r for r in self.file.revoked):
+            raise HostKeyError(
+                self.node_id,
+                f"host key of {name} ({key.get_name()} {fingerprint(key)}) is marked @revoked in "
+                f"{self.target.known_hosts}; refusing to connect",
             )
         entry = self.known.lookup(name)
         if not entry:

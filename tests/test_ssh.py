@@ -129,6 +129,17 @@ def test_a_corrupt_known_hosts_line_is_skipped_and_the_other_lines_still_verify(
     assert msg.startswith("alpha: ") and "line 2 of it holds no usable key" in msg and alpha_fingerprint(nodes) in msg
 
 
+def test_a_key_marked_revoked_is_refused_even_where_another_line_trusts_it(nodes, pool, tmp_path):
+    line = nodes.node("alpha").host_key_line  # "<address> ssh-ed25519 <blob>"
+    _, kind, blob = line.split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{line}\n@revoked * {kind} {blob}\n")
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(spec_of(nodes, "alpha", known_hosts=str(known))).run(["true"])
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "@revoked" in msg and alpha_fingerprint(nodes) in msg
+
+
 def test_changed_host_key_is_refused_naming_both_fingerprints(fleet, pool):  # noqa: F811
     fleet.add_node("gamma")
     node = spec_of(fleet, "gamma")
