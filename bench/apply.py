@@ -36,6 +36,18 @@ def ms(samples: list[float]) -> str:
 def lifecycle(launcher: SshLauncher, node: str, ranks: int, record_dir: Path, host: str) -> None:
     starts, readies, statuses, stops = [], [], [], []
     launches = []
+    try:
+        _measure(launcher, node, ranks, record_dir, host, launches, starts, readies, statuses, stops)
+    finally:  # a failed run leaves no engine behind: stop what it started, by its record (pid and group)
+        for launch in launches:
+            launcher.stop(node, launch.replica)
+    print(f"  start (agent round trip, engine launched, record written)   {ms(starts)}")
+    print(f"  start -> /health 200 (tiny engine, python start-up)        {ms(readies)}")
+    print(f"  status of {ranks} records                                   {ms(statuses)}")
+    print(f"  stop (SIGTERM, confirmed gone, record removed)              {ms(stops)}")
+
+
+def _measure(launcher, node, ranks, record_dir, host, launches, starts, readies, statuses, stops) -> None:
     for i in range(ranks):
         port = free_port()
         launch = tiny_launch(f"bench-{i}", node, port, record_dir / f"{i}.json", "--host", host)
@@ -52,16 +64,14 @@ def lifecycle(launcher: SshLauncher, node: str, ranks: int, record_dir: Path, ho
         t = time.perf_counter()
         launcher.ranks(node)
         statuses.append(time.perf_counter() - t)
-    for launch in launches:
+    while launches:
+        launch = launches[0]
         t = time.perf_counter()
         outcome = launcher.stop(node, launch.replica)
         stops.append(time.perf_counter() - t)
         if not outcome.ok:
             raise SystemExit(f"stop failed: {outcome.detail}")
-    print(f"  start (agent round trip, engine launched, record written)   {ms(starts)}")
-    print(f"  start -> /health 200 (tiny engine, python start-up)        {ms(readies)}")
-    print(f"  status of {ranks} records                                   {ms(statuses)}")
-    print(f"  stop (SIGTERM, confirmed gone, record removed)              {ms(stops)}")
+        launches.pop(0)
 
 
 def noop_pass(tmp: Path, replicas: int) -> None:
@@ -87,22 +97,24 @@ def noop_pass(tmp: Path, replicas: int) -> None:
     }))
     catalog = load_catalog(root, with_revision=False)
     transports = {"local": LocalTransport("local")}
-    t = time.perf_counter()
-    first = run_pass(catalog, transports=transports, ready_wait_s=60)
-    took = time.perf_counter() - t
-    ready = sum(s.phase == "Ready" for s in first.replicas.values())
-    print(f"  first pass: {replicas} replicas started and Ready ({ready} Ready)      {took * 1000:7.0f} ms")
-    samples, written = [], 0
-    memory = first.memory
-    for _ in range(5):
+    try:
         t = time.perf_counter()
-        again = run_pass(catalog, transports=transports, history=memory, ready_wait_s=60)
-        samples.append(time.perf_counter() - t)
-        memory = again.memory
-        written += len(again.written)
-    print(f"  pass with nothing to do ({replicas} Ready replicas)            {ms(samples)}, status files written: {written}")
-    empty = catalog.__class__(root=catalog.root, fleet=catalog.fleet, models=(), revision=None)
-    run_pass(empty, transports=transports, ready_wait_s=0)  # stops them all
+        first = run_pass(catalog, transports=transports, ready_wait_s=60)
+        took = time.perf_counter() - t
+        ready = sum(s.phase == "Ready" for s in first.replicas.values())
+        print(f"  first pass: {replicas} replicas started and Ready ({ready} Ready)      {took * 1000:7.0f} ms")
+        samples, written = [], 0
+        memory = first.memory
+        for _ in range(5):
+            t = time.perf_counter()
+            again = run_pass(catalog, transports=transports, history=memory, ready_wait_s=60)
+            samples.append(time.perf_counter() - t)
+            memory = again.memory
+            written += len(again.written)
+        print(f"  pass with nothing to do ({replicas} Ready replicas)            {ms(samples)}, status files written: {written}")
+    finally:  # also when a pass failed half-way: the engines must not outlive the bench
+        empty = catalog.__class__(root=catalog.root, fleet=catalog.fleet, models=(), revision=None)
+        run_pass(empty, transports=transports, ready_wait_s=0)  # stops them all
 
 
 def main() -> None:

@@ -132,7 +132,7 @@ def main() -> int:
         if shutil.which("ansible"):
             inv = catalog / "hosts"
             inv.write_text("\n".join(fleet.node(i).address for i in fleet.nodes) + "\n")
-            env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="True", ANSIBLE_SSH_ARGS=f"-o UserKnownHostsFile={fleet.known_hosts}")
+            env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="True", ANSIBLE_SSH_ARGS=f"-o UserKnownHostsFile={fleet.known_hosts} -o StrictHostKeyChecking=yes")
             cmd = ["ansible", "all", "-i", str(inv), "-u", "root", "--private-key", str(fleet.key), "-m", "raw", "-a", "true", "-f", str(n)]
             results.append((f"ansible -m raw -f {n}", *median_of(args.rounds, lambda: subprocess.run(cmd, env=env, capture_output=True, check=True))))
         else:

@@ -247,7 +247,7 @@ def http_health(url: str, path: str, timeout: float = HEALTH_TIMEOUT_S) -> tuple
         if resp.status == 200:
             return True, ""
         return False, f"{path} answered {resp.status}"
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, UnicodeError) as exc:  # UnicodeError: a host name idna refuses
         return False, f"{path} did not answer: {exc.__class__.__name__}: {exc}"
     finally:
         conn.close()

@@ -234,6 +234,22 @@ def _unexpected_keys(err: jsonschema.ValidationError) -> list[str]:
 # --------------------------------------------------------------------------
 
 
+HOST_LABEL_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
+
+
+def is_host(value: str) -> bool:
+    """An IP address (IPv6 optionally in brackets) or a DNS host name: what engines and clients can dial."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value[1:-1] if value.startswith("[") and value.endswith("]") else value)
+        return True
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and all(HOST_LABEL_RE.match(label) for label in name.split("."))
+
+
 def fleet_problems(doc: _Doc) -> list[Problem]:
     problems: list[Problem] = []
     nodes = doc.data.get("nodes") or []
@@ -252,6 +268,14 @@ def fleet_problems(doc: _Doc) -> list[Problem]:
                         doc.at(("nodes", i, "fabrics", fabric, j), f"node {nid}: HCA {hca} is declared on both fabric {owner[hca]} and {fabric}")
                     )
                 owner[hca] = fabric
+    for i, node in enumerate(nodes):
+        # Engines get the data address as a command-line value (`--rpc a:1,b:2`, `--master-addr a`):
+        # a comma, colon or space in a name would splice in another endpoint or break the flag.
+        field = "data_address" if "data_address" in node else "address"
+        value = str(node.get(field, ""))
+        if value and not is_host(value):
+            hint = "" if field == "data_address" else " (an ~/.ssh/config alias works for address; then set data_address)"
+            problems.append(doc.at(("nodes", i, field), f"node {node['id']}: {field} {value!r} is not a host name or an IP address{hint}"))
     if len(nodes) > 1:
         for i, node in enumerate(nodes):
             for field in ("address", "data_address"):
@@ -294,6 +318,9 @@ def model_problems(doc: _Doc) -> list[Problem]:
         elif "command" in prof:
             problems.append(doc.at(base + ("command",), f"{where}: 'command' is only for engine: command; engine {engine} builds its own command line"))
         problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
+    if str(data.get("source", "")).startswith("-"):
+        # Render refuses it at launch; saying so here keeps it out of a merged catalog.
+        problems.append(doc.at(("source",), f"source '{data['source']}' starts with '-', which an engine would read as a flag, not as the weights"))
     if "$" in data.get("source", ""):
         for name in placeholders_in(data["source"]):
             problems.append(doc.at(("source",), f"placeholder ${{{name}}} is not allowed in source; placeholders work only in a command profile's command and env"))

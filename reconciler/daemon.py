@@ -112,8 +112,11 @@ class CatalogLock:
     def acquire(self, log: EventLog) -> int | None:
         """Take the lock or raise DaemonLocked naming the holder. Returns the pid of a daemon that
         died holding it (its pid was still in the file: a clean exit empties the file), else None."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # a catalog this user cannot write, a directory in the lock's place
+            raise ReconcilerError(f"cannot create the daemon's lock {self.path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -6,6 +6,7 @@
     ├── InventoryInvalid      one or more Problems in a snapshot (exit 1)
     ├── RenderError           a launch refused: placeholder left, loopback head (names the replica)
     ├── FleetUnreachable      no node of the fleet answered (exit 3)
+    ├── StatusWriteError      a file the reconciler writes (status/, its state) could not be written
     └── TransportError        a node could not be reached or a command failed to run (names the node)
         ├── HostKeyError      unknown or changed host key: permanent until an operator acts
         └── CommandTimeout    a command ran past its deadline
@@ -59,6 +60,15 @@ class RenderError(ReconcilerError):
 
 class FleetUnreachable(ReconcilerError):
     pass
+
+
+class StatusWriteError(ReconcilerError):
+    """A status or state file could not be written (a read-only catalog, `status` that is a file...)."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot write {path}: {reason}")
 
 
 class TransportError(ReconcilerError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from types import MappingProxyType
 from typing import Iterator, Mapping
 
@@ -111,23 +112,60 @@ def bind_host(node: NodeSpec) -> str:
     engines/llamacpp.py.)
     """
     address = node.data_address.strip("[]")
-    if is_loopback(address):
-        return "127.0.0.1" if address.lower().rstrip(".").endswith("localhost") else address
+    local = loopback_ip(address)
+    if local is not None:
+        return local
     if is_ip_literal(address) and ipaddress.ip_address(address).version == 6:
         return "::"
     return "0.0.0.0"
 
 
+# The loopback names distributions put in /etc/hosts, besides localhost itself.
+LOOPBACK_NAMES = frozenset({
+    "localhost", "localhost.localdomain", "localhost4", "localhost4.localdomain4",
+    "localhost6", "localhost6.localdomain6", "ip6-localhost", "ip6-loopback",
+})
+
+
 def is_loopback(address: str) -> bool:
     """127.0.0.0/8, ::1, localhost; also the unspecified address, which a connect() turns into this host."""
-    host = address.strip().strip("[]").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
+    return loopback_ip(address) is not None
+
+
+def _ip(host: str) -> "ipaddress.IPv4Address | ipaddress.IPv6Address | None":
+    """`host` as an IP when it is one in any spelling connect() accepts (inet_aton forms included)."""
     try:
-        ip = ipaddress.ip_address(host)
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
     except ValueError:
-        return False
-    return ip.is_loopback or ip.is_unspecified
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip
+
+
+def canonical_host(address: str) -> str:
+    """One spelling per host: `10.1.11` and `10.1.0.11` (or `::ffff:10.1.0.11`) are one machine."""
+    host = address.strip().strip("[]").lower().rstrip(".")
+    ip = _ip(host)
+    return str(ip) if ip is not None else host
+
+
+def loopback_ip(address: str) -> str | None:
+    """The address, as a canonical IP, when it names this host; else None.
+
+    Every spelling a connect() accepts counts: `127.1`, `2130706433`,
+    `0x7f000001`, `0177.0.0.1` (inet_aton forms), `::ffff:127.0.0.1` (an
+    IPv4-mapped IPv6 address), and the usual /etc/hosts names. Otherwise a
+    multi-node head could still be written so that every rank dials itself.
+    """
+    host = address.strip().strip("[]").lower().rstrip(".")
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return "::1" if "6" in host else "127.0.0.1"
+    ip = _ip(host)
+    return str(ip) if ip is not None and (ip.is_loopback or ip.is_unspecified) else None
 
 
 def placeholders_in(value: str) -> list[str]:
@@ -195,7 +233,7 @@ def _check_topology(rid: str, profile: Profile, placement: Placement, nodes: lis
         seen[a.node] = a.rank
     by_address: dict[str, str] = {}
     for spec in nodes:
-        other = by_address.setdefault(spec.data_address.strip("[]").lower(), spec.id)
+        other = by_address.setdefault(canonical_host(spec.data_address), spec.id)
         if other != spec.id:
             raise RenderError(
                 rid, f"nodes {other} and {spec.id} share data address {spec.data_address}; the ranks would land on one host"

@@ -82,7 +82,7 @@ def resolve_target(address: str, settings: SshSettings, config: paramiko.SSHConf
     """
     found = config.lookup(address) if config is not None else {}
     hostname = found.get("hostname", address)
-    port = settings.port if settings.port != 22 else int(found.get("port", 22))
+    port = settings.port if settings.port != 22 else tcp_port(found.get("port", 22), f"~/.ssh/config for {address}")
     user = settings.user or found.get("user") or getpass.getuser()
     if settings.identity_file:
         identities: tuple[str, ...] = (settings.identity_file,)
@@ -104,6 +104,17 @@ def resolve_target(address: str, settings: SshSettings, config: paramiko.SSHConf
     )
 
 
+def tcp_port(value, where: str) -> int:
+    """A port number from text a user wrote; ValueError naming it when it is not one (socket would wrap 99999 to 34463)."""
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = 0
+    if not 0 < port < 65536:
+        raise ValueError(f"Port {value!r} in {where} is not a TCP port (1-65535)")
+    return port
+
+
 def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     """One ProxyJump hop, `[user@]host[:port]` -> (user, host, port)."""
     user = None
@@ -112,14 +123,63 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     port = None
     if spec.startswith("["):  # [v6addr]:port
         host, _, rest = spec[1:].partition("]")
-        if rest.startswith(":") and rest[1:].isdigit():
-            port = int(rest[1:])
+        if rest.startswith(":"):
+            port = tcp_port(rest[1:], f"ProxyJump {spec}")
     elif spec.count(":") == 1:
         host, _, p = spec.partition(":")
-        port = int(p) if p.isdigit() else None
+        port = tcp_port(p, f"ProxyJump {spec}")
     else:
         host = spec
     return user, host, port
+
+
+@dataclass(frozen=True)
+class KnownHosts:
+    """A known_hosts file as read: its keys, or why it could not be read, and the lines skipped."""
+
+    keys: paramiko.HostKeys | None
+    problem: str | None = None  # "is missing", or "cannot be read (...)": nothing can be verified
+    skipped: tuple[int, ...] = ()  # line numbers that hold no usable key
+    revoked: tuple[paramiko.PKey, ...] = ()  # `@revoked` lines: never accepted, for any host
+
+
+def load_known_hosts(path: str) -> KnownHosts:
+    """Read a known_hosts file line by line, as OpenSSH does: an unreadable line is skipped.
+
+    paramiko.HostKeys(path) raises on the first line whose key is not valid
+    base64, which would make one stray line a traceback (or every node
+    unreachable); a skipped line only trusts less, never more.
+    """
+    keys = paramiko.HostKeys()
+    skipped = []
+    revoked = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        return KnownHosts(None, f"cannot be read ({exc.strerror or exc})")
+    for lineno, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = None
+        if line.startswith("@"):  # paramiko does not read markers: `@revoked` must still refuse its key
+            marker, _, line = line.partition(" ")
+            line = line.strip()
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception:  # noqa: BLE001  paramiko raises InvalidHostKey, SSHException, ValueError... per bad line
+            entry = None
+        if entry is None:
+            skipped.append(lineno)
+            continue
+        if marker == "@revoked":
+            revoked.append(entry.key)
+        elif marker is None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+        # @cert-authority: host certificates are not supported; such a line trusts nothing here.
+    return KnownHosts(keys, None, tuple(skipped), tuple(revoked))
 
 
 class _Shared:
@@ -133,22 +193,24 @@ class _Shared:
             raise UsageError(f"{path}: cannot read this SSH config: {exc}") from None
         self.handshakes = threading.BoundedSemaphore(max_handshakes)
         self._lock = threading.Lock()
-        self._host_keys: dict[str, tuple[float, paramiko.HostKeys]] = {}
+        self._host_keys: dict[str, tuple[float, KnownHosts]] = {}
         self._keys: dict[str, paramiko.PKey | Exception] = {}
 
-    def host_keys(self, path: str) -> paramiko.HostKeys | None:
+    def host_keys(self, path: str) -> KnownHosts:
         try:
             mtime = os.stat(path).st_mtime
-        except OSError:
-            return None
+        except FileNotFoundError:
+            return KnownHosts(None, "is missing")
+        except OSError as exc:
+            return KnownHosts(None, f"cannot be read ({exc.strerror or exc})")
         with self._lock:
             cached = self._host_keys.get(path)
             if cached and cached[0] == mtime:
                 return cached[1]
-        keys = paramiko.HostKeys(path)
+        known = load_known_hosts(path)
         with self._lock:
-            self._host_keys[path] = (mtime, keys)
-        return keys
+            self._host_keys[path] = (mtime, known)
+        return known
 
     def key_problem(self, path: str) -> str | None:
         """Why the key file at `path` could not be used, once private_key() has tried it."""
@@ -184,7 +246,8 @@ class _HostKeyCheck:
     def __init__(self, node_id: str, target: Target, shared: _Shared):
         self.node_id = node_id
         self.target = target
-        self.known = shared.host_keys(target.known_hosts)
+        self.file = shared.host_keys(target.known_hosts)
+        self.known = self.file.keys
 
     def known_types(self) -> list[str]:
         entry = self.known.lookup(self.target.known_hosts_name) if self.known is not None else None
@@ -195,14 +258,25 @@ class _HostKeyCheck:
         if self.known is None:
             raise HostKeyError(
                 self.node_id,
-                f"known_hosts file {self.target.known_hosts} is missing, so the host key of {name} "
+                f"known_hosts file {self.target.known_hosts} {self.file.problem}, so the host key of {name} "
                 f"({key.get_name()} {fingerprint(key)}) cannot be verified; refusing to connect",
+            )
+        if any(key == r for r in self.file.revoked):
+            raise HostKeyError(
+                self.node_id,
+                f"host key of {name} ({key.get_name()} {fingerprint(key)}) is marked @revoked in "
+                f"{self.target.known_hosts}; refusing to connect",
             )
         entry = self.known.lookup(name)
         if not entry:
+            skipped = ""
+            if self.file.skipped:
+                n = len(self.file.skipped)
+                lines = ", ".join(str(i) for i in self.file.skipped[:10]) + (", ..." if n > 10 else "")
+                skipped = f"; {'lines' if n > 1 else 'line'} {lines} of it {'hold' if n > 1 else 'holds'} no usable key, skipped"
             raise HostKeyError(
                 self.node_id,
-                f"host key of {name} is not in {self.target.known_hosts} ({key.get_name()} {fingerprint(key)}); "
+                f"host key of {name} is not in {self.target.known_hosts} ({key.get_name()} {fingerprint(key)}{skipped}); "
                 f"refusing to connect to an unknown host: verify the key, then add it to known_hosts",
             )
         expected = entry.get(key.get_name())
@@ -251,6 +325,8 @@ class _Connector:
             sock = socket.create_connection((target.hostname, target.port), timeout=target.connect_timeout_s)
         except OSError as exc:
             raise _socket_error(node_id, target, exc) from None
+        except UnicodeError as exc:  # the idna codec refuses it (an empty or over-long label) before any lookup
+            raise TransportError(node_id, f"cannot resolve host name {target.hostname!r}: not a valid host name ({exc})") from None
         # paramiko leaves Nagle on: every small request then waits for the previous ACK (~40 ms each).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
@@ -259,12 +335,15 @@ class _Connector:
         via: paramiko.Transport | None = None
         hops = [h.strip() for h in target.proxy_jump.split(",") if h.strip()]
         for hop in hops:
-            user, host, port = parse_jump(hop)
-            hop_settings = SshSettings(
-                user=user, port=port or 22, identity_file=None,
-                known_hosts=settings.known_hosts, connect_timeout_s=settings.connect_timeout_s,
-            )
-            hop_target = resolve_target(host, hop_settings, self.shared.config)
+            try:
+                user, host, port = parse_jump(hop)
+                hop_settings = SshSettings(
+                    user=user, port=port or 22, identity_file=None,
+                    known_hosts=settings.known_hosts, connect_timeout_s=settings.connect_timeout_s,
+                )
+                hop_target = resolve_target(host, hop_settings, self.shared.config)
+            except ValueError as exc:
+                raise TransportError(node_id, f"jump host {hop}: {exc}") from None
             found = self.shared.config.lookup(host) if self.shared.config is not None else {}
             # A jump host with no IdentityFile of its own is logged into with the node's key:
             # fleets usually have one key for the bastion and the nodes behind it.
@@ -455,7 +534,10 @@ class SshTransport:
             connector = _Connector(_Shared(None, 4))
         self.node_id = node.id
         self.node = node
-        self.target = resolve_target(node.address, node.ssh, connector.shared.config)
+        try:
+            self.target = resolve_target(node.address, node.ssh, connector.shared.config)
+        except ValueError as exc:  # a bad Port in ~/.ssh/config: this node cannot be reached, the others can
+            raise TransportError(node.id, str(exc)) from None
         self._connector = connector
         self._lock = threading.Lock()
         self._conn: paramiko.Transport | None = None

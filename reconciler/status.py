@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from reconciler.errors import StatusWriteError
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
 from reconciler.placement import summarize
@@ -47,9 +48,19 @@ def dump_yaml(doc: Any) -> str:
 
 
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:
-    """Atomically replace `path` with `text` unless it already holds exactly that. True if written."""
+    """Atomically replace `path` with `text` unless it already holds exactly that. True if written.
+
+    StatusWriteError when the file system refuses (read-only catalog, `status` a plain file):
+    a message naming the file, not an OSError traceback.
+    """
     path = Path(path)
-    data = text.encode()
+    try:
+        return _write_if_changed(path, text.encode())
+    except OSError as exc:
+        raise StatusWriteError(str(path), exc.strerror or str(exc)) from None
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
     try:
         if path.read_bytes() == data:
             return False

@@ -126,3 +126,8 @@ def test_one_shot_apply_remembers_restarts_between_runs(cli, example):
     status = yaml.safe_load((root / "status" / "models" / f"{model['name']}.yaml").read_text())
     assert status["replicas"][0]["restarts"] == 1  # not forgotten by the next run
     assert list((root.parent / "xdg-state" / "llm-reconciler" / "apply-memory").glob("*.json"))
+
+
+def test_a_health_check_of_a_host_name_python_cannot_encode_is_an_answer_not_a_traceback():
+    ok, why = http_health("http://" + "n" * 64 + ".invalid:8000", "/health")  # refused before any lookup
+    assert not ok and "did not answer: UnicodeError" in why

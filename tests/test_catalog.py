@@ -150,6 +150,21 @@ CASES = {
         "fleet.yaml:11:19",
         "data_address 127.0.0.1 is loopback",
     ),
+    "loopback_spelt_short_in_multi_node_fleet": (
+        {"fleet.yaml": FLEET.replace("data_address: 10.9.1.2", "data_address: '127.1'")},
+        "fleet.yaml:11:19",
+        "data_address 127.1 is loopback",
+    ),
+    "data_address_that_would_splice_a_second_endpoint": (
+        {"fleet.yaml": FLEET.replace("data_address: 10.9.1.2", "data_address: '10.9.1.2,10.9.9.9'")},
+        "fleet.yaml:11:19",
+        "data_address '10.9.1.2,10.9.9.9' is not a host name or an IP address",
+    ),
+    "address_used_as_data_address_that_is_no_host": (
+        {"fleet.yaml": FLEET.replace("address: 10.9.0.1", "address: gpu 1")},
+        "fleet.yaml:5:14",
+        "address 'gpu 1' is not a host name or an IP address (an ~/.ssh/config alias works for address; then set data_address)",
+    ),
     "localhost_in_multi_node_fleet": (
         {"fleet.yaml": FLEET.replace("address: 10.9.0.1", "address: localhost")},
         "fleet.yaml:5:14",
@@ -202,6 +217,11 @@ CASES = {
     ),
     "model_outside_models_dir": ({"extra/llama2.yaml": MODEL.replace("llama", "llama2")}, "extra/llama2.yaml:1:1", "outside models/"),
     "model_in_subdirectory": ({"models/more/x.yaml": MODEL}, "models/more:1:1", "not in a subdirectory"),
+    "source_read_as_a_flag": (
+        {"models/llama.yaml": MODEL.replace("source: /models/llama", "source: --trust-remote-code")},
+        "models/llama.yaml:2:9",
+        "source '--trust-remote-code' starts with '-'",
+    ),
 }
 
 

@@ -255,6 +255,17 @@ def test_push_without_commit_status_is_a_usage_error(repo, tmp_path, cli):
     assert "Traceback" not in result.stderr
 
 
+def test_a_lock_that_cannot_be_created_is_a_message_not_a_traceback(tmp_path, cli):
+    root = tmp_path / "plain"  # not a git repository: the lock lives in the catalog directory
+    (root / "models").mkdir(parents=True)
+    (root / "fleet.yaml").write_text("nodes:\n  - id: here\n    address: 127.0.0.1\n    transport: local\n")
+    (root / ".llm-reconciler.lock").mkdir()  # in the lock's place, as a catalog this user cannot write would be
+    result = cli("run", str(root), "--max-passes", "1", cwd=tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "xdg")})
+    assert result.returncode == 1
+    assert f"cannot create the daemon's lock {root}/.llm-reconciler.lock" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_catalog_that_is_no_directory_is_a_message_not_a_traceback(tmp_path, cli):
     result = cli("run", str(tmp_path / "nope"), "--max-passes", "1", cwd=tmp_path)
     assert result.returncode == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -313,7 +314,8 @@ def test_placeholder_in_the_source_is_refused_even_for_command_profiles():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head_address", ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST.", "0.0.0.0"])
+@pytest.mark.parametrize("head_address", ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST.", "0.0.0.0",
+                                          "127.1", "::ffff:127.0.0.1"])
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "llama.cpp", "command"])
 def test_multi_node_replica_with_loopback_head_is_refused(engine, head_address):
     fleet = Fleet(nodes=(NodeSpec(id="a1", address="10.0.0.11", data_address=head_address), A2))
@@ -336,6 +338,14 @@ def test_multi_node_ranks_on_one_node_are_refused():
     with pytest.raises(RenderError, match="llama-0: ranks 0 and 1 are both on node a1"):
         render(profile("vllm", nodes=2), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000),
                Assignment(node="a1", rank=1, gpus=(2, 3), port=8001), dist_port=29500)
+
+
+@pytest.mark.parametrize("alias", ["10.1.11", "::ffff:10.1.0.11", "10.1.0.11."])
+def test_multi_node_ranks_on_nodes_sharing_one_data_address_spelt_two_ways_are_refused(alias):
+    fleet = Fleet(nodes=(A1, NodeSpec(id="a1-alias", address="10.0.0.99", data_address=alias)))
+    with pytest.raises(RenderError, match=f"nodes a1 and a1-alias share data address {re.escape(alias)}"):
+        render(profile("vllm", nodes=2), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000),
+               Assignment(node="a1-alias", rank=1, gpus=(0, 1), port=8000), dist_port=29500, fleet=fleet)
 
 
 def test_multi_node_ranks_on_nodes_sharing_one_data_address_are_refused():
@@ -478,6 +488,18 @@ def test_placeholder_grammar():
                                            ("10.1.0.11", False), ("node-a", False), ("fd00::1", False)])
 def test_loopback_addresses(address, loop):
     assert is_loopback(address) is loop
+
+
+@pytest.mark.parametrize("address", ["127.1", "2130706433", "0x7f000001", "0177.0.0.1", "127.000.000.001",
+                                     "::ffff:127.0.0.1", "[::ffff:7f00:1]", "0", "localhost.localdomain", "ip6-localhost"])
+def test_every_spelling_a_connect_takes_for_this_host_is_loopback(address):
+    assert is_loopback(address)
+
+
+@pytest.mark.parametrize("address", ["10.1", "0x0a010001", "::ffff:10.1.0.11", "127-node", "localhost-a", "fd00::7f00:1"])
+def test_other_hosts_are_not_loopback_however_spelt(address):
+    assert not is_loopback(address)
+
 
 
 def test_every_rendered_launch_has_no_placeholder_and_distinct_non_loopback_hosts_when_multi_node():

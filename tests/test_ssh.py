@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +102,44 @@ def test_a_missing_known_hosts_file_is_refused_not_trusted(nodes, pool, tmp_path
         pool.transport_for(node).run(["true"])
 
 
+def alpha_fingerprint(nodes) -> str:
+    pub = nodes.node("alpha").dir / "ssh_host_ed25519_key.pub"
+    return subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def test_a_known_hosts_path_that_cannot_be_read_is_refused_naming_the_node_and_the_fingerprint(nodes, pool, tmp_path):
+    node = spec_of(nodes, "alpha", known_hosts=str(tmp_path))  # a directory, not a file
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(node).run(["true"])
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "cannot be read" in msg and alpha_fingerprint(nodes) in msg
+
+
+def test_a_corrupt_known_hosts_line_is_skipped_and_the_other_lines_still_verify(nodes, pool, tmp_path):
+    corrupt = f"{nodes.node('alpha').address} ssh-ed25519 !!not-base64"
+    known = tmp_path / "known_hosts"
+    known.write_text(corrupt + "\n" + nodes.node("alpha").host_key_line + "\n")
+    assert pool.transport_for(spec_of(nodes, "alpha", known_hosts=str(known))).run(["true"]).rc == 0
+
+    only_corrupt = tmp_path / "only_corrupt"
+    only_corrupt.write_text("# a comment\n" + corrupt + "\n")
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(spec_of(nodes, "alpha", known_hosts=str(only_corrupt))).run(["true"])
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "line 2 of it holds no usable key" in msg and alpha_fingerprint(nodes) in msg
+
+
+def test_a_key_marked_revoked_is_refused_even_where_another_line_trusts_it(nodes, pool, tmp_path):
+    line = nodes.node("alpha").host_key_line  # "<address> ssh-ed25519 <blob>"
+    _, kind, blob = line.split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{line}\n@revoked * {kind} {blob}\n")
+    with pytest.raises(HostKeyError) as err:
+        pool.transport_for(spec_of(nodes, "alpha", known_hosts=str(known))).run(["true"])
+    msg = str(err.value)
+    assert msg.startswith("alpha: ") and "@revoked" in msg and alpha_fingerprint(nodes) in msg
+
+
 def test_changed_host_key_is_refused_naming_both_fingerprints(fleet, pool):  # noqa: F811
     fleet.add_node("gamma")
     node = spec_of(fleet, "gamma")
@@ -118,10 +159,36 @@ def test_refused_authentication_names_the_user_and_key(nodes, pool, tmp_path):
     assert "authentication refused for root@" in str(err.value) and str(other) in str(err.value)
 
 
-def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(nodes, pool):
-    dns = dataclasses.replace(spec_of(nodes, "alpha"), id="dns", address="no-such-node.invalid")
-    with pytest.raises(TransportError, match="cannot resolve host name 'no-such-node.invalid'"):
-        pool.transport_for(dns).run(["true"])
+RESOLVE_ONLY_HERE = """
+import sys
+from reconciler.errors import TransportError
+from reconciler.model import NodeSpec
+from reconciler.ssh import TransportPool
+
+with TransportPool() as pool:
+    try:
+        pool.transport_for(NodeSpec(id="dns", address=sys.argv[1], data_address=sys.argv[1])).run(["true"])
+    except TransportError as exc:
+        print(exc)
+"""
+
+
+def connect_with_loopback_resolver(tmp_path, address: str) -> subprocess.CompletedProcess:
+    """Connect to `address` from a process whose /etc/resolv.conf (in a private mount namespace)
+    names only 127.0.0.1, where no DNS server listens: a lookup fails without a packet leaving."""
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:1\n")
+    script = (f"mount --bind {shlex.quote(str(conf))} /etc/resolv.conf && "
+              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(RESOLVE_ONLY_HERE)} {shlex.quote(address)}")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(nodes, pool, tmp_path):
+    # The name is looked up against a loopback resolver, never the machine's own (tests send no traffic out).
+    out = connect_with_loopback_resolver(tmp_path, "no-such-node.invalid")
+    assert out.stdout.startswith("dns: cannot resolve host name 'no-such-node.invalid': "), out.stdout + out.stderr
     refused = spec_of(nodes, "alpha", port=2)
     with pytest.raises(TransportError, match=r"connection refused by 10\.213\.\d+\.\d+:2 "):
         pool.transport_for(dataclasses.replace(refused, id="refused")).run(["true"])
@@ -131,6 +198,14 @@ def test_unresolvable_name_refused_port_and_timeout_each_have_their_own_message(
             pool.transport_for(dataclasses.replace(spec_of(nodes, "beta", connect_timeout_s=0.5), id="cut")).run(["true"])
     finally:
         nodes.restore("beta")
+
+
+def test_a_host_name_with_an_over_long_label_is_a_transport_error_naming_the_node(pool):
+    # Python's idna codec refuses a label over 63 characters before any lookup: no packet leaves.
+    node = NodeSpec(id="long", address="n" * 64 + ".invalid", data_address="n" * 64 + ".invalid")
+    with pytest.raises(TransportError) as err:
+        pool.transport_for(node).run(["true"])
+    assert err.value.node == "long" and "not a valid host name" in str(err.value)
 
 
 def test_ssh_config_alias_and_proxy_jump_route_through_the_jump_host(nodes, tmp_path):
@@ -146,6 +221,20 @@ def test_ssh_config_alias_and_proxy_jump_route_through_the_jump_host(nodes, tmp_
     client_ip, _, _, node_name = r.stdout.decode().split()
     assert node_name == "beta"
     assert client_ip == alpha.address  # beta saw the connection come from alpha: it went through the jump
+
+
+def test_a_port_in_ssh_config_that_is_no_port_makes_that_node_unreachable_naming_it_not_a_traceback(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host wordport\n  HostName 127.0.0.1\n  Port abc\n"
+                      "Host bigjump\n  HostName 127.0.0.1\n  ProxyJump 127.0.0.1:99999\n")
+    with TransportPool(ssh_config_path=str(config)) as pool:
+        with pytest.raises(TransportError) as err:
+            pool.transport_for(NodeSpec(id="w", address="wordport", data_address="127.0.0.1")).run(["true"])
+        assert err.value.node == "w" and "Port 'abc' in ~/.ssh/config for wordport is not a TCP port" in str(err.value)
+        # 99999 is not wrapped round to 34463 and dialled: nothing is dialled at all
+        with pytest.raises(TransportError) as err:
+            pool.transport_for(NodeSpec(id="j", address="bigjump", data_address="127.0.0.1")).run(["true"])
+        assert err.value.node == "j" and "Port '99999' in ProxyJump 127.0.0.1:99999 is not a TCP port" in str(err.value)
 
 
 def test_ssh_config_supplies_what_fleet_yaml_leaves_unset(tmp_path):

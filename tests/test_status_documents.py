@@ -99,3 +99,49 @@ def test_status_of_a_plan_walks_its_restart_history_once_not_once_per_replica(tm
     doc = yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())
     assert [r["restarts"] for r in doc["replicas"]] == [2, 0, 0]
     assert history.walks == 1
+
+
+LOCAL_CATALOG = {
+    "fleet.yaml": "state_dir: {state}\nnodes:\n  - id: here\n    address: 127.0.0.1\n    transport: local\n",
+    "models/echo.yaml": "name: echo\nsource: /models/echo\nprofiles:\n  - name: cpu\n    engine: command\n"
+                        "    port: 18999\n    command: [/bin/true]\n",
+}
+
+
+def blocked_status_catalog(tmp_path):
+    """A catalog whose `status` is a plain file, so nothing under status/ can be written."""
+    root = tmp_path / "catalog"
+    (root / "models").mkdir(parents=True)
+    for name, text in LOCAL_CATALOG.items():
+        (root / name).write_text(text.format(state=tmp_path / "state"))
+    (root / "status").write_text("not a directory\n")
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text("nodes:\n  - id: here\n    state: ready\n")
+    return root, snapshot
+
+
+def test_a_status_file_that_cannot_be_written_raises_status_write_error_naming_it(tmp_path):
+    from reconciler.errors import StatusWriteError
+    from reconciler.status import write_document
+
+    (tmp_path / "status").write_text("a file")
+    try:
+        write_document(tmp_path / "status" / "nodes.yaml", {"nodes": []})
+    except StatusWriteError as exc:
+        assert exc.path == str(tmp_path / "status" / "nodes.yaml") and "Not a directory" in str(exc)
+    else:
+        raise AssertionError("no StatusWriteError")
+
+
+def test_plan_write_status_into_an_unwritable_status_is_a_message_not_a_traceback(tmp_path, cli):
+    root, snapshot = blocked_status_catalog(tmp_path)
+    r = cli("plan", str(root), "--inventory", str(snapshot), "--write-status")
+    assert r.returncode == 1
+    assert f"cannot write {root}/status/models/echo.yaml: Not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_nodes_into_an_unwritable_status_is_a_message_not_a_traceback(tmp_path, cli):
+    root, _ = blocked_status_catalog(tmp_path)
+    r = cli("nodes", str(root))
+    assert r.returncode == 1
+    assert f"cannot write {root}/status/nodes.yaml: Not a directory" in r.stderr and "Traceback" not in r.stderr

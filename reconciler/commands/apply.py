@@ -33,12 +33,13 @@ def load_memory(path: Path):
 
 def save_memory(path: Path, memory) -> None:
     from reconciler.apply import memory_to_document
+    from reconciler.errors import StatusWriteError
     from reconciler.status import write_if_changed
 
     try:
         write_if_changed(path, json.dumps(memory_to_document(memory), sort_keys=True))
-    except OSError as exc:  # losing the memory costs a backoff step, never the pass
-        print(f"reconciler: could not save {path}: {exc.strerror}", file=sys.stderr)
+    except StatusWriteError as exc:  # losing the memory costs a backoff step, never the pass
+        print(f"reconciler: could not save {path}: {exc.reason}", file=sys.stderr)
 
 
 def main(args) -> int:

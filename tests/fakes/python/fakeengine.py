@@ -79,6 +79,7 @@ def check_gpus(needed: int, what: str) -> None:
 class Record:
     def __init__(self, name: str, **fields):
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()  # snapshot and rename as one step: an older snapshot never lands last
         directory = os.environ.get("FAKE_ENGINE_RECORD_DIR")
         if directory:
             os.makedirs(directory, exist_ok=True)
@@ -112,12 +113,13 @@ class Record:
     def write(self) -> None:
         if not self.path:
             return
-        with self.lock:
-            text = json.dumps(self.data, indent=1, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".rec-")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, self.path)
+        with self.write_lock:
+            with self.lock:
+                text = json.dumps(self.data, indent=1, sort_keys=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".rec-")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, self.path)
 
 
 class Engine:
@@ -310,9 +312,12 @@ class Engine:
             return
         conn.sendall(b'{"ok": true}\n')
         rank = hello["node_rank"]
-        self.peers[rank] = {"rank": rank, "address": addr[0], "port": addr[1], "pid": hello.get("pid")}
+        peers = {**self.peers, rank: {"rank": rank, "address": addr[0], "port": addr[1], "pid": hello.get("pid")}}
         self.peer_sockets.append(conn)
-        self.record.update(peers=[self.peers[r] for r in sorted(self.peers)])
+        # On file before self.peers counts it: readiness (health 200) follows self.peers, and a
+        # test reading the record right after the 200 must find the peer there.
+        self.record.update(peers=[peers[r] for r in sorted(peers)])
+        self.peers[rank] = peers[rank]
         log(f"worker rank {rank} joined from {addr[0]}:{addr[1]} ({len(self.peers)}/{self.nnodes - 1})")
 
     def _check_hello(self, hello) -> str | None:
@@ -387,10 +392,11 @@ class Engine:
             if not reply.get("ok"):
                 die(f"rpc server {host}:{port} refused: {reply}")
             peer = conn.getpeername()
-            self.peers[rank] = {"rank": rank, "address": peer[0], "port": peer[1], "pid": reply.get("pid"),
-                                "from": conn.getsockname()[0]}
+            peers = {**self.peers, rank: {"rank": rank, "address": peer[0], "port": peer[1], "pid": reply.get("pid"),
+                                          "from": conn.getsockname()[0]}}
             self.peer_sockets.append(conn)
-            self.record.update(peers=[self.peers[r] for r in sorted(self.peers)])
+            self.record.update(peers=[peers[r] for r in sorted(peers)])  # on file before readiness sees it
+            self.peers[rank] = peers[rank]
             log(f"connected to RPC server {host}:{port}")
 
     def serve_rpc(self) -> None:
