@@ -8,7 +8,11 @@ import os
 import sys
 from pathlib import Path
 
+from reconciler.apply import PassMemory, memory_from_document, memory_to_document, run_pass
+from reconciler.catalog import load_catalog
+from reconciler.errors import StatusWriteError
 from reconciler.ssh import TransportPool
+from reconciler.status import write_if_changed
 
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
 
@@ -22,20 +26,14 @@ def memory_path(catalog_root: str) -> Path:
     return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
 
 
-def load_memory(path: Path):
-    from reconciler.apply import PassMemory, memory_from_document
-
+def load_memory(path: Path) -> PassMemory:
     try:
         return memory_from_document(json.loads(path.read_text()))
     except (OSError, ValueError):
         return PassMemory()
 
 
-def save_memory(path: Path, memory) -> None:
-    from reconciler.apply import memory_to_document
-    from reconciler.errors import StatusWriteError
-    from reconciler.status import write_if_changed
-
+def save_memory(path: Path, memory: PassMemory) -> None:
     try:
         write_if_changed(path, json.dumps(memory_to_document(memory), sort_keys=True))
     except StatusWriteError as exc:  # losing the memory costs a backoff step, never the pass
@@ -43,9 +41,6 @@ def save_memory(path: Path, memory) -> None:
 
 
 def main(args) -> int:
-    from reconciler.apply import run_pass
-    from reconciler.catalog import load_catalog
-
     catalog = load_catalog(args.catalog)
     as_json = getattr(args, "log_format", "text") == "json"
 
