@@ -1,0 +1,39 @@
+"""What a new user sees when they type something wrong: exit codes and messages, never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from reconciler.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def local_catalog(root: Path) -> Path:
+    """A one-node `transport: local` catalog with no models: nothing it does reaches past this machine."""
+    (root / "models").mkdir(parents=True)
+    (root / "fleet.yaml").write_text(
+        f"state_dir: {root / 'state'}\nnodes:\n  - id: here\n    address: 127.0.0.1\n    transport: local\n"
+    )
+    return root
+
+
+def test_local_transport_answers_a_missing_executable_as_a_shell_would():
+    # The same answer SSH gives (the login shell says "command not found", exit 127),
+    # so callers tell "not installed" from "could not reach the node" alike on both.
+    result = LocalTransport("here").run(["no-such-executable-xyz", "--version"])
+    assert result.rc == 127
+    assert b"no-such-executable-xyz" in result.stderr and b"not found" in result.stderr
+
+
+def test_engine_check_of_an_engine_missing_on_a_local_node_exits_1_not_unreachable(cli, tmp_path):
+    catalog = local_catalog(tmp_path / "catalog")
+    empty_path = tmp_path / "bin"
+    empty_path.mkdir()
+    r = cli("engine-check", "here", "vllm", str(catalog), env={"PATH": str(empty_path)})
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "here: vllm: `vllm --version` exited 127" in r.stderr
+    assert "Traceback" not in r.stderr
