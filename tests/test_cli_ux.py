@@ -37,3 +37,12 @@ def test_engine_check_of_an_engine_missing_on_a_local_node_exits_1_not_unreachab
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "here: vllm: `vllm --version` exited 127" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--git-pull", "--commit-status"])
+def test_run_with_a_git_flag_on_a_catalog_outside_git_is_a_usage_error_not_silently_ignored(cli, tmp_path, flag):
+    catalog = local_catalog(tmp_path / "catalog")
+    r = cli("run", str(catalog), flag, "--max-passes", "1", timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"{flag} needs the catalog in a git repository" in r.stderr and str(catalog) in r.stderr
+    assert not (catalog / "status").exists()  # refused before any pass
