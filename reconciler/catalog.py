@@ -627,6 +627,8 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
             line, col = position(doc.data, ("name",))
             names[model.name] = (rel, line, col)
             models.append(model)
+    elif models_dir.exists():  # a file named models: every model it was meant to hold would be silently absent
+        problems.append(Problem(MODELS_DIR, 1, 1, "not a directory; models/ holds one YAML file per model"))
     for stray in _stray_yaml(root):
         if _looks_like_model(stray):
             rel = str(stray.relative_to(root))

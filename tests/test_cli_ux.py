@@ -46,3 +46,13 @@ def test_run_with_a_git_flag_on_a_catalog_outside_git_is_a_usage_error_not_silen
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert f"{flag} needs the catalog in a git repository" in r.stderr and str(catalog) in r.stderr
     assert not (catalog / "status").exists()  # refused before any pass
+
+
+def test_validate_reports_a_models_path_that_is_a_file_instead_of_finding_no_models(cli, tmp_path):
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "fleet.yaml").write_text("nodes:\n  - id: here\n    address: 127.0.0.1\n    transport: local\n")
+    (catalog / "models").write_text("name: oops\n")  # meant models/oops.yaml
+    r = cli("validate", str(catalog))
+    assert r.returncode == 1, r.stdout
+    assert "models:1:1: not a directory; models/ holds one YAML file per model" in r.stderr
