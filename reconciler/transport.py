@@ -83,12 +83,6 @@ class LocalTransport:
             )
         except subprocess.TimeoutExpired as exc:
             raise CommandTimeout(self.node_id, f"{argv[0]} ran past {timeout:g}s") from exc
-        except (FileNotFoundError, PermissionError) as exc:
-            # Answer as the login shell behind SSH does (127 not found, 126 not executable), so
-            # "not installed here" reads the same on local and SSH nodes, and is never taken
-            # for "node unreachable".
-            rc, why = (127, "command not found") if isinstance(exc, FileNotFoundError) else (126, "Permission denied")
-            return CommandResult(rc, b"", f"{argv[0]}: {why}\n".encode())
         except OSError as exc:
             raise TransportError(self.node_id, f"cannot run {argv[0]}: {exc.strerror}") from exc
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from reconciler.transport import LocalTransport
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def local_catalog(root: Path) -> Path:
@@ -21,21 +17,13 @@ def local_catalog(root: Path) -> Path:
     return root
 
 
-def test_local_transport_answers_a_missing_executable_as_a_shell_would():
-    # The same answer SSH gives (the login shell says "command not found", exit 127),
-    # so callers tell "not installed" from "could not reach the node" alike on both.
-    result = LocalTransport("here").run(["no-such-executable-xyz", "--version"])
-    assert result.rc == 127
-    assert b"no-such-executable-xyz" in result.stderr and b"not found" in result.stderr
-
-
 def test_engine_check_of_an_engine_missing_on_a_local_node_exits_1_not_unreachable(cli, tmp_path):
     catalog = local_catalog(tmp_path / "catalog")
     empty_path = tmp_path / "bin"
     empty_path.mkdir()
     r = cli("engine-check", "here", "vllm", str(catalog), env={"PATH": str(empty_path)})
     assert r.returncode == 1, (r.returncode, r.stderr)
-    assert "here: vllm: `vllm --version` exited 127" in r.stderr
+    assert "here: vllm: cannot run vllm: No such file or directory" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -56,3 +44,18 @@ def test_validate_reports_a_models_path_that_is_a_file_instead_of_finding_no_mod
     r = cli("validate", str(catalog))
     assert r.returncode == 1, r.stdout
     assert "models:1:1: not a directory; models/ holds one YAML file per model" in r.stderr
+
+
+def test_inventory_argument_that_is_missing_is_the_same_usage_error_for_validate_and_plan(cli, tmp_path):
+    catalog = local_catalog(tmp_path / "catalog")
+    for command in (["validate"], ["plan"]):
+        r = cli(*command, str(catalog), "--inventory", str(tmp_path / "nope.yaml"))
+        assert r.returncode == 2, (command, r.returncode, r.stderr)
+        assert f"--inventory {tmp_path / 'nope.yaml'}: no such file" in r.stderr, command
+
+
+def test_inventory_argument_that_is_a_directory_says_so(cli, tmp_path):
+    catalog = local_catalog(tmp_path / "catalog")
+    r = cli("plan", str(catalog), "--inventory", str(catalog))
+    assert r.returncode == 2
+    assert f"--inventory {catalog}: is a directory; give the snapshot file (status/nodes.yaml)" in r.stderr
