@@ -59,3 +59,15 @@ def test_inventory_argument_that_is_a_directory_says_so(cli, tmp_path):
     r = cli("plan", str(catalog), "--inventory", str(catalog))
     assert r.returncode == 2
     assert f"--inventory {catalog}: is a directory; give the snapshot file (status/nodes.yaml)" in r.stderr
+
+
+def test_status_message_of_a_refused_catalog_counts_one_error_in_the_singular(tmp_path):
+    from reconciler.daemon import Daemon
+    from reconciler.errors import Problem
+
+    catalog = local_catalog(tmp_path / "catalog")
+    d = Daemon(catalog, pass_fn=lambda *a, **k: None)
+    d.state.errors = [Problem("models/m.yaml", 6, 11, "replicas: expected an integer")]
+    assert "(1 error)" in d.status_document()["message"]
+    d.state.errors = d.state.errors * 2
+    assert "(2 errors)" in d.status_document()["message"]
