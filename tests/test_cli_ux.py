@@ -71,3 +71,16 @@ def test_status_message_of_a_refused_catalog_counts_one_error_in_the_singular(tm
     assert "(1 error)" in d.status_document()["message"]
     d.state.errors = d.state.errors * 2
     assert "(2 errors)" in d.status_document()["message"]
+
+
+def test_nodes_summary_does_not_call_a_reached_node_that_could_not_be_probed_usable(capsys):
+    from reconciler.commands.nodes import print_table
+    from reconciler.model import Inventory, ObservedNode
+    from reconciler.probe import FleetProbe
+    from reconciler.probe.collect import NodeProbe
+
+    ok = ObservedNode(id="a", state="ready", memory_total_mb=1024, engines={}, weights=())
+    nopy = ObservedNode(id="b", state="unreachable", reason="python3 is not on the node's login PATH; the probe needs it")
+    print_table(FleetProbe(Inventory((ok, nopy)), (NodeProbe(ok), NodeProbe(nopy, reached=True))))
+    out = capsys.readouterr().out
+    assert "2 of 2 nodes reached; 1 could not be probed (b: see REASON)" in out

@@ -112,4 +112,10 @@ def print_table(result: FleetProbe) -> None:
     console = Console(file=sys.stdout, width=None if tty else 100_000, no_color=not tty, highlight=False)
     console.print(table)
     reached, total = result.reached, len(result.results)
-    console.print(f"{reached} of {total} node{'s' * (total != 1)} reached")
+    summary = f"{reached} of {total} node{'s' * (total != 1)} reached"
+    # Reached over SSH but not probed (no python3, a probe that printed garbage): say so, or
+    # "5 of 5 reached" reads as all well above a row that says unreachable.
+    unprobed = sorted(r.node.id for r in result.results if r.reached and r.node.state == "unreachable")
+    if unprobed:
+        summary += f"; {len(unprobed)} could not be probed ({', '.join(unprobed)}: see REASON)"
+    console.print(summary)
