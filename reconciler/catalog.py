@@ -197,6 +197,9 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
             continue
         if kind == "type":
             want = err.validator_value
+            # In the words of YAML, which users write, not of JSON Schema.
+            yaml_words = {"object": "mapping", "array": "list"}
+            want = [yaml_words.get(w, w) for w in want] if isinstance(want, list) else yaml_words.get(want, want)
             want = " or ".join(want) if isinstance(want, list) else want
             article = "an" if str(want)[:1] in "aeiou" else "a"
             msg = f"{field}: expected {article} {want}, got {_describe(err.instance)}"
