@@ -209,6 +209,8 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
         elif kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "above", "exclusiveMaximum": "below"}
             msg = f"{field}: {err.instance} is out of range; must be {words[kind]} {err.validator_value}"
+        elif kind == "pattern" and err.validator_value == "^/":
+            msg = f"{field}: {err.instance!r} must start with / (an absolute path)"
         elif kind == "pattern":
             msg = f"{field}: {_describe(err.instance)} does not match the required form {err.validator_value}"
         elif kind in ("minLength", "minItems"):

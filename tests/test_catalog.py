@@ -113,6 +113,11 @@ CASES = {
         "models/llama.yaml:12:10",
         "env: expected a mapping, got",
     ),
+    "relative_path_where_an_absolute_one_is_needed": (
+        {"fleet.yaml": FLEET.replace("model_dirs: [/models]", "model_dirs: [models]", 1)},
+        "fleet.yaml:7:18",
+        "model_dirs: 'models' must start with / (an absolute path)",
+    ),
     "out_of_range": (
         {"models/llama.yaml": MODEL.replace("replicas: 2", "replicas: -1")},
         "models/llama.yaml:3:11",
