@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from reconciler.errors import ReconcilerError
+
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
@@ -37,9 +39,33 @@ def dump_yaml(doc: Any) -> str:
     return yaml.dump(doc, Dumper=_StatusDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
+class StatusWriteError(ReconcilerError, OSError):
+    """A status file could not be written (a read-only checkout, a file where status/ should be).
+
+    A ReconcilerError, so a command says it in one line instead of a traceback; still an
+    OSError, so callers that carry on without a status file (the daemon) keep doing so.
+    """
+
+    def __init__(self, path: Path, exc: OSError):
+        OSError.__init__(self, exc.errno, exc.strerror, str(path))
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.strerror}"
+
+
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:
     """Atomically replace `path` with `text` unless it already holds exactly that. True if written."""
     path = Path(path)
+    try:
+        return _write_if_changed(path, text)
+    except StatusWriteError:
+        raise
+    except OSError as exc:
+        raise StatusWriteError(path, exc) from exc
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
     data = text.encode()
     try:
         if path.read_bytes() == data:

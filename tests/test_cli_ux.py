@@ -84,3 +84,25 @@ def test_nodes_summary_does_not_call_a_reached_node_that_could_not_be_probed_usa
     print_table(FleetProbe(Inventory((ok, nopy)), (NodeProbe(ok), NodeProbe(nopy, reached=True))))
     out = capsys.readouterr().out
     assert "2 of 2 nodes reached; 1 could not be probed (b: see REASON)" in out
+
+
+def test_a_status_directory_that_cannot_be_written_is_a_message_not_a_traceback(cli, tmp_path):
+    catalog = local_catalog(tmp_path / "catalog")
+    (catalog / "status").write_text("")  # a file where status/ should be: every status write fails
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text("nodes:\n  - id: here\n    state: ready\n")
+    for command in (["plan", str(catalog), "--inventory", str(snapshot), "--write-status"], ["nodes", str(catalog)]):
+        r = cli(*command)
+        assert "Traceback" not in r.stderr, (command, r.stderr)
+        assert r.returncode == 1, (command, r.returncode)
+        assert f"reconciler: cannot write {catalog / 'status'}/" in r.stderr and "Not a directory" in r.stderr, r.stderr
+
+
+def test_status_write_error_is_still_an_oserror_for_callers_that_carry_on(tmp_path):
+    from reconciler.errors import ReconcilerError
+    from reconciler.status import write_if_changed
+
+    (tmp_path / "status").write_text("")
+    with pytest.raises(OSError) as err:
+        write_if_changed(tmp_path / "status" / "x.yaml", "a: 1\n")
+    assert isinstance(err.value, ReconcilerError) and err.value.strerror == "Not a directory"
