@@ -886,6 +886,12 @@ def replica_states(
                 why = "cannot be placed" if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
                 state = ReplicaState(rid, model.name, None, "Pending", why)
             elif w is not None and state.phase in ("Failed", "Unknown"):
-                state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
+                phase = state.phase
+                if phase == "Failed" and "unreachable" in w.reason and all(r.alive for _, r in running_ranks(inventory, rid)):
+                    # The plan holds it because a node of it does not answer: the ranks there are
+                    # unseen, not dead. Failed stays for a rank seen dead on a node that answers.
+                    phase = "Unknown"
+                state = replace(state, phase=phase,
+                                message=f"{state.message}; {w.reason}" if state.message else w.reason)
             states[rid] = state
     return states
