@@ -106,3 +106,17 @@ def test_status_write_error_is_still_an_oserror_for_callers_that_carry_on(tmp_pa
     with pytest.raises(OSError) as err:
         write_if_changed(tmp_path / "status" / "x.yaml", "a: 1\n")
     assert isinstance(err.value, ReconcilerError) and err.value.strerror == "Not a directory"
+
+
+def test_plan_with_only_unplaced_replicas_does_not_say_every_replica_runs_where_it_should(cli, tmp_path):
+    catalog = local_catalog(tmp_path / "catalog")
+    (catalog / "models" / "big.yaml").write_text(
+        "name: big\nsource: /models/big\nprofiles:\n  - name: h100\n    engine: vllm\n    gpu_class: H100-80GB\n"
+    )
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text("nodes:\n  - id: here\n    state: ready\n    engines: {vllm: ''}\n    gpus: []\n")
+    r = cli("plan", str(catalog), "--inventory", str(snapshot))
+    assert r.returncode == 0, r.stderr
+    assert "every replica runs where it should" not in r.stdout
+    assert r.stdout.startswith("no action to take: 1 replica cannot be placed (below)")
+    assert "big-0" in r.stdout
