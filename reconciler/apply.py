@@ -46,6 +46,7 @@ from reconciler.model import (
     RunningRank,
 )
 from reconciler.pass_status import endpoint_url, plan_unplaced, write_pass_status
+from reconciler.status import unplaced_message
 from reconciler.transport import Transport
 
 # A GPU whose memory is more than this share used is not clean, even with no process listed
@@ -883,7 +884,7 @@ def replica_states(
                 state = ReplicaState(rid, model.name, where.profile if where else None, "Unknown", w.reason,
                                      where.nodes if where else ())
             elif state is None:
-                why = "cannot be placed" if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
+                why = unplaced_message(unplaced[rid]) if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
                 state = ReplicaState(rid, model.name, None, "Pending", why)
             elif w is not None and state.phase in ("Failed", "Unknown"):
                 phase = state.phase

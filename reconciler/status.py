@@ -132,6 +132,18 @@ def predicted_phases(plan) -> dict[str, str]:
     return phases
 
 
+def unplaced_message(out, show_all: bool = False) -> str:
+    """The one-line status message of a replica that could not be placed; the same whether
+    predicted (plan --write-status) or observed (apply, the daemon), so status does not flip."""
+    from reconciler.placement import summarize
+
+    if getattr(out, "rejections_same_as", None):
+        return f"cannot be placed; same rejections as {out.rejections_same_as}"
+    if not hasattr(out, "rejections"):
+        return "cannot be placed"
+    return "cannot be placed: " + " | ".join(summarize(out.rejections, out.nodes_considered, show_all))
+
+
 def _rejection_doc(r) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
@@ -143,8 +155,6 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
     phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
     messages: replica id -> message, overriding the plan's own reasons.
     """
-    from reconciler.placement import summarize
-
     phases = predicted_phases(plan) if phases is None else phases
     messages = messages or {}
     reasons: dict[str, str] = {}
@@ -177,12 +187,10 @@ def model_status_document(model, plan, fleet, phases: _Mapping[str, str] | None 
             "restarts": plan.restarts.get(rid, 0),
         }
         if out is not None and out.placement is None:
+            entry["message"] = entry["message"] or unplaced_message(out, show_all)
             if out.rejections_same_as:
-                entry["message"] = entry["message"] or f"cannot be placed; same rejections as {out.rejections_same_as}"
                 entry["rejections_same_as"] = out.rejections_same_as
             else:
-                lines = summarize(out.rejections, out.nodes_considered, show_all)
-                entry["message"] = entry["message"] or "cannot be placed: " + " | ".join(lines)
                 entry["rejections"] = [_rejection_doc(r) for r in out.rejections]
         if not entry["message"]:
             entry["message"] = reasons.get(rid, "")

@@ -120,3 +120,22 @@ def test_plan_with_only_unplaced_replicas_does_not_say_every_replica_runs_where_
     assert "every replica runs where it should" not in r.stdout
     assert r.stdout.startswith("no action to take: 1 replica cannot be placed (below)")
     assert "big-0" in r.stdout
+
+
+def test_applied_status_of_an_unplaced_replica_matches_the_predicted_one_and_apply_says_why(cli, tmp_path):
+    # plan --write-status in a pull request and the daemon's status afterwards must agree, or
+    # every status commit rewrites the message; and apply must say why nothing started.
+    catalog = local_catalog(tmp_path / "catalog")
+    (catalog / "models" / "big.yaml").write_text(
+        "name: big\nsource: /models/big\nprofiles:\n  - name: huge\n    engine: command\n    command: [x]\n"
+        "    port: 9999\n    gpu_class: H100-80GB\n    gpus_per_node: 64\n"
+    )
+    r = cli("apply", str(catalog))
+    assert r.returncode == 0, r.stderr
+    assert "big-0" in r.stdout and "cannot be placed: 0/1 nodes fit profile huge" in r.stdout
+    assert "nothing to do" not in r.stdout
+    applied = (catalog / "status" / "models" / "big.yaml").read_text()
+    assert "message: 'cannot be placed: 0/1 nodes fit profile huge" in applied
+    p = cli("plan", str(catalog), "--inventory", str(catalog / "status" / "nodes.yaml"), "--write-status")
+    assert p.returncode == 0, p.stderr
+    assert (catalog / "status" / "models" / "big.yaml").read_text() == applied

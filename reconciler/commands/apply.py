@@ -67,7 +67,15 @@ def main(args) -> int:
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    if not result.decisions and not as_json:
+    # Replicas that could not be placed get no decision line; without these a user sees
+    # "nothing to do" and no reason why the model does not serve.
+    from reconciler.pass_status import plan_unplaced
+
+    replicas = result.replicas or {}
+    for rid in sorted(plan_unplaced(result.plan)) if result.plan is not None else ():
+        why = replicas[rid].message if rid in replicas else "cannot be placed"
+        print(json.dumps({"replica": rid, "action": "unplaced", "reason": why}) if as_json else f"{rid}  -  unplaced  {why}")
+    if not result.decisions and not as_json and not (result.plan is not None and plan_unplaced(result.plan)):
         print("nothing to do")
     if not args.dry_run:
         endpoints = result.endpoints()
