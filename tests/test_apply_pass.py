@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.apply import gpu_problems, run_pass, start_order
+from reconciler.apply import gpu_problems, http_health, run_pass, start_order
 from reconciler.launcher import SshLauncher
 from reconciler.model import Gpu, GpuProcess, Inventory, ObservedNode, RunningRank
 from reconciler.transport import LocalTransport
-from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch
+from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch, wait_for
 from tests.apply_support.seams import SimplePlanner, as_plan, catalog, local_fleet, local_probe, tiny_model, tiny_render
 
 
@@ -277,12 +277,16 @@ class DropsMidLaunch:
 def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about(tmp_path, env):
     fleet, transports, launcher, records = env
     cat = catalog(tmp_path, fleet, tiny_model("m"))
-    planner = SimplePlanner({"m-0": [("n1", free_port(), ())]})
+    port = free_port()
+    planner = SimplePlanner({"m-0": [("n1", port, ())]})
     flaky = {**transports, "n1": DropsMidLaunch(transports["n1"])}
     lost = one_pass(cat, flaky, SshLauncher.for_fleet(fleet, flaky), planner, records)
     assert lost.replicas["m-0"].phase == "Failed" and "connection lost" in lost.replicas["m-0"].message
     [orphan] = launcher.ranks("n1")  # the record was written before the answer was lost
     assert orphan.alive
+    # An adopted replica is judged once, not waited for: let the orphan finish starting (on a
+    # loaded machine it may not answer yet), so Ready below is about adoption, not timing.
+    wait_for(lambda: http_health(f"http://127.0.0.1:{port}", "/health")[0], what="the orphan to answer")
 
     back = one_pass(cat, transports, launcher, planner, records)
     assert [d for d in back.decisions if d.action == "start"] == []
