@@ -139,3 +139,32 @@ def test_applied_status_of_an_unplaced_replica_matches_the_predicted_one_and_app
     p = cli("plan", str(catalog), "--inventory", str(catalog / "status" / "nodes.yaml"), "--write-status")
     assert p.returncode == 0, p.stderr
     assert (catalog / "status" / "models" / "big.yaml").read_text() == applied
+
+
+def test_nodes_table_on_a_narrow_terminal_folds_only_the_reason_column(monkeypatch):
+    import io
+    import re
+    import sys
+
+    from reconciler.commands.nodes import print_table
+    from reconciler.model import Disk, Inventory, ObservedNode
+    from reconciler.probe import FleetProbe
+    from reconciler.probe.collect import NodeProbe
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    ok = ObservedNode(id="gpu-a", state="ready", memory_total_mb=24105, engines={"llama.cpp": "", "vllm": ""},
+                      disks=(Disk("/models", 79 << 30, 251 << 30),), weights=())
+    nopy = ObservedNode(id="nopy", state="unreachable", reason="python3 is not on the node's login PATH; the probe needs it")
+    out = Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setenv("COLUMNS", "110")
+    print_table(FleetProbe(Inventory((ok, nopy)), (NodeProbe(ok), NodeProbe(nopy))))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    row = next(line for line in text.splitlines() if line.startswith("nopy"))
+    assert row.split()[:2] == ["nopy", "unreachable"], text
+    assert "79 GiB free of 251 GiB" in text and "llama.cpp, vllm" in text
+    words = " ".join(text.split())
+    assert "python3 is not on the node's login PATH; the probe needs it" in re.sub(r"\s+", " ", words), text
