@@ -587,6 +587,11 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
 
     fleet = None
     fleet_path = root / FLEET_FILE
+    if not fleet_path.exists() and not (root / MODELS_DIR).exists():
+        # Not a catalog at all (validate run in the wrong directory): one line that says where,
+        # not a "looks like a model file" for every YAML file of every project below it.
+        raise CatalogInvalid([Problem(FLEET_FILE, 1, 1, f"missing: {root} is not a catalog; "
+                                      "a catalog is a directory with fleet.yaml and models/")])
     if not fleet_path.exists():
         problems.append(Problem(FLEET_FILE, 1, 1, "missing: a catalog needs fleet.yaml listing its nodes"))
     else:

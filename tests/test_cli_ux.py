@@ -168,3 +168,17 @@ def test_nodes_table_on_a_narrow_terminal_folds_only_the_reason_column(monkeypat
     assert "79 GiB free of 251 GiB" in text and "llama.cpp, vllm" in text
     words = " ".join(text.split())
     assert "python3 is not on the node's login PATH; the probe needs it" in re.sub(r"\s+", " ", words), text
+
+
+def test_validate_in_a_directory_that_is_no_catalog_says_so_once_instead_of_walking_everything_below(cli, tmp_path):
+    # A user who runs `reconciler validate` in the wrong directory (a home, /tmp) must not get a
+    # "looks like a model file" line for every YAML file of every project below it.
+    for project in ("a", "b/c"):
+        (tmp_path / project / "models").mkdir(parents=True)
+        (tmp_path / project / "models" / "m.yaml").write_text("name: m\nsource: /x\nprofiles: []\n")
+    r = cli("validate", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        f"fleet.yaml:1:1: missing: {tmp_path} is not a catalog; a catalog is a directory with fleet.yaml and models/",
+        "1 problem found",
+    ]
