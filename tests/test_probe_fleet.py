@@ -200,7 +200,10 @@ def test_warm_passes_reuse_one_probe_session_which_ends_with_the_connection(flee
     spec = fleet.fleet_spec(["session"])
 
     def sessions() -> list[str]:
-        return fleet.exec("session", ["pgrep", "-f", "llm-reconciler-probe"], check=False).stdout.split()
+        # Only this node's network namespace: the pid namespace is the machine's, where other
+        # fleets (another test run, another engineer) keep probe sessions of their own.
+        mine = ["sh", "-c", 'exec pgrep --ns "$$" --nslist net -f llm-reconciler-probe']
+        return fleet.exec("session", mine, check=False).stdout.split()
 
     with TransportPool() as pool:
         probe_fleet_report(spec, pool)
