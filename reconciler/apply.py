@@ -49,7 +49,7 @@ from reconciler.model import (
 from reconciler.plan import Plan, ReplicaHistory, plan as make_plan
 from reconciler.probe import probe_fleet
 from reconciler.render import render_replica
-from reconciler.status import replica_endpoint, write_nodes_status, write_plan_status
+from reconciler.status import replica_endpoint, unplaced_message, write_nodes_status, write_plan_status
 from reconciler.transport import Transport
 
 # A GPU whose memory is more than this share used is not clean, even with no process listed
@@ -863,7 +863,7 @@ def replica_states(
     health: Callable[[str, str], tuple[bool, str]] = http_health,
 ) -> dict[str, ReplicaState]:
     """Every desired replica's state: from this pass's actions, else observed, else Pending."""
-    unplaced = {o.replica for o in plan.unplaced}
+    unplaced = {o.replica: o for o in plan.unplaced}
     records = ranks_by_replica(inventory)
     reasons = {a.replica: a.reason for a in plan.actions}
     todo = []
@@ -892,10 +892,16 @@ def replica_states(
                 state = ReplicaState(rid, model.name, where.profile if where else None, "Unknown", w.reason,
                                      where.nodes if where else ())
             elif state is None:
-                why = "cannot be placed" if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
+                why = unplaced_message(unplaced[rid]) if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
                 state = ReplicaState(rid, model.name, None, "Pending", why)
             elif w is not None and state.phase in ("Failed", "Unknown"):
-                state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
+                phase = state.phase
+                if phase == "Failed" and "unreachable" in w.reason and all(r.alive for _, r in records.get(rid, ())):
+                    # The plan holds it because a node of it does not answer: the ranks there are
+                    # unseen, not dead. Failed stays for a rank seen dead on a node that answers.
+                    phase = "Unknown"
+                state = replace(state, phase=phase,
+                                message=f"{state.message}; {w.reason}" if state.message else w.reason)
             states[rid] = state
     return states
 

@@ -197,6 +197,9 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
             continue
         if kind == "type":
             want = err.validator_value
+            # In the words of YAML, which users write, not of JSON Schema.
+            yaml_words = {"object": "mapping", "array": "list"}
+            want = [yaml_words.get(w, w) for w in want] if isinstance(want, list) else yaml_words.get(want, want)
             want = " or ".join(want) if isinstance(want, list) else want
             article = "an" if str(want)[:1] in "aeiou" else "a"
             msg = f"{field}: expected {article} {want}, got {_describe(err.instance)}"
@@ -206,6 +209,8 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
         elif kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "above", "exclusiveMaximum": "below"}
             msg = f"{field}: {err.instance} is out of range; must be {words[kind]} {err.validator_value}"
+        elif kind == "pattern" and err.validator_value == "^/":
+            msg = f"{field}: {err.instance!r} must start with / (an absolute path)"
         elif kind == "pattern":
             msg = f"{field}: {_describe(err.instance)} does not match the required form {err.validator_value}"
         elif kind in ("minLength", "minItems"):
@@ -609,6 +614,11 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
 
     fleet = None
     fleet_path = root / FLEET_FILE
+    if not fleet_path.exists() and not (root / MODELS_DIR).exists():
+        # Not a catalog at all (validate run in the wrong directory): one line that says where,
+        # not a "looks like a model file" for every YAML file of every project below it.
+        raise CatalogInvalid([Problem(FLEET_FILE, 1, 1, f"missing: {root} is not a catalog; "
+                                      "a catalog is a directory with fleet.yaml and models/")])
     if not fleet_path.exists():
         problems.append(Problem(FLEET_FILE, 1, 1, "missing: a catalog needs fleet.yaml listing its nodes"))
     else:
@@ -654,6 +664,8 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
             line, col = position(doc.data, ("name",))
             names[model.name] = (rel, line, col)
             models.append(model)
+    elif models_dir.exists():  # a file named models: every model it was meant to hold would be silently absent
+        problems.append(Problem(MODELS_DIR, 1, 1, "not a directory; models/ holds one YAML file per model"))
     for stray in _stray_yaml(root):
         if _looks_like_model(stray):
             rel = str(stray.relative_to(root))

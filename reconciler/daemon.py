@@ -570,12 +570,12 @@ class Daemon:
         st = self.state
         if self.git is None:
             head = "not a git repository: the directory is applied as it is"
-            return head if not st.errors else f"{head}; it does not validate ({len(st.errors)} errors): nothing applied"
+            return head if not st.errors else f"{head}; it does not validate ({_errors(st.errors)}): nothing applied"
         if st.no_commit:
             return "the catalog has no commit yet: nothing is applied until fleet.yaml and models/ are committed"
         if st.errors:
             kept = f"{st.applied[:12]} stays in force" if st.applied else "no revision has been applied yet"
-            return f"revision {_short(st.attempted)} refused ({len(st.errors)} errors); {kept}"
+            return f"revision {_short(st.attempted)} refused ({_errors(st.errors)}); {kept}"
         if st.applied:
             return f"revision {st.applied[:12]} applied"
         return "waiting for the first pass"
@@ -629,6 +629,10 @@ def _trigger_name(reasons: set[str]) -> str:
         if name in reasons:
             return {"git": "commit"}.get(name, name)
     return ",".join(sorted(reasons))
+
+
+def _errors(errors) -> str:
+    return f"{len(errors)} error{'s' if len(errors) != 1 else ''}"
 
 
 def _short(revision: str | None) -> str | None:

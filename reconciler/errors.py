@@ -62,13 +62,21 @@ class FleetUnreachable(ReconcilerError):
     pass
 
 
-class StatusWriteError(ReconcilerError):
-    """A status or state file could not be written (a read-only catalog, `status` that is a file...)."""
+class StatusWriteError(ReconcilerError, OSError):
+    """A status or state file could not be written (a read-only catalog, `status` that is a file...).
+
+    A ReconcilerError, so a command says it in one line; still an OSError, so a caller
+    that carries on without the file (the daemon) catches it as it catches any I/O error.
+    """
 
     def __init__(self, path: str, reason: str):
+        OSError.__init__(self, f"cannot write {path}: {reason}")
         self.path = path
         self.reason = reason
-        super().__init__(f"cannot write {path}: {reason}")
+        self.strerror = reason
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.reason}"
 
 
 class TransportError(ReconcilerError):

@@ -347,8 +347,10 @@ def _check_node(c: _Checker, i: int, d) -> str | None:
         for ki, k in enumerate(d["disks"] or ()):
             kp = f"disks[{ki}]"
             if c.typed(n, kp, k, "map"):
-                if not isinstance(k.get("path"), str):
+                if k.get("path") is None:
                     c.err(n, f"{kp}.path", "is required: the directory measured")
+                else:
+                    c.typed(n, f"{kp}.path", k["path"], "str")
                 for key in ("free_bytes", "total_bytes"):
                     if key in k:
                         c.typed(n, f"{kp}.{key}", k[key], "int", minimum=0)

@@ -135,6 +135,14 @@ def predicted_phases(plan: Plan) -> dict[str, str]:
     return phases
 
 
+def unplaced_message(out, show_all: bool = False) -> str:
+    """The one-line status message of a replica that could not be placed; the same whether
+    predicted (plan --write-status) or observed (apply, the daemon), so status does not flip."""
+    if out.rejections_same_as:
+        return f"cannot be placed; same rejections as {out.rejections_same_as}"
+    return "cannot be placed: " + " | ".join(summarize(out.rejections, out.nodes_considered, show_all))
+
+
 def rejection_document(r: Rejection) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
@@ -175,12 +183,10 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
             "restarts": plan.restarts.get(rid, 0),
         }
         if out is not None and out.placement is None:
+            entry["message"] = entry["message"] or unplaced_message(out, show_all)
             if out.rejections_same_as:
-                entry["message"] = entry["message"] or f"cannot be placed; same rejections as {out.rejections_same_as}"
                 entry["rejections_same_as"] = out.rejections_same_as
             else:
-                lines = summarize(out.rejections, out.nodes_considered, show_all)
-                entry["message"] = entry["message"] or "cannot be placed: " + " | ".join(lines)
                 entry["rejections"] = [rejection_document(r) for r in out.rejections]
         if not entry["message"]:
             entry["message"] = reasons.get(rid, "")

@@ -216,3 +216,20 @@ def test_no_catalog_value_reaches_a_node_command_line_where_ps_could_read_it(sta
     assert launcher.stop("n1", "m-0").ok
     assert spy.argvs == [["python3", "-I", "-S", "-"]] * 3
     assert oct((state_dir / "replicas").stat().st_mode & 0o777) == "0o700"
+
+
+def test_log_tail_of_a_restarted_rank_shows_only_its_latest_run(launcher, tmp_path):
+    # The log is appended across starts; a Failed message quoting the previous run's lines
+    # (a healthy server's access log) would hide why this start died.
+    from dataclasses import replace
+    import sys
+
+    base = tiny_launch("m-0", "n1", free_port(), tmp_path / "r.json")
+    for words in ("first run was fine", "second run crashed"):
+        outcome = launcher.start(replace(base, argv=(sys.executable, "-c", f"print({words!r}, flush=True)")))
+        assert outcome.ok, outcome.reason
+        wait_for(lambda: not is_running(outcome.pid), what="the run to end")
+    [rank] = launcher.ranks("n1", log_lines=5)
+    assert not rank.alive
+    assert "second run crashed" in rank.log_tail
+    assert not any("first run" in line for line in rank.log_tail)

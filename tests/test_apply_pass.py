@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.apply import gpu_problems, run_pass, start_order
+from reconciler.apply import gpu_problems, http_health, run_pass, start_order
 from reconciler.launcher import SshLauncher
 from reconciler.model import Gpu, GpuProcess, Inventory, ObservedNode, RunningRank
 from reconciler.transport import LocalTransport
-from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch
+from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch, wait_for
 from tests.apply_support.seams import SimplePlanner, as_plan, catalog, local_fleet, local_probe, tiny_model, tiny_render
 
 
@@ -277,12 +277,16 @@ class DropsMidLaunch:
 def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about(tmp_path, env):
     fleet, transports, launcher, records = env
     cat = catalog(tmp_path, fleet, tiny_model("m"))
-    planner = SimplePlanner({"m-0": [("n1", free_port(), ())]})
+    port = free_port()
+    planner = SimplePlanner({"m-0": [("n1", port, ())]})
     flaky = {**transports, "n1": DropsMidLaunch(transports["n1"])}
     lost = one_pass(cat, flaky, SshLauncher.for_fleet(fleet, flaky), planner, records)
     assert lost.replicas["m-0"].phase == "Failed" and "connection lost" in lost.replicas["m-0"].message
     [orphan] = launcher.ranks("n1")  # the record was written before the answer was lost
     assert orphan.alive
+    # An adopted replica is judged once, not waited for: let the orphan finish starting (on a
+    # loaded machine it may not answer yet), so Ready below is about adoption, not timing.
+    wait_for(lambda: http_health(f"http://127.0.0.1:{port}", "/health")[0], what="the orphan to answer")
 
     back = one_pass(cat, transports, launcher, planner, records)
     assert [d for d in back.decisions if d.action == "start"] == []
@@ -378,3 +382,40 @@ def test_a_replacement_that_never_gets_ready_is_taken_back_and_the_old_copy_keep
     assert second.endpoints() == {"m": [f"http://127.0.0.1:{old_port}"]}
     assert [r.port for r in launcher.ranks("n1")] == [old_port] and launcher.ranks("n2") == []
     assert not second.ok
+
+
+def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_failed(tmp_path):
+    # Rank 1's node does not answer: its rank is not "missing", it cannot be seen. Failed would
+    # page someone for a network blip, while the plan holds the replica for the grace period.
+    from types import SimpleNamespace
+
+    from reconciler.apply import replica_states
+    from reconciler.plan import Waiting
+
+    fleet = local_fleet(tmp_path)
+    model = tiny_model("m", nodes=2)
+    cat = catalog(tmp_path, fleet, model)
+    rank0 = RunningRank(id="m-0", model="m", profile="p", rank=0, gpus=(), port=free_port(), spec_hash="s", nnodes=2)
+    inventory = Inventory((ObservedNode(id="n1", replicas=(rank0,)), ObservedNode(id="n2", state="unreachable", reason="timed out")))
+    held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s")
+    plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={})
+    states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda url, path: (True, "200"))
+    assert states["m-0"].phase == "Unknown"
+    assert "node n2 unreachable" in states["m-0"].message
+
+
+def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unreachable(tmp_path):
+    from types import SimpleNamespace
+
+    from reconciler.apply import replica_states
+    from reconciler.plan import Waiting
+
+    fleet = local_fleet(tmp_path)
+    cat = catalog(tmp_path, fleet, tiny_model("m", nodes=2))
+    rank0 = RunningRank(id="m-0", model="m", profile="p", rank=0, gpus=(), port=free_port(), spec_hash="s", nnodes=2,
+                        alive=False)
+    inventory = Inventory((ObservedNode(id="n1", replicas=(rank0,)), ObservedNode(id="n2", state="unreachable", reason="timed out")))
+    held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s")
+    plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={})
+    states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda url, path: (True, "200"))
+    assert states["m-0"].phase == "Failed" and "rank 0 on n1 is not running" in states["m-0"].message

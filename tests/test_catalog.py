@@ -103,6 +103,21 @@ CASES = {
         "models/llama.yaml:8:20",
         "gpus_per_node: expected an integer, got string 'eight'",
     ),
+    "wrong_type_in_yaml_words": (
+        {"models/llama.yaml": MODEL.replace('args: ["--threads", "8"]', "args: --threads 8")},
+        "models/llama.yaml:12:11",
+        "args: expected a list, got string '--threads 8'",
+    ),
+    "wrong_type_in_yaml_words_mapping": (
+        {"models/llama.yaml": MODEL.replace('args: ["--threads", "8"]', "env: [A=1]")},
+        "models/llama.yaml:12:10",
+        "env: expected a mapping, got",
+    ),
+    "relative_path_where_an_absolute_one_is_needed": (
+        {"fleet.yaml": FLEET.replace("model_dirs: [/models]", "model_dirs: [models]", 1)},
+        "fleet.yaml:7:18",
+        "model_dirs: 'models' must start with / (an absolute path)",
+    ),
     "out_of_range": (
         {"models/llama.yaml": MODEL.replace("replicas: 2", "replicas: -1")},
         "models/llama.yaml:3:11",

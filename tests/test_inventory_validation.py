@@ -43,6 +43,7 @@ MUTATIONS = [
     ("peer not int", lambda d: n0(d)["gpus"][0].__setitem__("nvlink_peers", ["x"]), "nvlink_peers[0]: must be an integer"),
     ("engines not map", lambda d: n0(d).__setitem__("engines", ["vllm"]), "engines: must be a mapping or null"),
     ("disk path missing", lambda d: n0(d)["disks"][0].pop("path"), "disks[0].path: is required"),
+    ("disk path not a string", lambda d: n0(d)["disks"][0].__setitem__("path", 5), "disks[0].path: must be a string, not the number 5"),
     ("fabric name missing", lambda d: n0(d).__setitem__("fabrics", [{"hcas": ["mlx5_0"]}]), "fabrics[0].name: is required"),
     ("replica without model", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0", "profile": "p"}]), "replicas[0].model: is required"),
     ("replica nnodes zero", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0", "model": "a", "profile": "p", "nnodes": 0}]),

@@ -200,10 +200,10 @@ def test_warm_passes_reuse_one_probe_session_which_ends_with_the_connection(flee
     spec = fleet.fleet_spec(["session"])
 
     def sessions() -> list[str]:
-        # pgrep sees the whole machine (the node shares its pid namespace): keep this node's own.
-        here = set(subprocess.run(["ip", "netns", "pids", fleet.node("session").netns], capture_output=True, text=True).stdout.split())
-        found = fleet.exec("session", ["pgrep", "-f", "llm-reconciler-probe"], check=False).stdout.split()
-        return [pid for pid in found if pid in here]
+        # Only this node's network namespace: the pid namespace is the machine's, where other
+        # fleets (another test run, another engineer) keep probe sessions of their own.
+        mine = ["sh", "-c", 'exec pgrep --ns "$$" --nslist net -f llm-reconciler-probe']
+        return fleet.exec("session", mine, check=False).stdout.split()
 
     with TransportPool() as pool:
         probe_fleet_report(spec, pool)

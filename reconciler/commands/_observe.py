@@ -17,10 +17,18 @@ from reconciler.model import Catalog, Inventory
 
 def observe(catalog: Catalog, inventory_path: str | None) -> Inventory:
     if inventory_path is not None:
-        if not Path(inventory_path).is_file():
-            raise UsageError(f"--inventory {inventory_path}: no such file")
+        check_inventory_path(inventory_path)
         return load_inventory(inventory_path, catalog.fleet, unknown_nodes="error")
     return probe_fleet(catalog)
+
+
+def check_inventory_path(inventory_path: str) -> None:
+    """A wrong --inventory argument is a usage error (exit 2), the same for every command that takes one."""
+    path = Path(inventory_path)
+    if path.is_dir():
+        raise UsageError(f"--inventory {inventory_path}: is a directory; give the snapshot file (status/nodes.yaml)")
+    if not path.is_file():
+        raise UsageError(f"--inventory {inventory_path}: no such file")
 
 
 def probe_fleet(catalog: Catalog) -> Inventory:

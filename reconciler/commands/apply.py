@@ -63,7 +63,14 @@ def main(args) -> int:
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    if not result.decisions and not as_json:
+    # Replicas that could not be placed get no decision line; without these a user sees
+    # "nothing to do" and no reason why the model does not serve.
+    replicas = result.replicas or {}
+    unplaced = sorted(o.replica for o in result.plan.unplaced) if result.plan is not None else []
+    for rid in unplaced:
+        why = replicas[rid].message if rid in replicas else "cannot be placed"
+        print(json.dumps({"replica": rid, "action": "unplaced", "reason": why}) if as_json else f"{rid}  -  unplaced  {why}")
+    if not result.decisions and not as_json and not unplaced:
         print("nothing to do")
     if not args.dry_run:
         endpoints = result.endpoints()

@@ -38,6 +38,9 @@ def main(args) -> int:
         try:
             result = pool.transport_for(node).run(argv, timeout=TIMEOUT_S)
         except TransportError as exc:
+            if node.transport == "local":  # this machine is always reached: the engine could not run here
+                print(f"{node.id}: {args.engine}: {exc.reason}", file=sys.stderr)
+                return 1
             print(f"reconciler: {exc}", file=sys.stderr)
             return EXIT_UNREACHABLE
     out = result.stdout.decode(errors="replace").strip()

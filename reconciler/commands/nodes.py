@@ -100,13 +100,26 @@ def print_table(result: FleetProbe) -> None:
 
     tty = sys.stdout.isatty()
     table = Table(box=box.SIMPLE_HEAD if tty else None, show_edge=False, pad_edge=False)
-    for h in HEADERS:
-        table.add_column(h, overflow="fold")
-    for node in sorted(result.inventory.nodes, key=lambda n: n.id):
+    nodes = sorted(result.inventory.nodes, key=lambda n: n.id)
+    rows = [row(node) for node in nodes]
+    for i, h in enumerate(HEADERS):
+        # Short columns stay whole (an "unreacha/ble" fold helps nobody); the free-text REASON
+        # column takes what the terminal has left and folds.
+        if h == "REASON":
+            table.add_column(h, overflow="fold", ratio=1)
+        else:
+            table.add_column(h, no_wrap=True, min_width=max([len(h)] + [len(r[i]) for r in rows]))
+    for node, cells in zip(nodes, rows):
         style = "red" if node.state == "unreachable" else ("yellow" if node.state != "ready" else None)
-        table.add_row(*row(node), style=style)
+        table.add_row(*cells, style=style)
     # Off a terminal (CI logs, pipes) nothing wraps: a row per node stays greppable.
     console = Console(file=sys.stdout, width=None if tty else 100_000, no_color=not tty, highlight=False)
     console.print(table)
     reached, total = result.reached, len(result.results)
-    console.print(f"{reached} of {total} node{'s' * (total != 1)} reached")
+    summary = f"{reached} of {total} node{'s' * (total != 1)} reached"
+    # Reached over SSH but not probed (no python3, a probe that printed garbage): say so, or
+    # "5 of 5 reached" reads as all well above a row that says unreachable.
+    unprobed = sorted(r.node.id for r in result.results if r.reached and r.node.state == "unreachable")
+    if unprobed:
+        summary += f"; {len(unprobed)} could not be probed ({', '.join(unprobed)}: see REASON)"
+    console.print(summary)

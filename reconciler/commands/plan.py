@@ -93,6 +93,10 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         for r in rows:
             out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:4])) + "  " + r[4])
+    elif pl.unplaced or pl.waiting:  # no action, yet not every replica runs where it should
+        held = [f"{len(pl.unplaced)} replica{'s' * (len(pl.unplaced) != 1)} cannot be placed"] if pl.unplaced else []
+        held += [f"{len(pl.waiting)} waiting"] if pl.waiting else []
+        out.append(f"no action to take: {', '.join(held)} (below)")
     else:
         out.append("nothing to do: every replica runs where it should")
     if pl.unplaced:

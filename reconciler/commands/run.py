@@ -22,6 +22,12 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
         raise UsageError("--max-passes must be at least 1")
     if not Path(args.catalog).is_dir():
         raise ReconcilerError(f"{args.catalog}: no such catalog directory")
+    if args.git_pull or args.commit_status:
+        from reconciler.gitrev import GitCatalog
+
+        if GitCatalog.open(args.catalog) is None:  # else the flag would be silently ignored
+            flag = "--git-pull" if args.git_pull else "--commit-status"
+            raise UsageError(f"{flag} needs the catalog in a git repository; {args.catalog} is not in one")
     log = EventLog(args.log_format, stream if stream is not None else sys.stderr)
     options = DaemonOptions(
         interval=args.interval,

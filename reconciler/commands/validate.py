@@ -11,9 +11,11 @@ def main(args) -> int:
     if args.inventory:
         # Models that no profile could ever fit on this fleet, even empty: better said
         # now than left Pending forever.
+        from reconciler.commands._observe import check_inventory_path
         from reconciler.inventory import load_inventory
         from reconciler.placement import unfittable_problems
 
+        check_inventory_path(args.inventory)
         inventory = load_inventory(args.inventory, catalog.fleet)
         problems = unfittable_problems(catalog, inventory, locate=field_locator(catalog.root))
         if problems:

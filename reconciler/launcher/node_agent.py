@@ -37,6 +37,7 @@ import time
 
 MANAGED_BY = "llm-reconciler"
 TAIL_BYTES = 256 * 1024
+START_MARK = "--- llm-reconciler: starting "  # the line written before each start
 LOG_ROTATE_BYTES = 64 * 1024 * 1024
 
 
@@ -223,7 +224,13 @@ def tail(path, lines):
             data = f.read()
     except OSError:
         return []
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+    text = data.decode("utf-8", "replace").splitlines()
+    # The log is appended across starts: only the latest run's lines say why it is in the state it is.
+    for i in range(len(text) - 1, -1, -1):
+        if text[i].startswith(START_MARK):
+            text = text[i + 1:]
+            break
+    return text[-lines:]
 
 
 # ---------------------------------------------------------------- operations
@@ -281,7 +288,7 @@ def start_locked(req, records_dir, logs_dir):
         pass
     log = open(log_path, "ab")
     try:
-        log.write(("--- llm-reconciler: starting %s rank %d, spec %s, at %s\n"
+        log.write((START_MARK + "%s rank %d, spec %s, at %s\n"
                    % (replica, rank, req["spec_hash"], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))).encode())
         log.flush()
         try:
