@@ -921,5 +921,5 @@ def _write_status(catalog: Catalog, result: PassResult) -> list[str]:
     observed_plan = replace(result.plan, actions=(), waiting=())
     written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages)
     if result.inventory is not None:
-        written += write_nodes_status(catalog.root, result.inventory)
+        written += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return [str(p) for p in written]

@@ -53,6 +53,8 @@ from reconciler.model import (
 MAX_PORT = 65535
 # First rendezvous port tried on a multi-node replica's head (torch.distributed's customary default).
 DIST_PORT_BASE = 29500
+# How far above its first port a profile's port search is expected to reach on one node.
+PORT_SEARCH_SPAN = 512
 # Nodes named per group in a summary line unless --all is given.
 SUMMARY_NAMES = 3
 
@@ -68,6 +70,20 @@ def _num(x: float) -> str:
 
 def pool_name(fabric: str | None, profile: Profile) -> str:
     return f"{fabric or 'none'}/{profile.class_label}"
+
+
+def port_windows(models) -> list[tuple[int, int]]:
+    """The port ranges placement hands out from for these models: each profile's first port and
+    the rendezvous base, each with PORT_SEARCH_SPAN above it (half-open, merged, sorted)."""
+    starts = sorted({p.port for m in models for p in m.profiles} | {DIST_PORT_BASE})
+    windows: list[tuple[int, int]] = []
+    for lo in starts:
+        hi = min(lo + PORT_SEARCH_SPAN, MAX_PORT + 1)
+        if windows and lo <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(windows[-1][1], hi))
+        else:
+            windows.append((lo, hi))
+    return windows
 
 
 # --------------------------------------------------------------------------

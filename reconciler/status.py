@@ -8,18 +8,19 @@ change a byte does not touch the file at all.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 
 from reconciler.errors import StatusWriteError
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
-from reconciler.placement import summarize
+from reconciler.placement import port_windows, summarize
 from reconciler.plan import Plan
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
@@ -243,7 +244,30 @@ def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: P
     return changed
 
 
-def write_nodes_status(catalog_root: str | os.PathLike, inventory: Inventory) -> list[Path]:
-    """Write status/nodes.yaml (the snapshot as observed); returns it when its content changed."""
+def write_nodes_status(
+    catalog_root: str | os.PathLike, inventory: Inventory, models: Iterable[Model] | None = None
+) -> list[Path]:
+    """Write status/nodes.yaml (the snapshot as observed); returns it when its content changed.
+
+    With the catalog's models, a node's ports_in_use keeps only the ports placement could hand
+    out to them: every other listener on a busy node (a browser, a test server, anything bound
+    to port 0) comes and goes between passes and would rewrite the file, and with
+    --commit-status make a commit, for a change nobody needs to review.
+    """
+    if models is not None:
+        inventory = status_snapshot(inventory, models)
     path = Path(catalog_root) / STATUS_DIR / "nodes.yaml"
     return [path] if write_document(path, inventory_to_document(inventory)) else []
+
+
+def status_snapshot(inventory: Inventory, models: Iterable[Model]) -> Inventory:
+    """The inventory as status/nodes.yaml records it: ports_in_use only where placement hands out ports."""
+    windows = port_windows(models)
+
+    def keep(port: int) -> bool:
+        return any(lo <= port < hi for lo, hi in windows)
+
+    return Inventory(tuple(
+        dataclasses.replace(n, ports_in_use=tuple(p for p in n.ports_in_use if keep(p))) if n.ports_in_use else n
+        for n in inventory.nodes
+    ))

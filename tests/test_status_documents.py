@@ -145,3 +145,22 @@ def test_nodes_into_an_unwritable_status_is_a_message_not_a_traceback(tmp_path, 
     r = cli("nodes", str(root))
     assert r.returncode == 1
     assert f"cannot write {root}/status/nodes.yaml: Not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_nodes_status_keeps_only_ports_placement_could_hand_out_so_stray_listeners_do_not_rewrite_it(tmp_path):
+    from reconciler.model import Inventory, Model, ObservedNode, Profile
+    from reconciler.placement import DIST_PORT_BASE
+    from reconciler.status import write_nodes_status
+
+    models = [Model("m", "/w", profiles=(Profile("p", "vllm", gpu_class="H100-80GB", gpus_per_node=1, port=8000),))]
+
+    def snapshot(*ports):
+        return Inventory((ObservedNode("n1", ports_in_use=ports),))
+
+    written = write_nodes_status(tmp_path, snapshot(22, 8000, 8001, DIST_PORT_BASE, 21480, 45000), models)
+    doc = yaml.safe_load(written[0].read_text())
+    assert doc["nodes"][0]["ports_in_use"] == [8000, 8001, DIST_PORT_BASE]
+    # A listener outside every window comes and goes: the file stays as it was.
+    assert write_nodes_status(tmp_path, snapshot(22, 8000, 8001, DIST_PORT_BASE, 21491), models) == []
+    # One inside a window is a fact placement needs: the file changes.
+    assert write_nodes_status(tmp_path, snapshot(8000, 8001, 8002, DIST_PORT_BASE), models) != []

@@ -16,7 +16,7 @@ from reconciler.inventory import inventory_to_document
 from reconciler.model import ObservedNode
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
-from reconciler.status import write_nodes_status
+from reconciler.status import status_snapshot, write_nodes_status
 
 EXIT_UNREACHABLE = 3
 GIB = 1 << 30
@@ -27,11 +27,13 @@ def main(args) -> int:
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
         result = _probe(catalog.fleet, pool, sources)
-    write_nodes_status(catalog.root, result.inventory)
+    # What is printed is what status/nodes.yaml holds, so either can feed `plan --inventory`.
+    snapshot = status_snapshot(result.inventory, catalog.models)
+    write_nodes_status(catalog.root, snapshot)
 
     print_probe_warnings(result)
     if args.format == "json":
-        print(json.dumps(inventory_to_document(result.inventory), indent=2))
+        print(json.dumps(inventory_to_document(snapshot), indent=2))
     else:
         print_table(result)
     if catalog.fleet.nodes and result.reached == 0:
