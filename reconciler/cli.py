@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from reconciler.errors import CatalogInvalid, FleetUnreachable, ReconcilerError, UsageError
@@ -102,3 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `reconciler nodes --format json | head`: the reader left; say nothing more, and keep
+        # the interpreter from complaining while it flushes stdout on the way out.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

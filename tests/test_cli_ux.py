@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,26 @@ def test_validate_in_a_directory_that_is_no_catalog_says_so_once_instead_of_walk
         f"fleet.yaml:1:1: missing: {tmp_path} is not a catalog; a catalog is a directory with fleet.yaml and models/",
         "1 problem found",
     ]
+
+
+def test_output_cut_short_by_a_closed_pipe_is_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    # 2,000 nodes that all reject one replica: a JSON plan far larger than a pipe's buffer,
+    # read by a consumer that stops after one byte. Planned offline: nothing is dialled.
+    n = 2000
+    (tmp_path / "models").mkdir()
+    (tmp_path / "fleet.yaml").write_text("nodes:\n" + "".join(f"  - {{id: n{i}, address: n{i}.fleet.invalid}}\n" for i in range(n)))
+    (tmp_path / "models" / "m.yaml").write_text(
+        "name: m\nsource: /w\nprofiles:\n  - {name: p, engine: vllm, gpu_class: H100-80GB}\n")
+    snapshot = tmp_path / "nodes.json"
+    snapshot.write_text(json.dumps({"nodes": [{"id": f"n{i}", "state": "ready"} for i in range(n)]}))
+    proc = subprocess.run(
+        f"{sys.executable} -m reconciler plan . --inventory nodes.json --format json --all | head -c 1",
+        shell=True, capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.stdout == "{"
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
