@@ -679,7 +679,11 @@ class Placer:
         pool = pool_name(None, profile)
         for n in self.nodes:
             if not n.fabrics:
-                out.append(Rejection(profile.name, pool, n.id, "is not attached to any fabric"))
+                # A node that cannot run anything says so first: an unreachable node shows no
+                # fabric only because nothing was observed, and "no fabric" would send the
+                # operator looking at cabling instead of at the node.
+                state = static[n.idx] if n.state != _SCHEDULABLE else None
+                out.append(Rejection(profile.name, pool, n.id, state or "is not attached to any fabric"))
         return out
 
 

@@ -37,6 +37,14 @@ def test_multi_node_replica_never_spans_two_fabrics():
     assert "needs 2 nodes on ib-b, only 1 qualify" in reasons(res, "big-0")
 
 
+def test_unreachable_node_without_declared_fabric_is_rejected_as_unreachable_not_as_fabricless():
+    # Its fabrics would come from the probe, which could not reach it: "no fabric" would be a guess.
+    f = fleet(node_spec("n1", fabrics={"ib-a": ["mlx5_0"]}), node_spec("n2"))
+    inv = inventory(observed("n1", gpu=gpus(8)), observed("n2", state="unreachable", reason="connection refused"))
+    res = place([model("big", profile("tp16", gpus_per_node=8, nodes=2))], f, inv)
+    assert reasons(res, "big-0", "n2") == ["node is unreachable: connection refused"]
+
+
 def test_multi_node_replica_gets_only_its_fabrics_hcas():
     f = fleet(*(node_spec(n, fabrics={"ib-a": ["mlx5_0", "mlx5_1"], "roce": ["mlx5_4"]}) for n in ("n1", "n2")))
     inv = inventory(observed("n1", gpu=gpus(8)), observed("n2", gpu=gpus(8)))
