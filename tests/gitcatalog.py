@@ -183,3 +183,14 @@ def marked_pids(marker: str) -> set[int]:
         if needle in env.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] != "Z":
             out.add(int(entry))
     return out
+
+
+def stop_all(daemons, marker: str) -> None:
+    """Stop the test's daemons, then kill every process still carrying its marker (engines they started)."""
+    for d in daemons:
+        d.stop()
+    for pid in marked_pids(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, wait_for
+from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, stop_all, wait_for
 
 def fleet_yaml(state_dir: Path) -> str:
     return (
@@ -95,13 +95,7 @@ class E2E:
                         + "\n".join(d.logfile.read_text()[-3000:] for d in self.daemons))
 
     def cleanup(self) -> None:
-        for d in self.daemons:
-            d.stop()
-        for pid in marked_pids(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_all(self.daemons, self.marker)
 
 
 @pytest.fixture

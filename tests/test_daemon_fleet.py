@@ -8,13 +8,12 @@ proves none is duplicated or orphaned, and kills them all by pid at the end.
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 import yaml
 
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
-from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, wait_for
+from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, stop_all, wait_for
 
 NODES = ("d1", "d2", "d3")
 
@@ -76,13 +75,7 @@ class FleetCatalog:
                         + "\n".join(d.logfile.read_text()[-4000:] for d in self.daemons))
 
     def cleanup(self) -> None:
-        for d in self.daemons:
-            d.stop()
-        for pid in marked_pids(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_all(self.daemons, self.marker)
 
 
 @pytest.fixture

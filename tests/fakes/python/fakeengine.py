@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NoReturn
 
 POLL_S = 0.05
 
@@ -49,7 +50,7 @@ def log(msg: str) -> None:
     print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [fake] {msg}", flush=True)
 
 
-def die(msg: str, code: int = 1) -> "NoReturn":  # noqa: F821
+def die(msg: str, code: int = 1) -> NoReturn:
     print(f"ERROR {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
 
