@@ -181,6 +181,7 @@ class Watcher:
         self.step_ms = step_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
+        self._ready = threading.Event()
         self.error: str | None = None
 
     def classify(self, path: str) -> str | None:
@@ -214,18 +215,29 @@ class Watcher:
                 step=self.step_ms,
                 debounce=1600,
                 stop_event=self._stop,
-                rust_timeout=1000,
+                rust_timeout=200,
+                # The first (empty) yield says the watches are in place; see start().
+                yield_on_timeout=True,
                 raise_interrupt=False,
             ):
+                self._ready.set()
                 kinds = {k for _c, path in changes if (k := self.classify(path))}
                 if kinds:
                     self.notify(kinds)
         except Exception as exc:  # the interval resync still works without a watcher; say so
             self.error = str(exc)
             self.notify({"watcher-failed"})
+        finally:
+            self._ready.set()
 
-    def start(self) -> None:
+    def start(self, ready_timeout_s: float = 5.0) -> None:
+        """Start watching, and return once the watches are in place (or after ready_timeout_s).
+
+        Without the wait, an edit made right after the first pass could land before the
+        watcher thread has set up its watches, and be seen only at the next resync.
+        """
         self._thread.start()
+        self._ready.wait(ready_timeout_s)
 
     def stop(self) -> None:
         self._stop.set()
