@@ -280,6 +280,11 @@ class Engine:
         self.record.update(rendezvous=f"*:{port}")
         log(f"rendezvous listening on port {port}, waiting for {self.nnodes - 1} worker(s)")
 
+        self.accept_in_background(sock, self._admit_worker)
+
+    def accept_in_background(self, sock: socket.socket, handle) -> None:
+        """Accept connections on `sock` until the engine stops, each handled on its own thread."""
+
         def accept_loop():
             while not self.stop.is_set():
                 try:
@@ -288,7 +293,7 @@ class Engine:
                     continue
                 except OSError:
                     return
-                threading.Thread(target=self._admit_worker, args=(conn, addr), daemon=True).start()
+                threading.Thread(target=handle, args=(conn, addr), daemon=True).start()
 
         threading.Thread(target=accept_loop, daemon=True).start()
 
@@ -430,17 +435,7 @@ class Engine:
             self.record.add("peers", {"address": addr[0], "port": addr[1], "pid": hello.get("pid")})
             log(f"accepted client {addr[0]}:{addr[1]}")
 
-        def accept_loop():
-            while not self.stop.is_set():
-                try:
-                    conn, addr = sock.accept()
-                except socket.timeout:
-                    continue
-                except OSError:
-                    return
-                threading.Thread(target=handle, args=(conn, addr), daemon=True).start()
-
-        threading.Thread(target=accept_loop, daemon=True).start()
+        self.accept_in_background(sock, handle)
 
 
 # --------------------------------------------------------------------------
