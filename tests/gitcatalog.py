@@ -194,3 +194,12 @@ def stop_all(daemons, marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def deployed_from_upstream(tmp_path: Path) -> tuple["CatalogRepo", Path, "CatalogRepo"]:
+    """An origin catalog, a bare upstream cloned from it, and a deployed clone of that upstream."""
+    origin = CatalogRepo(tmp_path / "origin")
+    bare = tmp_path / "upstream.git"
+    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
+    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
+    return origin, bare, CatalogRepo(tmp_path / "deployed", init=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.gitcatalog import FLEET, CatalogRepo, DaemonProcess, git, model_yaml, wait_for
+from tests.gitcatalog import FLEET, CatalogRepo, DaemonProcess, deployed_from_upstream, git, model_yaml, wait_for
 
 QUIET = ["--interval", "3600"]  # only commits and signals trigger passes
 SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "status-catalog.schema.json"
@@ -273,11 +273,7 @@ def test_a_catalog_that_is_no_directory_is_a_message_not_a_traceback(tmp_path, c
 
 
 def test_git_pull_fast_forwards_to_a_commit_pushed_upstream(tmp_path, daemon):
-    origin = CatalogRepo(tmp_path / "origin")
-    bare = tmp_path / "upstream.git"
-    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
-    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
-    deployed = CatalogRepo(tmp_path / "deployed", init=False)
+    origin, bare, deployed = deployed_from_upstream(tmp_path)
     git(origin.path, "remote", "add", "origin", str(bare))
 
     d = daemon("--git-pull", "--interval", "0.2", catalog=deployed.path)
@@ -294,11 +290,7 @@ def test_git_pull_fast_forwards_to_a_commit_pushed_upstream(tmp_path, daemon):
 
 
 def test_a_refused_pull_keeps_the_revision_in_force_and_says_why_in_status(tmp_path, daemon):
-    origin = CatalogRepo(tmp_path / "origin")
-    bare = tmp_path / "upstream.git"
-    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
-    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
-    deployed = CatalogRepo(tmp_path / "deployed", init=False)
+    origin, bare, deployed = deployed_from_upstream(tmp_path)
     git(deployed.path, "config", "user.email", "ops@example.com")
     git(deployed.path, "config", "user.name", "Ops")
     deployed.write("models/hotfix.yaml", model_yaml("hotfix", 1))
@@ -428,11 +420,7 @@ def test_a_half_written_file_in_a_plain_directory_applies_nothing_until_it_is_wh
 
 
 def test_commit_status_with_push_puts_the_status_history_upstream(tmp_path, daemon):
-    origin = CatalogRepo(tmp_path / "origin")
-    bare = tmp_path / "upstream.git"
-    git(tmp_path, "clone", "-q", "--bare", str(origin.path), str(bare))
-    git(tmp_path, "clone", "-q", str(bare), str(tmp_path / "deployed"))
-    deployed = CatalogRepo(tmp_path / "deployed", init=False)
+    origin, bare, deployed = deployed_from_upstream(tmp_path)
 
     d = daemon(*QUIET, "--commit-status", "--push", catalog=deployed.path)
     committed = d.wait_event("status.committed")[0]
