@@ -386,6 +386,7 @@ def _ssh(base: SshSettings, overrides: dict | None) -> SshSettings:
         identity_file=o.get("identity_file", base.identity_file),
         known_hosts=o.get("known_hosts", base.known_hosts),
         connect_timeout_s=float(o.get("connect_timeout_s", base.connect_timeout_s)),
+        command_timeout_s=float(o.get("command_timeout_s", base.command_timeout_s)),
     )
 
 

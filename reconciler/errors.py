@@ -9,7 +9,8 @@
     ├── StatusWriteError      a file the reconciler writes (status/, its state) could not be written
     └── TransportError        a node could not be reached or a command failed to run (names the node)
         ├── HostKeyError      unknown or changed host key: permanent until an operator acts
-        └── CommandTimeout    a command ran past its deadline
+        ├── CommandTimeout    a command ran past its deadline (ssh.command_timeout_s)
+        └── OutputTooLarge    a node printed more than the reconciler reads for one command
 
 Foreign exceptions (paramiko, socket, OSError, ruamel) are translated into
 these at one boundary each, so the CLI can print a message instead of a
@@ -96,3 +97,7 @@ class HostKeyError(TransportError):
 
 class CommandTimeout(TransportError):
     pass
+
+
+class OutputTooLarge(TransportError):
+    """A node printed more than is read for one command (a hostile or broken node): not read, not kept."""

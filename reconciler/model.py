@@ -20,7 +20,7 @@ ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
 NODE_STATES = ("ready", "cordoned", "drained")
-OBSERVED_STATES = NODE_STATES + ("unreachable",)
+OBSERVED_STATES = NODE_STATES + ("unreachable", "unusable")
 PHASES = ("Pending", "Starting", "Ready", "Failed", "Stopping", "Unknown")
 PLACEHOLDERS = (
     "MODEL_SOURCE",
@@ -57,6 +57,7 @@ class SshSettings:
     identity_file: str | None = None
     known_hosts: str | None = None
     connect_timeout_s: float = 10.0
+    command_timeout_s: float = 30.0  # one command on the node, sending its input included
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class RunningRank:
 @dataclass(frozen=True)
 class ObservedNode:
     id: str
-    state: str = "ready"  # ready | cordoned | drained | unreachable
+    state: str = "ready"  # ready | cordoned | drained | unreachable | unusable (answered; GPUs unknown)
     reason: str = ""
     labels: Mapping[str, str] = _empty()
     memory_total_mb: int | None = None

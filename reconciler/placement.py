@@ -105,8 +105,8 @@ class _Node:
         # Operator intent (fleet.yaml) wins for state; an unreachable or unseen node is unreachable whatever it says.
         if obs is None:
             self.state, self.state_reason = "unreachable", "missing from the inventory snapshot"
-        elif obs.state == "unreachable":
-            self.state, self.state_reason = "unreachable", obs.reason
+        elif obs.state in ("unreachable", "unusable"):
+            self.state, self.state_reason = obs.state, obs.reason
         else:
             self.state, self.state_reason = spec.state, ""
         self.labels = spec.labels

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import paramiko
 
-from reconciler.errors import CommandTimeout, HostKeyError, TransportError, UsageError
+from reconciler.errors import CommandTimeout, HostKeyError, OutputTooLarge, TransportError, UsageError
 from reconciler.model import NodeSpec, SshSettings
 from reconciler.transport import CommandResult, LocalTransport, StreamClosed, Transport
 
@@ -464,32 +464,101 @@ def _base_type(key_type: str) -> str:
     return "ssh-rsa" if key_type.startswith("rsa-sha2-") else key_type
 
 
+# Every command runs under this POSIX sh prologue (shell builtins only: a node's login PATH
+# may hold nothing else): it prints "<pid> <start time>" (the
+# kernel's start time of the process, field 22 of /proc/<pid>/stat) on its first line of
+# stdout, then execs the command, which keeps that pid. A command abandoned at its deadline
+# (a cut link, a silent node) is then ended on the node when the node answers again, and
+# only if that pid still is the process we started (pids are reused).
+_PROLOGUE = (
+    'p=$$; s=; read -r s 2>/dev/null </proc/$p/stat; s=${s##*") "}; '
+    't=$(set -- $s; echo "${20}"); echo "$p ${t:-?}"; exec "$@"'
+)
+# Ends each "<pid> <start time>" given, where that process still has that start time.
+_REAP = (
+    'for e; do p=${e%% *}; t=${e#* }; s=; read -r s 2>/dev/null </proc/$p/stat || continue; '
+    's=${s##*") "}; [ "$(set -- $s; echo "${20}")" = "$t" ] && kill -TERM "$p"; done; exit 0'
+)
+# The most a node may print for one command (or one stream answer): a probe report of a
+# large node is tens of KiB; what is read from a node never grows without bound.
+MAX_OUTPUT_BYTES = 4 << 20
+_STDERR_KEPT = 64 << 10
+
+
+def wrapped(argv: Sequence[str]) -> str:
+    """The remote command line for argv: the prologue, then argv quoted once."""
+    return shlex.join(["/bin/sh", "-c", _PROLOGUE, "llm-reconciler", *argv])
+
+
+def _split_header(out: bytes) -> tuple[str | None, bytes]:
+    """("<pid> <start>", rest) when out starts with the prologue's line, else (None, out)."""
+    head, sep, rest = out.partition(b"\n")
+    parts = head.split(b" ")
+    if sep and len(parts) == 2 and parts[0].isdigit() and (parts[1].isdigit() or parts[1] == b"?"):
+        return head.decode(), rest
+    return None, out
+
+
 class _Stream:
     """transport.Stream over one SSH channel: a command that answers a line per request line."""
 
-    _STDERR_KEPT = 4096
-
-    def __init__(self, node_id: str, chan: paramiko.Channel, clock: Callable[[], float]):
+    def __init__(
+        self, node_id: str, chan: paramiko.Channel, clock: Callable[[], float],
+        abandon: Callable[[str], None] = lambda process: None,
+    ):
         self.node_id = node_id
         self._chan = chan
         self._clock = clock
         self._buf = b""
+        self._scanned = 0  # bytes of _buf known to hold no newline
         self._stderr = b""
         self._lock = threading.Lock()
+        self._process: str | None = None  # "<pid> <start time>" once the prologue's line arrived
+        self._header_read = False
+        self._abandon = abandon
 
     @property
     def alive(self) -> bool:
         return not self._chan.closed and not self._chan.eof_received
 
+    def _send(self, data: bytes, deadline: float, timeout: float) -> None:
+        # A node that stops reading (a full window, a cut link) would block sendall forever.
+        self._chan.settimeout(max(0.01, deadline - self._clock()))
+        try:
+            self._chan.sendall(data)
+        except socket.timeout:
+            raise CommandTimeout(self.node_id, f"sending the request took past {timeout:g}s") from None
+        finally:
+            self._chan.settimeout(None)
+
+    def _line(self) -> bytes | None:
+        i = self._buf.find(b"\n", self._scanned)
+        if i < 0:
+            self._scanned = len(self._buf)
+            return None
+        line, self._buf, self._scanned = self._buf[:i], self._buf[i + 1:], 0
+        return line
+
     def request(self, line: bytes, *, timeout: float) -> bytes:
         with self._lock:
             deadline = self._clock() + timeout
             try:
-                self._chan.sendall(line if line.endswith(b"\n") else line + b"\n")
-                while b"\n" not in self._buf:
+                self._send(line if line.endswith(b"\n") else line + b"\n", deadline, timeout)
+                while True:
+                    answer = self._line()
+                    if answer is not None and not self._header_read:
+                        self._header_read = True
+                        self._process, rest = _split_header(answer + b"\n")
+                        if self._process is not None:
+                            continue
+                    if answer is not None:
+                        return answer
+                    if len(self._buf) > MAX_OUTPUT_BYTES:
+                        self._give_up()
+                        raise OutputTooLarge(self.node_id, f"answered with more than {MAX_OUTPUT_BYTES >> 20} MiB and no end of line; not read")
                     got = False
                     while self._chan.recv_stderr_ready():
-                        self._stderr = (self._stderr + self._chan.recv_stderr(_READ_CHUNK))[-self._STDERR_KEPT:]
+                        self._stderr = (self._stderr + self._chan.recv_stderr(_READ_CHUNK))[-_STDERR_KEPT:]
                         got = True
                     if self._chan.recv_ready():
                         data = self._chan.recv(_READ_CHUNK)
@@ -504,15 +573,28 @@ class _Stream:
                         raise StreamClosed(self.node_id, f"command ended (exit {rc})", rc, self._stderr)
                     left = deadline - self._clock()
                     if left <= 0:
-                        self.close()
+                        self._give_up()
                         raise CommandTimeout(self.node_id, f"no answer within {timeout:g}s")
                     if not got:
                         select.select([self._chan], [], [], min(left, 1.0))
+            except CommandTimeout:
+                self._give_up()
+                raise
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                self.close()
+                self._give_up()
                 raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
-            answer, _, self._buf = self._buf.partition(b"\n")
-            return answer
+
+    def _give_up(self) -> None:
+        """Close the channel and have the command ended on the node, should closing not reach it."""
+        if self._process is not None:
+            self._abandon(self._process)
+            self._process = None
+        self.close()
+
+    def take_process(self) -> str | None:
+        """The command's "<pid> <start time>", handed over once (to be ended on the node if it outlives us)."""
+        process, self._process = self._process, None
+        return process
 
     def close(self) -> None:
         self._chan.close()
@@ -548,6 +630,9 @@ class SshTransport:
         self._retry_at = 0.0
         self._last_error: TransportError | None = None
         self._streams: dict[str, tuple[paramiko.Transport, _Stream]] = {}
+        # Commands abandoned at their deadline, "<pid> <start time>", ended when the node answers again.
+        self._abandoned: set[str] = set()
+        self._reaping = False
 
     # -- connection -------------------------------------------------------
 
@@ -558,6 +643,9 @@ class SshTransport:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                # Whatever ran on the dead connection may live on at the node (sshd there has not
+                # noticed): end it once a new connection is up.
+                self._drop_streams()
             now = self._clock()
             if self._last_error is not None and now < self._retry_at:
                 # Broken recently: do not hammer it on every call; say why it is down.
@@ -583,23 +671,68 @@ class SshTransport:
         """Open the connection now (it is otherwise opened by the first command)."""
         self._connected()
 
+    def _drop_streams(self) -> None:
+        # Called with self._lock held. Closing a channel reaches the node only over a live
+        # connection: each stream's command is remembered, to be ended if it is still there
+        # when the node answers again (a stream that did end is told apart by its start time).
+        for _, stream in self._streams.values():
+            process = stream.take_process()
+            if process is not None:
+                self._abandoned.add(process)
+            stream.close()
+        self._streams.clear()
+
     def close(self) -> None:
         with self._lock:
-            for _, stream in self._streams.values():
-                stream.close()
-            self._streams.clear()
+            self._drop_streams()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
 
     # -- commands ---------------------------------------------------------
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+    @property
+    def command_timeout_s(self) -> float:
+        return float(self.node.ssh.command_timeout_s)
+
+    def _abandon(self, process: str) -> None:
+        with self._lock:
+            self._abandoned.add(process)
+
+    @property
+    def abandoned(self) -> frozenset[str]:
+        """Commands left running on the node past their deadline, not yet ended there."""
+        with self._lock:
+            return frozenset(self._abandoned)
+
+    def _reap(self, conn: paramiko.Transport) -> None:
+        """End on the node the commands abandoned at their deadline: it answers again."""
+        with self._lock:
+            if self._reaping or not self._abandoned:
+                return
+            self._reaping = True
+            todo = sorted(self._abandoned)
+        try:
+            chan = conn.open_session(timeout=self.target.connect_timeout_s)
+            result = self._run_on(chan, ["/bin/sh", "-c", _REAP, "llm-reconciler", *todo], None,
+                                  min(self.command_timeout_s, 10.0), wrap=False)
+            if result.rc == 0:
+                with self._lock:
+                    self._abandoned.difference_update(todo)
+        except (TransportError, paramiko.SSHException, EOFError, OSError):
+            pass  # still not answering: tried again with the next command
+        finally:
+            with self._lock:
+                self._reaping = False
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        """Run argv on the node; `timeout` (default ssh.command_timeout_s) bounds it, sending stdin included."""
         if not argv:
             raise ValueError("empty argv")
-        command = shlex.join(argv)
+        timeout = self.command_timeout_s if timeout is None else timeout
         for attempt in (1, 2):
             conn = self._connected()
+            self._reap(conn)
             try:
                 chan = conn.open_session(timeout=min(timeout, self.target.connect_timeout_s))
             except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -609,16 +742,18 @@ class SshTransport:
                 if attempt == 2:
                     raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
                 continue
-            return self._run_on(chan, argv, command, stdin, timeout)
+            return self._run_on(chan, argv, stdin, timeout)
         raise AssertionError("unreachable")
 
-    def stream(self, key: str, argv: Sequence[str], *, preamble: bytes = b"", timeout: float = 60.0) -> _Stream:
+    def stream(self, key: str, argv: Sequence[str], *, preamble: bytes = b"", timeout: float | None = None) -> _Stream:
         """The running stream named `key`, started with argv (and `preamble` sent first) if it is not running.
 
         It lives as long as the connection: a reconnect starts it afresh, and
         closing the connection ends it (the remote command sees end of input).
         """
+        timeout = self.command_timeout_s if timeout is None else timeout
         conn = self._connected()
+        self._reap(conn)
         with self._lock:
             held = self._streams.get(key)
             if held is not None and held[0] is conn and held[1].alive:
@@ -628,27 +763,45 @@ class SshTransport:
                 del self._streams[key]
         try:
             chan = conn.open_session(timeout=min(timeout, self.target.connect_timeout_s))
-            chan.exec_command(shlex.join(argv))
+            chan.exec_command(wrapped(argv))
             if preamble:
+                chan.settimeout(timeout)
                 chan.sendall(preamble)
+                chan.settimeout(None)
+        except socket.timeout:
+            chan.close()
+            raise CommandTimeout(self.node_id, f"sending {argv[0]} its program took past {timeout:g}s") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self.close()
             raise TransportError(self.node_id, f"connection lost: {exc or type(exc).__name__}") from None
-        stream = _Stream(self.node_id, chan, self._clock)
+        stream = _Stream(self.node_id, chan, self._clock, self._abandon)
         with self._lock:
             self._streams[key] = (conn, stream)
         return stream
 
-    def _run_on(self, chan: paramiko.Channel, argv, command: str, stdin: bytes | None, timeout: float) -> CommandResult:
+    def _run_on(self, chan: paramiko.Channel, argv, stdin: bytes | None, timeout: float, *, wrap: bool = True) -> CommandResult:
         deadline = self._clock() + timeout
         out: list[bytes] = []
-        err: list[bytes] = []
+        err = b""
+        size = 0
+        process: str | None = None
+        header = wrap  # the prologue's line is still to come
         try:
-            chan.exec_command(command)
+            chan.exec_command(wrapped(argv) if wrap else shlex.join(argv))
             try:
                 if stdin:
+                    # sendall blocks while the node does not read (a full window, a cut link):
+                    # the command's deadline covers sending its input too.
+                    chan.settimeout(max(0.01, deadline - self._clock()))
                     chan.sendall(stdin)
+                    chan.settimeout(None)
                 chan.shutdown_write()
+            except socket.timeout:
+                if header:  # the prologue's line is already there, unread: who to end later
+                    select.select([chan], [], [], 0.2)
+                    if chan.recv_ready():
+                        process, _ = _split_header(chan.recv(128))
+                raise CommandTimeout(self.node_id, f"sending {argv[0]} its input took past {timeout:g}s") from None
             except OSError:
                 # The command exited without reading all its input (a node whose python3
                 # is something else): its output and exit status still say what happened.
@@ -656,9 +809,21 @@ class SshTransport:
                     raise
             while True:
                 while chan.recv_ready():
-                    out.append(chan.recv(_READ_CHUNK))
+                    data = chan.recv(_READ_CHUNK)
+                    if header:
+                        out.append(data)
+                        joined = b"".join(out)
+                        if b"\n" in joined or len(joined) > 64:
+                            process, rest = _split_header(joined)
+                            out, header = [rest], False
+                            size = len(rest)
+                        continue
+                    size += len(data)
+                    if size > MAX_OUTPUT_BYTES:
+                        raise OutputTooLarge(self.node_id, f"{argv[0]} printed more than {MAX_OUTPUT_BYTES >> 20} MiB; not read")
+                    out.append(data)
                 while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(_READ_CHUNK))
+                    err = (err + chan.recv_stderr(_READ_CHUNK))[-_STDERR_KEPT:]
                 if chan.eof_received and chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
@@ -668,13 +833,22 @@ class SshTransport:
                     raise CommandTimeout(self.node_id, f"{argv[0]} ran past {timeout:g}s")
                 select.select([chan], [], [], min(left, 1.0))
             rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
+            if header:  # ended before the prologue's line was complete
+                process, rest = _split_header(b"".join(out))
+                out = [rest]
+        except (CommandTimeout, OutputTooLarge):
+            if process is not None:
+                self._abandon(process)
+            raise
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            if process is not None:
+                self._abandon(process)
             self.close()
             raise TransportError(self.node_id, f"connection lost while running {argv[0]}: {exc or type(exc).__name__}") from None
         finally:
             chan.close()
         # No exit status means the remote command died on a signal; report it like OpenSSH does.
-        return CommandResult(255 if rc < 0 else rc, b"".join(out), b"".join(err))
+        return CommandResult(255 if rc < 0 else rc, b"".join(out), err)
 
 
 class TransportPool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from reconciler.commands.run import ApplyPass
+from reconciler.commands.run import ApplyPass, ProbeFleet, ReusedInventory
 from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode
 from reconciler.transport import LocalTransport
 
@@ -72,22 +72,22 @@ def test_a_commit_pass_reuses_the_inventory_the_last_pass_left_only_while_fresh_
     p = apply_pass(run, reuse_inventory_s=30, clock=lambda: now[0])
     logged = []
     p(catalog("a"), lambda *a, **k: logged.append(a), trigger="start")
-    assert run.calls[-1].probe is None
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
 
     p(catalog("a"), lambda *a, **k: logged.append(a), trigger="commit")
     reused = run.calls[-1].probe
-    assert reused is not None and reused(None, None).nodes[0].id == "seen-1"
+    assert isinstance(reused, ReusedInventory) and reused(None, None).nodes[0].id == "seen-1"
     assert ("probe.reused",) in logged
 
     p(catalog("a"), print, trigger="interval")  # a resync always probes
-    assert run.calls[-1].probe is None
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
 
     p(catalog("a", "b"), print, trigger="commit")  # fleet.yaml changed: probe
-    assert run.calls[-1].probe is None
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
 
     now[0] += 31
     p(catalog("a", "b"), print, trigger="commit")  # too old: probe
-    assert run.calls[-1].probe is None
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
 
 
 def test_a_node_removed_from_the_fleet_has_its_connection_dropped():

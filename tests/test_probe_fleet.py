@@ -124,12 +124,20 @@ def test_listening_ports_are_those_of_the_nodes_own_network_namespace(probed):
     assert 18123 not in by_id["h100"].node.ports_in_use
 
 
-def test_failing_or_garbled_nvidia_smi_is_a_warning_and_the_node_is_still_probed(probed):
+def test_failing_nvidia_smi_is_a_warning_and_the_node_is_still_probed(probed):
     _, _, by_id = probed
-    for node_id, words in (("smi-fails", "exited 9"), ("smi-garbage", "unexpected format")):
-        r = by_id[node_id]
-        assert r.node.state == "ready" and r.node.gpus == () and r.node.memory_total_mb
-        assert any(words in w for w in r.warnings), r.warnings
+    r = by_id["smi-fails"]
+    assert r.node.state == "ready" and r.node.gpus == () and r.node.memory_total_mb
+    assert any("exited 9" in w for w in r.warnings), r.warnings
+
+
+def test_garbled_nvidia_smi_makes_the_node_unusable_with_the_reason_not_ready_without_gpus(probed):
+    # Issue 13: "ready with no GPUs" let CPU replicas land on a GPU node whose GPUs were
+    # simply unknown; the rest of the report (memory, records) is still read.
+    _, _, by_id = probed
+    r = by_id["smi-garbage"]
+    assert r.node.state == "unusable" and "GPUs unknown" in r.node.reason and "unexpected format" in r.node.reason
+    assert r.node.gpus == () and r.node.memory_total_mb
 
 
 def test_each_unreachable_node_has_its_own_reason_while_the_others_are_probed(probed):

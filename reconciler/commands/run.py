@@ -9,6 +9,7 @@ from pathlib import Path
 from reconciler.apply import run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
+from reconciler.probe import FleetProber
 from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
@@ -44,6 +45,27 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
     return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
 
 
+class ProbeFleet:
+    """The pass's probe: every node, through the daemon's FleetProber (a silent node is waited on once)."""
+
+    def __init__(self, prober: FleetProber, log):
+        self.prober, self.log = prober, log
+
+    def __call__(self, catalog, transports):
+        sources = sorted({m.source for m in catalog.models})
+        return self.prober(catalog.fleet, transports, sources=sources, log=self.log).inventory
+
+
+class ReusedInventory:
+    """The pass's probe for a commit right after a pass: the inventory that pass left, no round trip."""
+
+    def __init__(self, inventory):
+        self.inventory = inventory
+
+    def __call__(self, _catalog, _transports):
+        return self.inventory
+
+
 class ApplyPass:
     """The daemon's pass: reconciler.apply.run_pass, with SSH connections kept open between
     passes and the restart memory (backoff, restart counts) handed from one pass to the next.
@@ -75,6 +97,7 @@ class ApplyPass:
         self._reuse_s = reuse_inventory_s
         self._clock = clock
         self._last: tuple | None = None  # (fleet, inventory after the pass, when)
+        self._prober = FleetProber()  # probes outlive a pass: a silent node is not waited on twice
 
     def _transports(self, catalog) -> dict:
         ids = {n.id for n in catalog.fleet.nodes}
@@ -87,12 +110,12 @@ class ApplyPass:
         if not self._memory_loaded:
             self._history = self._memory[0](catalog.root)
             self._memory_loaded = True
-        kwargs = {}
+        kwargs = {"probe": ProbeFleet(self._prober, log)}
         if trigger == "commit" and self._last is not None:
             fleet, inventory, when = self._last
             age = self._clock() - when
             if fleet == catalog.fleet and inventory is not None and age < self._reuse_s:
-                kwargs["probe"] = lambda _fleet, _transports: inventory
+                kwargs["probe"] = ReusedInventory(inventory)
                 log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
                     "pass left; the next resync probes every node")
         result = self._run_pass(

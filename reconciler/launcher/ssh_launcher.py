@@ -10,10 +10,11 @@ from typing import Mapping
 
 from reconciler.errors import TransportError
 from reconciler.launcher import RankState, StartOutcome, StopOutcome
-from reconciler.model import RankLaunch
+from reconciler.model import RankLaunch, SshSettings
 from reconciler.transport import Transport
 
 DEFAULT_STATE_DIR = "~/.local/state/llm-reconciler"
+DEFAULT_COMMAND_TIMEOUT_S = SshSettings.command_timeout_s
 
 
 @lru_cache(maxsize=1)
@@ -47,7 +48,7 @@ class SshLauncher:
         *,
         python: str = "python3",
         stop_grace_s: float = 10.0,
-        timeout_s: float = 60.0,
+        timeout_s: float | None = None,
     ):
         self.transports = transports
         self.state_dirs = dict(state_dirs or {})
@@ -58,6 +59,12 @@ class SshLauncher:
     @classmethod
     def for_fleet(cls, fleet, transports: Mapping[str, Transport], **kw) -> "SshLauncher":
         return cls(transports, {n.id: n.state_dir for n in fleet.nodes}, **kw)
+
+    def _timeout(self, transport: Transport) -> float:
+        """timeout_s when given, else the node's own ssh.command_timeout_s (what its transport enforces)."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return float(getattr(transport, "command_timeout_s", DEFAULT_COMMAND_TIMEOUT_S))
 
     def _call(self, node: str, request: dict, timeout: float | None = None) -> dict:
         transport = self.transports.get(node)
@@ -71,7 +78,7 @@ class SshLauncher:
         result = transport.run(
             [self.python, "-I", "-S", "-"],
             stdin=agent_stdin(request),
-            timeout=timeout or self.timeout_s,
+            timeout=timeout or self._timeout(transport),
         )
         if result.rc != 0:
             last = (result.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
@@ -119,7 +126,9 @@ class SshLauncher:
     def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
         request = {"op": "stop", "replica": replica, "rank": rank, "grace_s": self.stop_grace_s}
         try:
-            answer = self._call(node, request, timeout=self.timeout_s + 2 * self.stop_grace_s)
+            transport = self.transports.get(node)
+            base = self._timeout(transport) if transport is not None else DEFAULT_COMMAND_TIMEOUT_S
+            answer = self._call(node, request, timeout=base + 2 * self.stop_grace_s)
         except TransportError as exc:
             return StopOutcome(node, replica, ok=False, detail=exc.reason)
         details = "; ".join(f"rank {r['rank']}: {r['detail']}" for r in answer.get("ranks", []))

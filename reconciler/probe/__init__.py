@@ -10,6 +10,7 @@ override). A node that cannot be reached, or whose probe fails, is reported
 
 from reconciler.probe.collect import (
     FleetProbe,
+    FleetProber,
     NodeProbe,
     observed_from_report,
     probe_command,
@@ -20,6 +21,7 @@ from reconciler.probe.collect import (
 
 __all__ = [
     "FleetProbe",
+    "FleetProber",
     "NodeProbe",
     "observed_from_report",
     "probe_command",

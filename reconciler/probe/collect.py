@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from reconciler.errors import CommandTimeout, TransportError
+from reconciler.errors import CommandTimeout, OutputTooLarge, TransportError
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -27,7 +27,6 @@ from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, g
 from reconciler.probe.script import BOOTSTRAP, payload
 from reconciler.transport import Transport
 
-PROBE_TIMEOUT_S = 60.0
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
 PYTHON = "python3"
 
@@ -103,15 +102,50 @@ def _no_python(rc: int, stderr: str) -> bool:
     return rc == 127 and PYTHON in stderr and "not found" in stderr
 
 
+def unusable(spec: NodeSpec, reason: str) -> ObservedNode:
+    """A node that answered with something the reconciler cannot place on (GPUs unknown, a report it cannot read)."""
+    return ObservedNode(id=spec.id, state="unusable", reason=reason, labels=spec.labels)
+
+
+def command_timeout(spec: NodeSpec) -> float:
+    return float(spec.ssh.command_timeout_s)
+
+
+def _decode_report(data: bytes):
+    """The JSON object a probe printed, or ValueError. Nesting deep enough to exhaust the parser's
+    stack (a hostile node) is a ValueError like any other junk, never a RecursionError traceback."""
+    try:
+        report = json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(report, dict):
+        raise ValueError("not an object")
+    return report
+
+
+def _from_report(spec: NodeSpec, report: Mapping, started: float, clock) -> NodeProbe:
+    try:
+        node, warnings = observed_from_report(spec, report)
+    except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
+        # Valid JSON of the wrong shape (a probe that is not ours answering): nothing in it can be
+        # trusted, its process records included, so the node counts as not answering.
+        return NodeProbe(unreachable(spec, f"probe report unreadable ({type(exc).__name__}: {str(exc)[:120]})"), (), True, clock() - started)
+    return NodeProbe(node, tuple(warnings), True, clock() - started)
+
+
 def probe_node(
     spec: NodeSpec,
     transport: Transport,
     *,
     sources: Iterable[str] | None = None,
-    timeout: float = PROBE_TIMEOUT_S,
+    timeout: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> NodeProbe:
-    """Probe one node. Never raises for anything the node or the network did: see NodeProbe."""
+    """Probe one node within `timeout` (default: the node's ssh.command_timeout_s).
+
+    Never raises for anything the node or the network did: see NodeProbe.
+    """
+    timeout = command_timeout(spec) if timeout is None else timeout
     started = clock()
     open_stream = getattr(transport, "stream", None)
     if open_stream is not None:
@@ -122,37 +156,38 @@ def probe_node(
         request = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":")).encode()
         try:
             line = open_stream(SESSION_KEY, argv, preamble=preamble, timeout=timeout).request(request, timeout=timeout)
-            report = json.loads(line)
-            if isinstance(report, dict) and "error" not in report:
-                node, warnings = observed_from_report(spec, report)
-                return NodeProbe(node, tuple(warnings), True, clock() - started)
+            report = _decode_report(line)
+            if "error" not in report:
+                return _from_report(spec, report, started, clock)
         except CommandTimeout:
             return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
+        except OutputTooLarge as exc:
+            return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}"), (), True, clock() - started)
         except (TransportError, ValueError):
             # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
             # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
             pass
     argv, stdin = probe_command(spec, sources)
+    left = max(1.0, timeout - (clock() - started))
     try:
-        result = transport.run(argv, stdin=stdin, timeout=timeout)
+        result = transport.run(argv, stdin=stdin, timeout=left)
     except CommandTimeout as exc:
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (exc.reason,), True, clock() - started)
+    except OutputTooLarge as exc:
+        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}"), (), True, clock() - started)
     except TransportError as exc:
         return NodeProbe(unreachable(spec, exc.reason), (), False, clock() - started)
     elapsed = clock() - started
-    stderr = result.stderr.decode(errors="replace").strip()
+    stderr = result.stderr[-4096:].decode(errors="replace").strip()
     if _no_python(result.rc, stderr):
         return NodeProbe(unreachable(spec, "python3 is not on the node's login PATH; the probe needs it"), (stderr,), True, elapsed)
     try:
-        report = json.loads(result.stdout)
-        if not isinstance(report, dict):
-            raise ValueError("not an object")
+        report = _decode_report(result.stdout)
     except ValueError:
         shown = (result.stdout[:120] or result.stderr[-200:]).decode(errors="replace").strip()
         why = f"probe exited {result.rc}" if result.rc != 0 else "probe printed something that is not a JSON report"
-        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why), (stderr,) if stderr else (), True, elapsed)
-    node, warnings = observed_from_report(spec, report)
-    return NodeProbe(node, tuple(warnings), True, elapsed)
+        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why), (stderr[-500:],) if stderr else (), True, elapsed)
+    return _from_report(spec, report, started, clock)
 
 
 def probe_fleet_report(
@@ -160,20 +195,16 @@ def probe_fleet_report(
     pool: TransportSource,
     *,
     sources: Iterable[str] | None = None,
-    timeout: float = PROBE_TIMEOUT_S,
+    timeout: float | None = None,
     max_workers: int = 64,
     on_result: Callable[[NodeProbe], None] | None = None,
 ) -> FleetProbe:
-    """Probe every node of the fleet concurrently (one thread and one round trip per node)."""
+    """Probe every node of the fleet concurrently (one thread and one round trip per node),
+    each within its own deadline (`timeout`, default each node's ssh.command_timeout_s)."""
     src = None if sources is None else sorted(set(sources))
 
     def one(spec: NodeSpec) -> NodeProbe:
-        try:
-            transport = pool.transport_for(spec)
-        except TransportError as exc:
-            r = NodeProbe(unreachable(spec, exc.reason), (), False)
-        else:
-            r = probe_node(spec, transport, sources=src, timeout=timeout)
+        r = _probe_one(spec, pool, src, timeout)
         if on_result is not None:
             on_result(r)
         return r
@@ -186,8 +217,133 @@ def probe_fleet_report(
     return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
 
+def _probe_one(spec: NodeSpec, pool: TransportSource, sources, timeout: float | None) -> NodeProbe:
+    try:
+        transport = pool.transport_for(spec)
+    except TransportError as exc:
+        return NodeProbe(unreachable(spec, exc.reason), (), False)
+    return probe_node(spec, transport, sources=sources, timeout=timeout)
+
+
 def probe_fleet(fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None, **kw) -> Inventory:
     return probe_fleet_report(fleet, pool, sources=sources, **kw).inventory
+
+
+class _InFlight:
+    __slots__ = ("spec", "started", "done", "result")
+
+    def __init__(self, spec: NodeSpec, started: float):
+        self.spec, self.started = spec, started
+        self.done = threading.Event()
+        self.result: NodeProbe | None = None
+
+
+class FleetProber:
+    """The daemon's probe: one bad node never holds a pass back.
+
+    Each node's probe runs in its own thread with its own deadline. A pass waits
+    for the nodes that answered last time; a node that did not (down, or its
+    previous probe still running) is probed in the background, used if it answers
+    while the others are probed, and otherwise reported by its last reason without
+    waiting, so a cut or silent node costs the passes over the rest nothing after
+    the first. A node going and coming back is logged once each way.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._inflight: dict[str, _InFlight] = {}
+        self._down: dict[str, tuple[float, str]] = {}  # node id -> (epoch seconds since, reason)
+
+    def down(self) -> dict[str, tuple[float, str]]:
+        with self._lock:
+            return dict(self._down)
+
+    def _start(self, spec: NodeSpec, pool: TransportSource, sources, log) -> _InFlight:
+        job = _InFlight(spec, self._clock())
+        with self._lock:
+            self._inflight[spec.id] = job  # before the thread starts: it removes itself when it ends
+
+        def work() -> None:
+            try:
+                job.result = _probe_one(spec, pool, sources, None)
+            except Exception as exc:  # noqa: BLE001  a bug in the probe: that node unreachable, the daemon goes on
+                job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}"), (), False)
+            finally:
+                self._settle(job, log)
+                job.done.set()
+
+        # A daemon thread: a probe stuck past every deadline never keeps the process from exiting.
+        threading.Thread(target=work, name=f"probe-{spec.id}", daemon=True).start()
+        return job
+
+    def _settle(self, job: _InFlight, log) -> None:
+        r = job.result
+        node_id = job.spec.id
+        with self._lock:
+            if self._inflight.get(node_id) is job:
+                del self._inflight[node_id]
+            was = self._down.get(node_id)
+            if r is not None and r.node.state in ("unreachable", "unusable"):
+                if was is None:
+                    self._down[node_id] = (self._wall(), r.node.reason)
+                    gone = True
+                else:
+                    self._down[node_id] = (was[0], r.node.reason)
+                    gone = False
+                back = None
+            else:
+                self._down.pop(node_id, None)
+                gone, back = False, was
+        if log is None:
+            return
+        if gone:
+            log("node.unreachable" if r.node.state == "unreachable" else "node.unusable", node=node_id, reason=r.node.reason)
+        elif back is not None:
+            log("node.back", node=node_id, down_s=round(self._wall() - back[0], 1), msg="answers again")
+
+    def __call__(
+        self, fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None, log=None
+    ) -> FleetProbe:
+        src = None if sources is None else sorted(set(sources))
+        jobs: dict[str, _InFlight] = {}
+        suspects: set[str] = set()
+        with self._lock:
+            for gone in set(self._inflight) - {n.id for n in fleet.nodes}:
+                del self._inflight[gone]
+            for gone in set(self._down) - {n.id for n in fleet.nodes}:
+                del self._down[gone]
+            running = dict(self._inflight)
+            down = set(self._down)
+        for spec in fleet.nodes:
+            job = running.get(spec.id)
+            if job is not None and job.spec == spec:
+                suspects.add(spec.id)  # its last probe has not ended yet: do not wait on it again
+            else:
+                job = self._start(spec, pool, src, log)
+                if spec.id in down:
+                    suspects.add(spec.id)
+            jobs[spec.id] = job
+        for spec in fleet.nodes:
+            if spec.id not in suspects:
+                # Bounded by the node's own deadlines; the margin covers a reconnect within them.
+                limit = spec.ssh.connect_timeout_s + command_timeout(spec) + 5.0
+                jobs[spec.id].done.wait(max(0.0, jobs[spec.id].started + limit - self._clock()))
+        results = []
+        for spec in fleet.nodes:
+            job = jobs[spec.id]
+            if job.done.is_set() and job.result is not None:
+                results.append(job.result)
+                continue
+            with self._lock:
+                since, reason = self._down.get(spec.id, (None, ""))
+            waited = self._clock() - job.started
+            why = f"no answer yet (probe running for {waited:.0f}s)"
+            if reason:
+                why = f"{reason}; {why}"
+            results.append(NodeProbe(unreachable(spec, why), (), False, waited))
+        return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
 
 # --------------------------------------------------------------------------
@@ -261,7 +417,8 @@ def _rank(rec: Mapping) -> RunningRank:
 
 def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode, list[str]]:
     """Join one node's probe report with its fleet.yaml entry. Pure."""
-    warnings = [str(w) for w in report.get("warnings") or ()]
+    # What a node says is kept bounded: a few dozen warnings of a few hundred characters.
+    warnings = [str(w)[:500] for w in list(report.get("warnings") or ())[:50]]
     gpus = []
     for g in report.get("gpus") or ():
         try:
@@ -291,10 +448,19 @@ def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode,
             warnings.append(f"managed-process record {rec.get('file', '?')} lacks {exc}")
     engines = report.get("engines")
     weights = report.get("weights")
+    state, reason = spec.state, ""
+    gpu_error = report.get("gpu_error")
+    if gpu_error:
+        # nvidia-smi is there but said nothing usable (garbage, a hang): the node's GPUs are
+        # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
+        # there stays (its records were read), nothing new goes there.
+        reason = f"GPUs unknown: {str(gpu_error)[:300]}"
+        if state == "ready":
+            state = "unusable"
     node = ObservedNode(
         id=spec.id,
-        state=spec.state,
-        reason="",
+        state=state,
+        reason=reason,
         labels=spec.labels,
         memory_total_mb=report.get("memory_total_mb") if isinstance(report.get("memory_total_mb"), int) else None,
         engines=None if not isinstance(engines, dict) else frozen_map({str(k): str(v or "") for k, v in sorted(engines.items())}),

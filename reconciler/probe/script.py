@@ -252,17 +252,23 @@ class NvidiaSmi:
         return peers
 
     def collect(self, warnings):
+        """The GPUs, or None with a warning; `self.error` says why when nvidia-smi answered
+        unusably (garbage, a hang): GPUs unknown, which is not the same as no GPUs."""
+        self.error = None
         gpus_out, why = _finish(self.gpus, self.timeout, "nvidia-smi --query-gpu")
         apps_out, apps_why = _finish(self.apps, self.timeout, "nvidia-smi --query-compute-apps")
         if why:
             self._drop_topo()
             warnings.append(why)
+            if self.gpus.returncode is not None and self.gpus.returncode < 0:  # killed at its deadline, or by a signal
+                self.error = why
             return None
         try:
             gpus = parse_gpu_csv(gpus_out)
         except ParseError as e:
             self._drop_topo()
-            warnings.append("nvidia-smi printed an unexpected format: %s" % e)
+            self.error = "nvidia-smi printed an unexpected format: %s" % str(e)[:300]
+            warnings.append(self.error)
             return None
         by_uuid = {}
         for g in gpus:
@@ -542,6 +548,8 @@ def collect(args, cache=None):
     if smi is not None:
         gpus = smi.collect(warnings)
         report["gpu_source"] = "nvidia-smi" if gpus is not None else "none"
+        if smi.error:
+            report["gpu_error"] = smi.error
     if gpus is None:
         gpus = []
         report.setdefault("gpu_source", "none")
