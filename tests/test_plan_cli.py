@@ -151,7 +151,7 @@ BAD = [
     ("wrong type", lambda d: d["nodes"][1].__setitem__("memory_total_mb", "lots"),
      "node a100-b2: memory_total_mb: must be an integer or null, not the string 'lots'"),
     ("bad state", lambda d: d["nodes"][1].__setitem__("state", "sleepy"),
-     "node a100-b2: state: must be one of ready, cordoned, drained, unreachable, not the string 'sleepy'"),
+     "node a100-b2: state: must be one of ready, cordoned, drained, unreachable, unusable, not the string 'sleepy'"),
     ("duplicate id", lambda d: d["nodes"][1].__setitem__("id", "a100-b1"),
      "node a100-b1: id: node a100-b1 appears twice (nodes[0] and nodes[1])"),
 ]
