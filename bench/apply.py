@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler.apply import http_health  # noqa: E402
+from reconciler.readiness import http_health  # noqa: E402
 from reconciler.launcher import SshLauncher  # noqa: E402
 from reconciler.transport import LocalTransport  # noqa: E402
 from tests.apply_support.local import free_port, tiny_launch  # noqa: E402
@@ -57,7 +57,7 @@ def _measure(launcher, node, ranks, record_dir, host, launches, starts, readies,
         if not outcome.ok:
             raise SystemExit(f"start failed: {outcome.reason}")
         launches.append(launch)
-        while not http_health(f"http://{host}:{port}", "/health", timeout=1)[0]:
+        while not http_health(host, port, "/health", timeout=1)[0]:
             time.sleep(0.01)
         readies.append(time.perf_counter() - t)
     for _ in range(ranks):
@@ -78,7 +78,7 @@ def noop_pass(tmp: Path, replicas: int) -> None:
     """The real pass (probe, plan, health checks, status) on one local node with N Ready replicas."""
     import yaml
 
-    from reconciler.apply import run_pass
+    from reconciler.reconcile import run_pass
     from reconciler.catalog import load_catalog
     from reconciler.transport import LocalTransport
     from tests.apply_support.local import TINY_ENGINE
@@ -133,7 +133,7 @@ def main() -> None:
         noop_pass(tmp, args.ranks)
 
         if args.ssh:
-            from reconciler.apply import FleetTransports
+            from reconciler.transport import FleetTransports
             from reconciler.ssh import TransportPool
             from tests.fleet import TestFleet
 

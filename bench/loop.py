@@ -13,7 +13,7 @@
 
 --pass fake (default): the daemon with a minimal pass that launches each new
 replica with LocalTransport (`date +%s.%N` on this machine): it measures the
-daemon's own part of the loop. --pass apply: the real reconciler.apply.run_pass
+daemon's own part of the loop. --pass apply: the real reconciler.reconcile.run_pass
 on one `transport: local` node; add --fleet N for N namespaced nodes reached
 over SSH (tests/fleet.py, needs root).
 

@@ -45,7 +45,8 @@ from reconciler.model import (
     SshSettings,
     frozen_map,
 )
-from reconciler.render import is_loopback, placeholders_in
+from reconciler.host import Host
+from reconciler.render import placeholders_in
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 FLEET_FILE = "fleet.yaml"
@@ -239,20 +240,6 @@ def _unexpected_keys(err: jsonschema.ValidationError) -> list[str]:
 # --------------------------------------------------------------------------
 
 
-HOST_LABEL_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
-
-
-def is_host(value: str) -> bool:
-    """An IP address (IPv6 optionally in brackets) or a DNS host name: what engines and clients can dial."""
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(value[1:-1] if value.startswith("[") and value.endswith("]") else value)
-        return True
-    except ValueError:
-        pass
-    name = value[:-1] if value.endswith(".") else value
-    return 0 < len(name) <= 253 and all(HOST_LABEL_RE.match(label) for label in name.split("."))
 
 
 def fleet_problems(doc: _Doc) -> list[Problem]:
@@ -278,14 +265,14 @@ def fleet_problems(doc: _Doc) -> list[Problem]:
         # a comma, colon or space in a name would splice in another endpoint or break the flag.
         field = "data_address" if "data_address" in node else "address"
         value = str(node.get(field, ""))
-        if value and not is_host(value):
+        if value and not Host(value).is_valid:
             hint = "" if field == "data_address" else " (an ~/.ssh/config alias works for address; then set data_address)"
             problems.append(doc.at(("nodes", i, field), f"node {node['id']}: {field} {value!r} is not a host name or an IP address{hint}"))
     if len(nodes) > 1:
         for i, node in enumerate(nodes):
             for field in ("address", "data_address"):
                 value = node.get(field)
-                if value is not None and is_loopback(str(value)):
+                if value is not None and Host(str(value)).is_loopback:
                     problems.append(
                         doc.at(
                             ("nodes", i, field),

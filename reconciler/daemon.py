@@ -33,6 +33,7 @@ from reconciler.errors import CatalogInvalid, Problem, ReconcilerError
 from reconciler.gitrev import STATUS_DIR, GitCatalog, GitError, PullOutcome
 from reconciler.metrics import Metrics, MetricsServer, count_by
 from reconciler.model import OBSERVED_STATES, PHASES, Catalog
+from reconciler.outcomes import Decision, PassResult
 
 LOCK_NAME = ".llm-reconciler.lock"  # for a catalog that is not a git repository
 DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"
@@ -60,7 +61,7 @@ class EventLog:
         self._lock = threading.Lock()
 
     def __call__(self, event: Any = "", /, **fields: Any) -> None:
-        if hasattr(event, "as_dict"):  # the apply pass's Decision: replica, node, action, reason, ok
+        if isinstance(event, Decision):  # the pass's log line: replica, node, action, reason, ok
             event = {"event": "decision", **event.as_dict()}
         if isinstance(event, dict):  # a pass may hand over a ready-made record
             fields = {**event, **fields}
@@ -248,7 +249,7 @@ class Watcher:
 # The daemon
 # --------------------------------------------------------------------------
 
-PassFn = Callable[..., Any]  # (catalog, log, *, trigger: str) -> pass result
+PassFn = Callable[..., "PassResult | None"]  # (catalog, log, *, trigger: str) -> the pass result
 LoadFn = Callable[[str], Catalog]
 
 
@@ -606,34 +607,22 @@ class Daemon:
         except (OSError, ReconcilerError) as exc:
             self.log("status.error", error=str(exc))
 
-    def _observe(self, result: Any) -> None:
-        """Metrics from a pass result (duck-typed: the apply pass owns its result type)."""
+    def _observe(self, result: PassResult | None) -> None:
+        """Metrics from a pass result."""
         if result is None:
             return
-        for action in _get(result, "decisions", None) or _get(result, "actions", ()) or ():
-            kind = _get(action, "action", None) or _get(action, "kind", "unknown")
-            outcome = _get(action, "outcome", None) or ("ok" if _get(action, "ok", True) else "failed")
-            self.metrics.inc("reconciler_actions_total", action=str(kind), outcome=str(outcome))
-        replicas = _get(result, "replicas", None)
-        if isinstance(replicas, dict):
-            replicas = list(replicas.values())
-        if replicas is not None:
-            phases = (_get(r, "phase", "Unknown") for r in replicas)
-            self.metrics.set_gauge("reconciler_replicas", count_by(phases, PHASES), label="phase")
-        inventory = _get(result, "inventory", None)
-        if inventory is not None:
-            nodes = list(_get(inventory, "nodes", ()) or ())
-            self.metrics.set_gauge("reconciler_nodes", count_by((_get(n, "state", "unknown") for n in nodes),
-                                                                OBSERVED_STATES), label="state")
+        for decision in result.decisions:
+            self.metrics.inc("reconciler_actions_total", action=decision.action,
+                             outcome="ok" if decision.ok else "failed")
+        phases = (r.phase for r in result.replicas.values())
+        self.metrics.set_gauge("reconciler_replicas", count_by(phases, PHASES), label="phase")
+        if result.inventory is not None:
+            nodes = result.inventory.nodes
+            self.metrics.set_gauge("reconciler_nodes", count_by((n.state for n in nodes), OBSERVED_STATES),
+                                   label="state")
             for node in nodes:
-                if _get(node, "state", "") == "unreachable":
-                    self.metrics.inc("reconciler_probe_failures_total", node=str(_get(node, "id", "?")))
-
-
-def _get(obj: Any, name: str, default: Any) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
+                if node.state == "unreachable":
+                    self.metrics.inc("reconciler_probe_failures_total", node=node.id)
 
 
 def _trigger_name(reasons: set[str]) -> str:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from reconciler.host import Host
+
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
 CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
@@ -78,6 +80,11 @@ class NodeSpec:
     # Gloo pick their bootstrap socket by interface NAME, not by address; Gloo
     # otherwise resolves the hostname, which on many distros is 127.0.1.1.
     socket_ifname: str | None = None
+    # data_address parsed once; every spelling of it (bare, bracketed, URL) comes from here.
+    data_host: Host = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_host", Host(self.data_address))
 
 
 @dataclass(frozen=True)

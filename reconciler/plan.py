@@ -30,6 +30,7 @@ import datetime as _dt
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace as _replace
+from enum import Enum
 from functools import cached_property
 from typing import Iterable, Mapping
 
@@ -73,7 +74,9 @@ class Waiting:
     replica: str
     model: str
     reason: str
-    until: float | None = None  # backoff: the earliest time the restart is allowed
+    until: float | None = None  # backoff: the earliest time the restart is allowed; grace: when it ends
+    kind: "WaitKind | None" = None
+    nodes: tuple[str, ...] = ()  # the nodes that do not answer, for the unreachable kinds
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,15 @@ def _no_gc():
             gc.enable()
 
 
+class WaitKind(str, Enum):
+    """Why a replica waits; status and phases read this, never the message."""
+
+    STOP_WHEN_BACK = "stop_when_back"  # not desired, on a node that does not answer: stopped when it does
+    NODE_UNREACHABLE = "node_unreachable"  # within the grace period of a node that does not answer
+    BACKOFF = "backoff"  # crashed, waiting for its restart backoff
+    ONE_AT_A_TIME = "one_at_a_time"  # spec changed, another replica of the model is being replaced first
+
+
 @_no_gc()
 def plan(
     catalog: Catalog,
@@ -306,174 +318,231 @@ def plan(
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     """
-    history = dict(history or {})
-    unreachable_since = unreachable_since or {}
+    diff = _Diff(catalog, inventory, now=now, history=dict(history or {}), unreachable_since=unreachable_since or {},
+                 grace_s=grace_s, explain=frozenset(explain))
     placed_on = placed_on or {}
-    models = {m.name: m for m in catalog.models}
-    placer = Placer(catalog.fleet, inventory, catalog.models)
-    explain = frozenset(explain)
-    hashes = _SpecHashes()
-
-    stops_removed: list[Action] = []
-    stops_scaled: list[Action] = []
-    stops_stale: list[Action] = []
-    restarts: list[Action] = []
-    waiting: list[Waiting] = []
-    outcomes: dict[str, Outcome] = {}
-    observed: dict[str, Placement] = {}
-    new_history: dict[str, ReplicaHistory] = {}
-    to_replace: list[_Replacement] = []
-
-    def state(node: str) -> str:
-        return _effective_state(catalog, inventory, node)
-
+    # 1. Every replica found in node records, one case each (see _Diff.observe).
     for rid, entries in sorted(_collect(catalog, inventory, last_seen).items()):
+        diff.observe(rid, entries, tuple(placed_on.get(rid, ())))
+    # 2. Replacements, once every running copy holds its resources.
+    diff.replace_all()
+    # 3. Starts: everything desired and not found running.
+    diff.start_missing()
+    return diff.result()
+
+
+class _Diff:
+    """The accumulators of one plan, and one method per case of an observed copy.
+
+    Each case method decides for one replica and records its action, wait or
+    outcome; `plan` is the order in which the cases are visited.
+    """
+
+    def __init__(self, catalog: Catalog, inventory: Inventory, *, now: float, history: dict[str, ReplicaHistory],
+                 unreachable_since: Mapping[str, float], grace_s: float, explain: frozenset[str]):
+        self.catalog = catalog
+        self.inventory = inventory
+        self.now = now
+        self.history = history
+        self.unreachable_since = unreachable_since
+        self.grace_s = grace_s
+        self.explain = explain
+        self.models = {m.name: m for m in catalog.models}
+        self.placer = Placer(catalog.fleet, inventory, catalog.models)
+        self.hashes = _SpecHashes()
+        self.stops_removed: list[Action] = []
+        self.stops_scaled: list[Action] = []
+        self.stops_stale: list[Action] = []
+        self.restarts: list[Action] = []
+        self.replaces: list[Action] = []
+        self.starts: list[Action] = []
+        self.waiting: list[Waiting] = []
+        self.outcomes: dict[str, Outcome] = {}
+        self.observed: dict[str, Placement] = {}
+        self.new_history: dict[str, ReplicaHistory] = {}
+        self.to_replace: list[_Replacement] = []
+
+    def state(self, node: str) -> str:
+        return _effective_state(self.catalog, self.inventory, node)
+
+    # -- the cases of one observed copy, in the order they are tried
+
+    def observe(self, rid: str, entries: list[tuple[str, RunningRank]], preferred_nodes: tuple[str, ...]) -> None:
         model_name = entries[0][1].model
-        model = models.get(model_name)
-        copy, stale = _split(catalog, inventory, rid, entries, model, tuple(placed_on.get(rid, ())), hashes)
-        current = _as_placement(catalog, inventory, copy, model)
-        observed[rid] = current
+        model = self.models.get(model_name)
+        copy, stale = _split(self.catalog, self.inventory, rid, entries, model, preferred_nodes, self.hashes)
+        current = _as_placement(self.catalog, self.inventory, copy, model)
+        self.observed[rid] = current
         ordinal = replica_ordinal(model_name, rid)
-
         if model is None or ordinal is None or ordinal >= model.replicas:
-            why = "model removed from the catalog" if model is None else f"scaled down to {model.replicas} replicas"
-            reachable = [(n, r) for n, r in entries if state(n) != "unreachable"]
-            away = sorted({n for n, r in entries if state(n) == "unreachable"})
-            if reachable:
-                (stops_removed if model is None else stops_scaled).append(
-                    Action("stop", rid, model_name, why, _stop_placement(rid, model_name, reachable)))
-            if away:
-                # A node that does not answer cannot be told to stop; its copy is stopped when it is back.
-                waiting.append(Waiting(rid, model_name, f"{why}; stopped on {', '.join(away)} when it answers again"))
-            continue
+            self.not_desired(rid, model_name, model, entries)
+            return
+        self.stop_stale(rid, model_name, copy, stale)
+        # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
+        self.placer.hold(current)
+        hist = self.history.get(rid, ReplicaHistory())
+        lost = [n for n in copy.nodes if self.state(n) == "unreachable"]
+        drained = [n for n in copy.nodes if self.state(n) == "drained"]
+        profile = model.profile(copy.profile)
+        if lost:
+            self.on_lost_node(rid, model, ordinal, current, hist, lost)
+        elif drained:
+            self.to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained"))
+        elif profile is None or self.spec_changed(model, profile, copy):
+            why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
+            self.to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True))
+        elif any(not r.alive for _, r in copy.ranks) or self.missing_ranks(copy):
+            self.crashed(rid, model, ordinal, current, copy, profile, hist)
+        else:
+            self.healthy(rid, model_name, current, hist)
 
-        reachable_stale = [(n, r) for n, r in stale if state(n) != "unreachable"]
+    def not_desired(self, rid: str, model_name: str, model: Model | None, entries: list[tuple[str, RunningRank]]) -> None:
+        """A model removed from the catalog, or an ordinal above the replica count: stop it where it answers."""
+        why = "model removed from the catalog" if model is None else f"scaled down to {model.replicas} replicas"
+        reachable = [(n, r) for n, r in entries if self.state(n) != "unreachable"]
+        away = sorted({n for n, r in entries if self.state(n) == "unreachable"})
+        if reachable:
+            (self.stops_removed if model is None else self.stops_scaled).append(
+                Action("stop", rid, model_name, why, _stop_placement(rid, model_name, reachable)))
+        if away:
+            # A node that does not answer cannot be told to stop; its copy is stopped when it is back.
+            self.waiting.append(Waiting(rid, model_name, f"{why}; stopped on {', '.join(away)} when it answers again",
+                                        kind=WaitKind.STOP_WHEN_BACK, nodes=tuple(away)))
+
+    def stop_stale(self, rid: str, model_name: str, copy: _Copy, stale: list[tuple[str, RunningRank]]) -> None:
+        """Ranks beside the copy kept (left on a node that came back after the replica moved)."""
+        reachable_stale = [(n, r) for n, r in stale if self.state(n) != "unreachable"]
         if reachable_stale:
             where = ", ".join(sorted({n for n, _ in copy.ranks}))
-            stops_stale.append(Action("stop", rid, model_name, f"stale copy: the replica runs on {where}",
-                                      _stop_placement(rid, model_name, reachable_stale)))
+            self.stops_stale.append(Action("stop", rid, model_name, f"stale copy: the replica runs on {where}",
+                                           _stop_placement(rid, model_name, reachable_stale)))
 
-        hist = history.get(rid, ReplicaHistory())
-        profile = model.profile(copy.profile)
-        lost = [n for n in copy.nodes if state(n) == "unreachable"]
-        drained = [n for n in copy.nodes if state(n) == "drained"]
-        dead = [(n, r) for n, r in copy.ranks if not r.alive]
-        missing = sorted(set(range(copy.nnodes)) - {r.rank for _, r in copy.ranks})
-
-        # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
-        placer.hold(current)
-        if lost:
-            overdue = [n for n in lost if now - unreachable_since.get(n, now) >= grace_s]
-            if not overdue:
-                outcomes[rid] = Outcome(rid, model_name, current, kept=True)
-                new_history[rid] = hist
-                first = min(unreachable_since.get(n, now) for n in lost)
-                if any(n in unreachable_since for n in lost):
-                    when = f"after {_iso(first + grace_s)} (grace {int(grace_s)} s)"
-                else:
-                    when = f"if it stays unreachable for {int(grace_s)} s"
-                waiting.append(Waiting(rid, model_name,
-                                       f"node {', '.join(lost)} unreachable; replaced elsewhere {when}", first + grace_s))
-                continue
+    def on_lost_node(self, rid: str, model: Model, ordinal: int, current: Placement, hist: ReplicaHistory,
+                     lost: list[str]) -> None:
+        """Left alone within the grace period; placed elsewhere after it."""
+        now, grace_s, since = self.now, self.grace_s, self.unreachable_since
+        overdue = [n for n in lost if now - since.get(n, now) >= grace_s]
+        if overdue:
             n = overdue[0]
-            to_replace.append(_Replacement(model, ordinal, current,
-                                           f"node {n} unreachable for {int(now - unreachable_since.get(n, now))} s "
-                                           f"(grace {int(grace_s)} s)"))
-            continue
-        if drained:
-            to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained"))
-            continue
-        if profile is None or hashes.of(model, profile) != copy.ranks[0][1].spec_hash or any(
-            r.spec_hash != copy.ranks[0][1].spec_hash for _, r in copy.ranks
-        ):
-            why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
-            to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True))
-            continue
+            self.to_replace.append(_Replacement(model, ordinal, current,
+                                                f"node {n} unreachable for {int(now - since.get(n, now))} s "
+                                                f"(grace {int(grace_s)} s)"))
+            return
+        self.outcomes[rid] = Outcome(rid, model.name, current, kept=True)
+        self.new_history[rid] = hist
+        first = min(since.get(n, now) for n in lost)
+        if any(n in since for n in lost):
+            when = f"after {_iso(first + grace_s)} (grace {int(grace_s)} s)"
+        else:
+            when = f"if it stays unreachable for {int(grace_s)} s"
+        self.waiting.append(Waiting(rid, model.name, f"node {', '.join(lost)} unreachable; replaced elsewhere {when}",
+                                    first + grace_s, kind=WaitKind.NODE_UNREACHABLE, nodes=tuple(lost)))
 
-        outcomes[rid] = Outcome(rid, model_name, current, kept=True)
-        if dead or missing:
-            what = [f"rank {r.rank} on {n} is dead" for n, r in dead] + [f"rank {k} is missing" for k in missing]
-            streak = hist.streak
-            ready_at = (hist.last_restart or 0.0) + backoff_delay(streak)
-            if hist.last_restart is not None and now < ready_at:
-                waiting.append(Waiting(rid, model_name,
-                                       f"{'; '.join(what)}; waiting for backoff until {_iso(ready_at)} "
-                                       f"(restart {hist.restarts + 1})", ready_at))
-                new_history[rid] = hist
-                continue
-            new_history[rid] = ReplicaHistory(hist.restarts + 1, streak + 1, now)
-            why = f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(backoff_delay(streak + 1))} s)"
-            if missing:
-                # Where a lost rank ran is unknown, so the replica is placed again as a whole.
-                del outcomes[rid]
-                to_replace.append(_Replacement(model, ordinal, current, why, history_after=new_history[rid]))
-                continue
-            target = _restart_placement(placer, current, profile)
-            restarts.append(Action("restart", rid, model_name, why, target, previous=current))
-            continue
-        # Healthy: a quiet spell long enough resets the backoff, not the count shown in status.
-        if hist.streak and hist.last_restart is not None and now - hist.last_restart >= BACKOFF_RESET_S:
+    def spec_changed(self, model: Model, profile: Profile, copy: _Copy) -> bool:
+        digest = copy.ranks[0][1].spec_hash
+        return self.hashes.of(model, profile) != digest or any(r.spec_hash != digest for _, r in copy.ranks)
+
+    @staticmethod
+    def missing_ranks(copy: _Copy) -> list[int]:
+        return sorted(set(range(copy.nnodes)) - {r.rank for _, r in copy.ranks})
+
+    def crashed(self, rid: str, model: Model, ordinal: int, current: Placement, copy: _Copy, profile: Profile,
+                hist: ReplicaHistory) -> None:
+        """A dead or missing rank: restart in place after the backoff (placed again when a rank is missing)."""
+        dead = [(n, r) for n, r in copy.ranks if not r.alive]
+        missing = self.missing_ranks(copy)
+        self.outcomes[rid] = Outcome(rid, model.name, current, kept=True)
+        what = [f"rank {r.rank} on {n} is dead" for n, r in dead] + [f"rank {k} is missing" for k in missing]
+        streak = hist.streak
+        ready_at = (hist.last_restart or 0.0) + backoff_delay(streak)
+        if hist.last_restart is not None and self.now < ready_at:
+            self.waiting.append(Waiting(rid, model.name,
+                                        f"{'; '.join(what)}; waiting for backoff until {_iso(ready_at)} "
+                                        f"(restart {hist.restarts + 1})", ready_at, kind=WaitKind.BACKOFF))
+            self.new_history[rid] = hist
+            return
+        self.new_history[rid] = ReplicaHistory(hist.restarts + 1, streak + 1, self.now)
+        why = f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(backoff_delay(streak + 1))} s)"
+        if missing:
+            # Where a lost rank ran is unknown, so the replica is placed again as a whole.
+            del self.outcomes[rid]
+            self.to_replace.append(_Replacement(model, ordinal, current, why, history_after=self.new_history[rid]))
+            return
+        target = _restart_placement(self.placer, current, profile)
+        self.restarts.append(Action("restart", rid, model.name, why, target, previous=current))
+
+    def healthy(self, rid: str, model_name: str, current: Placement, hist: ReplicaHistory) -> None:
+        """Kept where it is; a quiet spell long enough resets the backoff, not the count shown in status."""
+        self.outcomes[rid] = Outcome(rid, model_name, current, kept=True)
+        if hist.streak and hist.last_restart is not None and self.now - hist.last_restart >= BACKOFF_RESET_S:
             hist = _replace(hist, streak=0)
-        new_history[rid] = hist
+        self.new_history[rid] = hist
 
-    # Replacements: one spec change at a time per model; moves off bad nodes all at once.
-    replaces: list[Action] = []
-    spec_busy: dict[str, str] = {}
-    for r in sorted(to_replace, key=lambda r: (r.model.name, r.ordinal)):
+    # -- after every copy was looked at
+
+    def replace_all(self) -> None:
+        """One spec change at a time per model; moves off bad nodes all at once."""
+        spec_busy: dict[str, str] = {}
+        for r in sorted(self.to_replace, key=lambda r: (r.model.name, r.ordinal)):
+            model, rid, old, why = r.model, r.old.replica, r.old, r.reason
+            if r.spec_change and model.name in spec_busy:
+                self.outcomes[rid] = Outcome(rid, model.name, old, kept=True)
+                self.new_history[rid] = self.history.get(rid, ReplicaHistory())
+                self.waiting.append(Waiting(rid, model.name, f"{why}; waiting for {spec_busy[model.name]} "
+                                            "to be replaced first (one at a time per model)",
+                                            kind=WaitKind.ONE_AT_A_TIME))
+                continue
+            if r.spec_change:
+                spec_busy[model.name] = rid
+            self.replace_one(r)
+
+    def replace_one(self, r: _Replacement) -> None:
         model, rid, old, why = r.model, r.old.replica, r.old, r.reason
-        if r.spec_change and model.name in spec_busy:
-            outcomes[rid] = Outcome(rid, model.name, old, kept=True)
-            new_history[rid] = history.get(rid, ReplicaHistory())
-            waiting.append(Waiting(rid, model.name, f"{why}; waiting for {spec_busy[model.name]} "
-                                   "to be replaced first (one at a time per model)"))
-            continue
-        if r.spec_change:
-            spec_busy[model.name] = rid
-        out = placer.place(model, rid, exclude=[a.node for a in old.nodes], explain=model.name in explain)
+        explain = model.name in self.explain
+        out = self.placer.place(model, rid, exclude=[a.node for a in old.nodes], explain=explain)
         stop_first = False
         if out.placement is None:
             # No room beside the old copy: free its resources and try again, stopping it first.
-            placer.release(old)
-            retry = placer.place(model, rid, explain=model.name in explain)
+            self.placer.release(old)
+            retry = self.placer.place(model, rid, explain=explain)
             out, stop_first = retry, retry.placement is not None
             if retry.placement is None:
-                placer.hold(old)
-        outcomes[rid] = out
-        new_history[rid] = r.history_after
+                self.placer.hold(old)
+        self.outcomes[rid] = out
+        self.new_history[rid] = r.history_after
         reason = why + ("; no room beside the old copy, so it is stopped first" if stop_first else "")
         if out.placement is None:
             reason += "; no placement fits, the old copy keeps running"
-        replaces.append(Action("replace", rid, model.name, reason, out.placement, previous=old, stop_first=stop_first))
+        self.replaces.append(Action("replace", rid, model.name, reason, out.placement, previous=old,
+                                    stop_first=stop_first))
 
-    # Starts: everything desired and not found running.
-    starts = [Action("start", o.replica, o.model, "not running", o.placement)
-              for o in placer.place_missing(catalog.models, outcomes, explain)]
-    for a in starts:
-        new_history[a.replica] = ReplicaHistory()
+    def start_missing(self) -> None:
+        self.starts = [Action("start", o.replica, o.model, "not running", o.placement)
+                       for o in self.placer.place_missing(self.catalog.models, self.outcomes, self.explain)]
+        for a in self.starts:
+            self.new_history[a.replica] = ReplicaHistory()
 
-    def by_model_ordinal(a: Action):
-        return (a.model, replica_ordinal(a.model, a.replica) or 0)
+    def result(self) -> Plan:
+        def by_model_ordinal(a: Action):
+            return (a.model, replica_ordinal(a.model, a.replica) or 0)
 
-    stops_scaled.sort(key=lambda a: (a.model, -(replica_ordinal(a.model, a.replica) or 0)))
-    starts.sort(key=by_model_ordinal)
-    restarts.sort(key=by_model_ordinal)
-    actions = tuple(stops_removed + stops_scaled + stops_stale + restarts + replaces + starts)
-
-    ordered = {}
-    for model in catalog.models:
-        for rid in model.replica_ids():
-            if rid in outcomes:
-                ordered[rid] = outcomes[rid]
-    unplaced = tuple(o for o in ordered.values() if o.placement is None)
-    return Plan(
-        actions=actions,
-        outcomes=ordered,
-        unplaced=unplaced,
-        waiting=tuple(sorted(waiting, key=lambda w: w.replica)),
-        observed=observed,
-        history=dict(sorted(new_history.items())),
-        revision=catalog.revision,
-    )
+        self.stops_scaled.sort(key=lambda a: (a.model, -(replica_ordinal(a.model, a.replica) or 0)))
+        self.starts.sort(key=by_model_ordinal)
+        self.restarts.sort(key=by_model_ordinal)
+        # Stops first, so that what they free is free by the time anything starts.
+        actions = tuple(self.stops_removed + self.stops_scaled + self.stops_stale + self.restarts + self.replaces
+                        + self.starts)
+        ordered = {rid: self.outcomes[rid] for model in self.catalog.models for rid in model.replica_ids()
+                   if rid in self.outcomes}
+        return Plan(
+            actions=actions,
+            outcomes=ordered,
+            unplaced=tuple(o for o in ordered.values() if o.placement is None),
+            waiting=tuple(sorted(self.waiting, key=lambda w: w.replica)),
+            observed=self.observed,
+            history=dict(sorted(self.new_history.items())),
+            revision=self.catalog.revision,
+        )
 
 
 def _restart_placement(placer: Placer, current: Placement, profile: Profile) -> Placement:

@@ -17,14 +17,12 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import ipaddress
 import re
-import socket
 from types import MappingProxyType
 from typing import Iterator, Mapping
 
 from reconciler.engines import ADAPTERS, Peer, RankContext
-from reconciler.engines.base import is_ip_literal, owned_flags_in
+from reconciler.engines.base import owned_flags_in
 from reconciler.engines.command import placeholder_values
 from reconciler.errors import RenderError
 from reconciler.model import (
@@ -59,7 +57,7 @@ def render_replica(
 
     head = nodes[0]
     peers = tuple(
-        Peer(rank=a.rank, node=a.node, address=spec.data_address.strip("[]"), port=a.port)
+        Peer(rank=a.rank, node=a.node, address=spec.data_host, port=a.port)
         for a, spec in zip(placement.nodes, nodes)
     )
     digest = spec_hash(model, profile)
@@ -74,7 +72,7 @@ def render_replica(
             node=spec,
             assignment=assignment,
             bind_host=bind_host(spec),
-            head_address=head.data_address.strip("[]"),  # engines take a bare address; host_port() brackets
+            head_address=head.data_host,
             dist_port=placement.dist_port,
             peers=peers,
             cuda_visible_devices=_cuda_visible_devices(profile, assignment, inventory),
@@ -111,61 +109,10 @@ def bind_host(node: NodeSpec) -> str:
     fabric one. (llama.cpp's unauthenticated rpc-server is the exception; see
     engines/llamacpp.py.)
     """
-    address = node.data_address.strip("[]")
-    local = loopback_ip(address)
-    if local is not None:
-        return local
-    if is_ip_literal(address) and ipaddress.ip_address(address).version == 6:
-        return "::"
-    return "0.0.0.0"
-
-
-# The loopback names distributions put in /etc/hosts, besides localhost itself.
-LOOPBACK_NAMES = frozenset({
-    "localhost", "localhost.localdomain", "localhost4", "localhost4.localdomain4",
-    "localhost6", "localhost6.localdomain6", "ip6-localhost", "ip6-loopback",
-})
-
-
-def is_loopback(address: str) -> bool:
-    """127.0.0.0/8, ::1, localhost; also the unspecified address, which a connect() turns into this host."""
-    return loopback_ip(address) is not None
-
-
-def _ip(host: str) -> "ipaddress.IPv4Address | ipaddress.IPv6Address | None":
-    """`host` as an IP when it is one in any spelling connect() accepts (inet_aton forms included)."""
-    try:
-        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            ip = ipaddress.IPv4Address(socket.inet_aton(host))
-        except (OSError, ValueError):
-            return None
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip
-
-
-def canonical_host(address: str) -> str:
-    """One spelling per host: `10.1.11` and `10.1.0.11` (or `::ffff:10.1.0.11`) are one machine."""
-    host = address.strip().strip("[]").lower().rstrip(".")
-    ip = _ip(host)
-    return str(ip) if ip is not None else host
-
-
-def loopback_ip(address: str) -> str | None:
-    """The address, as a canonical IP, when it names this host; else None.
-
-    Every spelling a connect() accepts counts: `127.1`, `2130706433`,
-    `0x7f000001`, `0177.0.0.1` (inet_aton forms), `::ffff:127.0.0.1` (an
-    IPv4-mapped IPv6 address), and the usual /etc/hosts names. Otherwise a
-    multi-node head could still be written so that every rank dials itself.
-    """
-    host = address.strip().strip("[]").lower().rstrip(".")
-    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
-        return "::1" if "6" in host else "127.0.0.1"
-    ip = _ip(host)
-    return str(ip) if ip is not None and (ip.is_loopback or ip.is_unspecified) else None
+    host = node.data_host
+    if host.loopback_ip is not None:
+        return host.loopback_ip
+    return "::" if host.is_ipv6 else "0.0.0.0"
 
 
 def placeholders_in(value: str) -> list[str]:
@@ -233,13 +180,13 @@ def _check_topology(rid: str, profile: Profile, placement: Placement, nodes: lis
         seen[a.node] = a.rank
     by_address: dict[str, str] = {}
     for spec in nodes:
-        other = by_address.setdefault(canonical_host(spec.data_address), spec.id)
+        other = by_address.setdefault(spec.data_host.canonical, spec.id)
         if other != spec.id:
             raise RenderError(
                 rid, f"nodes {other} and {spec.id} share data address {spec.data_address}; the ranks would land on one host"
             )
     for a, spec in zip(placement.nodes, nodes):
-        if is_loopback(spec.data_address):
+        if spec.data_host.is_loopback:
             role = "head" if a.rank == 0 else f"rank {a.rank}"
             raise RenderError(
                 rid,

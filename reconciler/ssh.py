@@ -909,17 +909,3 @@ class TransportPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-_default_pool: TransportPool | None = None
-_default_lock = threading.Lock()
-
-
-def transport_for(node: NodeSpec) -> Transport:
-    """The process-wide pool's transport for `node` (the daemon and one-shot commands share it)."""
-    global _default_pool
-    with _default_lock:
-        if _default_pool is None:
-            _default_pool = TransportPool()
-        pool = _default_pool
-    return pool.transport_for(node)

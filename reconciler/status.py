@@ -9,7 +9,6 @@ change a byte does not touch the file at all.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import tempfile
 from pathlib import Path
@@ -18,10 +17,11 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from reconciler.errors import StatusWriteError
+from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
 from reconciler.placement import port_windows, summarize
-from reconciler.plan import Plan
+from reconciler.plan import Plan, WaitKind
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
@@ -94,19 +94,13 @@ def write_document(path: str | os.PathLike, doc: Any) -> bool:
 
 
 def endpoint_url(data_address: str, port: int) -> str:
-    host = data_address
-    try:
-        if isinstance(ipaddress.ip_address(data_address), ipaddress.IPv6Address):
-            host = f"[{data_address}]"
-    except ValueError:
-        pass  # a host name
-    return f"http://{host}:{port}"
+    return Host(data_address).url(port)
 
 
 def replica_endpoint(fleet: Fleet, node_id: str, port: int) -> str:
     """Where a replica serves: the head's data address (what other hosts reach), not its SSH address."""
     spec = fleet.node(node_id)
-    return endpoint_url(spec.data_address if spec is not None else node_id, port)
+    return (spec.data_host if spec is not None else Host(node_id)).url(port)
 
 
 def _where_it_runs(plan: Plan, rid: str) -> Placement | None:
@@ -126,9 +120,9 @@ def predicted_phases(plan: Plan) -> dict[str, str]:
     for rid, out in plan.outcomes.items():
         phases[rid] = "Ready" if out.kept else "Pending"
     for w in plan.waiting:
-        if w.until is not None and "backoff" in w.reason:
+        if w.kind is WaitKind.BACKOFF:
             phases[w.replica] = "Failed"
-        elif "unreachable" in w.reason:
+        elif w.kind is WaitKind.NODE_UNREACHABLE:
             phases[w.replica] = "Unknown"
     for a in plan.actions:
         if a.action in ("restart", "replace") and a.replica in phases:

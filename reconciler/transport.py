@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from reconciler.errors import CommandTimeout, TransportError
+
+if TYPE_CHECKING:
+    from reconciler.model import Fleet, NodeSpec
 
 
 @dataclass(frozen=True)
@@ -89,3 +92,40 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+class TransportPool(Protocol):
+    """Where transports come from: the daemon's SSH pool (connections kept open between passes)."""
+
+    def transport_for(self, spec: "NodeSpec") -> Transport: ...
+
+
+class TransportMap:
+    """A fixed mapping node id -> Transport as a pool (tests, one-shot `apply`)."""
+
+    def __init__(self, transports: Mapping[str, Transport]):
+        self.transports = transports
+
+    def transport_for(self, spec: "NodeSpec") -> Transport:
+        transport = self.transports.get(spec.id)
+        if transport is None:
+            raise TransportError(spec.id, "no transport for this node")
+        return transport
+
+
+class FleetTransports:
+    """One view of the transports for both consumers: the probe asks `transport_for(spec)`, the launcher `get(id)`."""
+
+    def __init__(self, source: "TransportPool | Mapping[str, Transport]", fleet: "Fleet"):
+        # The one place a mapping becomes a pool, so nothing downstream asks what it was given.
+        self.pool: TransportPool = TransportMap(source) if isinstance(source, Mapping) else source
+        self.fleet = fleet
+
+    def transport_for(self, spec: "NodeSpec") -> Transport:
+        return self.pool.transport_for(spec)
+
+    def get(self, node_id: str) -> Transport | None:
+        spec = self.fleet.node(node_id)
+        if spec is None:
+            return None
+        return self.pool.transport_for(spec)  # a TransportError here names the node and why

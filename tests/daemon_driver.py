@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reconciler.cli import build_parser  # noqa: E402
 from reconciler.commands.run import daemon_from_args  # noqa: E402
 from reconciler.errors import ReconcilerError  # noqa: E402
+from reconciler.outcomes import Decision, PassResult, ReplicaState  # noqa: E402
 from reconciler.status import write_document  # noqa: E402
 
 
@@ -41,7 +42,12 @@ def recording_pass(record: Path):
             time.sleep(sleep)
         with record.open("a") as f:
             f.write(json.dumps({"event": "end", **entry}) + "\n")
-        return {"actions": [{"action": "start", "outcome": "ok"}], "replicas": [{"phase": "Ready"}]}
+        # A pass result as the real pass types it: one decision, one Ready replica.
+        return PassResult(
+            revision=catalog.revision, inventory=None, plan=None,
+            decisions=[Decision("fake-0", "-", "start", "driver", ok=True)],
+            replicas={"fake-0": ReplicaState("fake-0", "fake", None, "Ready")},
+        )
 
     return run_pass
 

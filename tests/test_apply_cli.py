@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.apply import http_health
+from reconciler.readiness import http_health
 from tests.apply_support.local import free_port, is_running, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def test_apply_runs_the_single_machine_example_and_shows_its_endpoint(cli, examp
     assert f"{rid}  local  start  rank 0/1 port {port}" in first.stdout
     assert f"{rid}  local  health  Ready" in first.stdout
     assert f"  {model['name']}  http://127.0.0.1:{port}" in first.stdout
-    assert http_health(f"http://127.0.0.1:{port}", "/health")[0]
+    assert http_health("127.0.0.1", port, "/health")[0]
     status = yaml.safe_load((root / "status" / "models" / f"{model['name']}.yaml").read_text())
     assert status["ready"] == 1 and status["replicas"][0]["phase"] == "Ready"
 
@@ -93,7 +93,7 @@ def test_an_invalid_catalog_applies_nothing_and_exits_1(cli, example):
 
 
 def test_the_pass_after_a_start_with_nothing_changed_writes_no_status_file(example):
-    from reconciler.apply import run_pass
+    from reconciler.reconcile import run_pass
     from reconciler.catalog import load_catalog
     from reconciler.transport import LocalTransport
 
@@ -129,5 +129,5 @@ def test_one_shot_apply_remembers_restarts_between_runs(cli, example):
 
 
 def test_a_health_check_of_a_host_name_python_cannot_encode_is_an_answer_not_a_traceback():
-    ok, why = http_health("http://" + "n" * 64 + ".invalid:8000", "/health")  # refused before any lookup
+    ok, why = http_health("n" * 64 + ".invalid", 8000, "/health")  # refused before any lookup
     assert not ok and "did not answer: UnicodeError" in why

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.apply import PassResult, run_pass
+from reconciler.outcomes import PassResult
+from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
 from reconciler.launcher import SshLauncher
 from reconciler.ssh import TransportPool

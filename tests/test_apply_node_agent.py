@@ -20,7 +20,7 @@ from tests.apply_support.local import (
     tiny_launch,
     wait_for,
 )
-from reconciler.apply import http_health
+from reconciler.readiness import http_health
 
 RECORD_KEYS = {"id", "model", "profile", "rank", "nnodes", "spec_hash", "pid", "pgid", "start_time", "port",
                "gpus", "argv", "env_keys", "log", "managed_by"}
@@ -53,7 +53,7 @@ def test_started_rank_runs_in_its_own_session_with_a_record_and_a_log(launcher, 
     fields = stat[stat.rindex(")") + 2:].split()
     assert int(fields[2]) == rec["pid"] and int(fields[3]) == rec["pid"]  # own process group and session
     assert int(fields[19]) == rec["start_time"]
-    wait_for(lambda: http_health(f"http://127.0.0.1:{port}", "/health")[0], what="health 200")
+    wait_for(lambda: http_health("127.0.0.1", port, "/health")[0], what="health 200")
     assert "loading weights" in Path(rec["log"]).read_text()
 
 
@@ -121,7 +121,7 @@ def test_a_port_held_by_a_foreign_listener_fails_the_launch_naming_port_and_hold
 def test_a_killed_engine_is_seen_as_dead(launcher, tmp_path):
     port = free_port()
     outcome = launcher.start(tiny_launch("m-0", "n1", port, tmp_path / "r.json"))
-    wait_for(lambda: http_health(f"http://127.0.0.1:{port}", "/health")[0], what="health 200")
+    wait_for(lambda: http_health("127.0.0.1", port, "/health")[0], what="health 200")
     assert launcher.ranks("n1")[0].alive
     os.kill(outcome.pid, signal.SIGKILL)
     wait_for(lambda: not is_running(outcome.pid), what="engine to die")

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.apply import gpu_problems, http_health, run_pass, start_order
+from reconciler.readiness import http_health
+from reconciler.reconcile import run_pass
+from reconciler.snapshot import gpu_problems, start_order
 from reconciler.launcher import SshLauncher
 from reconciler.model import Gpu, GpuProcess, Inventory, ObservedNode, RunningRank
 from reconciler.transport import LocalTransport
@@ -286,7 +288,7 @@ def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about
     assert orphan.alive
     # An adopted replica is judged once, not waited for: let the orphan finish starting (on a
     # loaded machine it may not answer yet), so Ready below is about adoption, not timing.
-    wait_for(lambda: http_health(f"http://127.0.0.1:{port}", "/health")[0], what="the orphan to answer")
+    wait_for(lambda: http_health("127.0.0.1", port, "/health")[0], what="the orphan to answer")
 
     back = one_pass(cat, transports, launcher, planner, records)
     assert [d for d in back.decisions if d.action == "start"] == []
@@ -295,7 +297,8 @@ def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about
 
 
 def test_pass_memory_tracks_unreachable_nodes_and_keeps_their_last_records():
-    from reconciler.apply import PassMemory, ReplicaState, remember
+    from reconciler.memory import PassMemory, remember
+    from reconciler.outcomes import ReplicaState
     from reconciler.model import Assignment, Inventory
 
     seen = Inventory((ObservedNode("a", replicas=(RunningRank("m-0", "m", "p", 0, (), 9000, "h"),)), ObservedNode("b")))
@@ -335,7 +338,7 @@ def test_a_restart_reuses_the_gpus_its_own_crashed_copy_held(tmp_path, env):
 
 
 def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_taken_ports():
-    from reconciler.apply import inventory_after
+    from reconciler.snapshot import inventory_after
 
     before = Inventory((
         ObservedNode("a", replicas=(RunningRank("old-0", "old", "p", 0, (0,), 9000, "h", pid=10),), ports_in_use=(22, 9000)),
@@ -352,7 +355,7 @@ def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_tak
 def test_pass_memory_survives_a_round_trip_through_its_document():
     import json as _json
 
-    from reconciler.apply import PassMemory, memory_from_document, memory_to_document
+    from reconciler.memory import PassMemory, memory_from_document, memory_to_document
     from reconciler.plan import ReplicaHistory
 
     memory = PassMemory(
@@ -389,17 +392,18 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
     # page someone for a network blip, while the plan holds the replica for the grace period.
     from types import SimpleNamespace
 
-    from reconciler.apply import replica_states
-    from reconciler.plan import Waiting
+    from reconciler.reconcile import replica_states
+    from reconciler.plan import WaitKind, Waiting
 
     fleet = local_fleet(tmp_path)
     model = tiny_model("m", nodes=2)
     cat = catalog(tmp_path, fleet, model)
     rank0 = RunningRank(id="m-0", model="m", profile="p", rank=0, gpus=(), port=free_port(), spec_hash="s", nnodes=2)
     inventory = Inventory((ObservedNode(id="n1", replicas=(rank0,)), ObservedNode(id="n2", state="unreachable", reason="timed out")))
-    held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s")
+    held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s",
+                   kind=WaitKind.NODE_UNREACHABLE, nodes=("n2",))
     plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={})
-    states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda url, path: (True, "200"))
+    states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda host, port, path: (True, "200"))
     assert states["m-0"].phase == "Unknown"
     assert "node n2 unreachable" in states["m-0"].message
 
@@ -407,15 +411,16 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
 def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unreachable(tmp_path):
     from types import SimpleNamespace
 
-    from reconciler.apply import replica_states
-    from reconciler.plan import Waiting
+    from reconciler.reconcile import replica_states
+    from reconciler.plan import WaitKind, Waiting
 
     fleet = local_fleet(tmp_path)
     cat = catalog(tmp_path, fleet, tiny_model("m", nodes=2))
     rank0 = RunningRank(id="m-0", model="m", profile="p", rank=0, gpus=(), port=free_port(), spec_hash="s", nnodes=2,
                         alive=False)
     inventory = Inventory((ObservedNode(id="n1", replicas=(rank0,)), ObservedNode(id="n2", state="unreachable", reason="timed out")))
-    held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s")
+    held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s",
+                   kind=WaitKind.NODE_UNREACHABLE, nodes=("n2",))
     plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={})
-    states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda url, path: (True, "200"))
+    states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda host, port, path: (True, "200"))
     assert states["m-0"].phase == "Failed" and "rank 0 on n1 is not running" in states["m-0"].message

@@ -10,7 +10,7 @@ import socket
 
 import yaml
 
-from reconciler.apply import _default_probe, run_pass
+from reconciler.reconcile import default_probe as _default_probe, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.transport import LocalTransport
 from tests.apply_support.local import TINY_ENGINE, is_running

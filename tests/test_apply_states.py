@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.apply import replica_states
+from reconciler.reconcile import replica_states
 from reconciler.model import spec_hash
 from reconciler.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
@@ -39,8 +39,8 @@ def test_replica_states_walk_the_snapshot_once_for_all_replicas_not_once_per_rep
     counted = CountingInventory(inv)
     asked = []
 
-    def health(url, path):
-        asked.append(url)
+    def health(host, port, path):
+        asked.append(f"http://{host}:{port}")
         return True, ""
 
     states = replica_states(c, counted, {}, plan(c, inv), launcher=None, health=health)
@@ -51,7 +51,7 @@ def test_replica_states_walk_the_snapshot_once_for_all_replicas_not_once_per_rep
 
 
 def test_the_snapshot_after_a_pass_looks_at_each_started_rank_a_few_times_not_once_per_fleet_node():
-    from reconciler.apply import inventory_after
+    from reconciler.snapshot import inventory_after
     from reconciler.model import RankLaunch
 
     reads = []

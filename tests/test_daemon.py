@@ -319,11 +319,9 @@ def test_text_log_lines_carry_the_decision_and_its_reason():
     log("replica.start", replica="alpha-1", node="node-a", msg="replica missing")
     log({"event": "replica.stop", "replica": "old-0", "reason": "model removed from the catalog"})
 
-    class Decision:  # the shape of reconciler.apply.Decision
-        def as_dict(self):
-            return {"replica": "alpha-0", "node": "node-a", "action": "start", "reason": "replica missing", "ok": True}
+    from reconciler.outcomes import Decision
 
-    log(Decision())
+    log(Decision("alpha-0", "node-a", "start", "replica missing", True))
     lines = out.getvalue().splitlines()
     assert lines[2] == "1970-01-01T00:00:00.000Z decision replica=alpha-0 node=node-a action=start " \
         'reason="replica missing" ok=True'

@@ -26,7 +26,8 @@ from reconciler.model import (
     Profile,
     spec_hash,
 )
-from reconciler.render import bind_host, is_loopback, placeholders_in, render_replica, substitute
+from reconciler.host import Host
+from reconciler.render import bind_host, placeholders_in, render_replica, substitute
 from reconciler.transport import LocalTransport
 
 # --------------------------------------------------------------------------
@@ -487,18 +488,18 @@ def test_placeholder_grammar():
                                            ("localhost", True), ("foo.localhost", True), ("0.0.0.0", True),
                                            ("10.1.0.11", False), ("node-a", False), ("fd00::1", False)])
 def test_loopback_addresses(address, loop):
-    assert is_loopback(address) is loop
+    assert Host(address).is_loopback is loop
 
 
 @pytest.mark.parametrize("address", ["127.1", "2130706433", "0x7f000001", "0177.0.0.1", "127.000.000.001",
                                      "::ffff:127.0.0.1", "[::ffff:7f00:1]", "0", "localhost.localdomain", "ip6-localhost"])
 def test_every_spelling_a_connect_takes_for_this_host_is_loopback(address):
-    assert is_loopback(address)
+    assert Host(address).is_loopback
 
 
 @pytest.mark.parametrize("address", ["10.1", "0x0a010001", "::ffff:10.1.0.11", "127-node", "localhost-a", "fd00::7f00:1"])
 def test_other_hosts_are_not_loopback_however_spelt(address):
-    assert not is_loopback(address)
+    assert not Host(address).is_loopback
 
 
 
@@ -512,7 +513,7 @@ def test_every_rendered_launch_has_no_placeholder_and_distinct_non_loopback_host
                 assert placeholders_in(value) == [], (engine, value)
         nodes = [FLEET.node(launch.node) for launch in launches]
         assert len({n.id for n in nodes}) == 2
-        assert not any(is_loopback(n.data_address) for n in nodes)
+        assert not any(Host(n.data_address).is_loopback for n in nodes)
 
 
 def test_rendering_never_reads_the_environment_of_this_machine(monkeypatch):

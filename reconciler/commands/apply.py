@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from reconciler.apply import PassMemory, memory_from_document, memory_to_document, run_pass
+from reconciler.memory import PassMemory, memory_from_document, memory_to_document
+from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
 from reconciler.errors import StatusWriteError
 from reconciler.ssh import TransportPool

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler.apply import run_pass as run_apply_pass
+from reconciler.reconcile import run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
 from reconciler.probe import FleetProber
@@ -67,7 +67,7 @@ class ReusedInventory:
 
 
 class ApplyPass:
-    """The daemon's pass: reconciler.apply.run_pass, with SSH connections kept open between
+    """The daemon's pass: reconciler.reconcile.run_pass, with SSH connections kept open between
     passes and the restart memory (backoff, restart counts) handed from one pass to the next.
 
     The daemon does not wait for replicas to become Ready inside a pass (ready_wait_s=0):
@@ -121,10 +121,10 @@ class ApplyPass:
         result = self._run_pass(
             catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
-        self._history = getattr(result, "memory", None)
+        self._history = result.memory
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
-        self._last = (catalog.fleet, getattr(result, "inventory", None), self._clock())
+        self._last = (catalog.fleet, result.inventory, self._clock())
         return result
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """One adapter per engine: the argv and environment of one rank of one replica.
 
-    adapter_for("vllm").argv(ctx) -> ["vllm", "serve", ...]
+    ADAPTERS["vllm"].argv(ctx) -> ["vllm", "serve", ...]
 
 Adapters are pure. Everything they produce goes through render.render_replica,
 which resolves placeholders and refuses unsafe launches.
@@ -19,16 +19,4 @@ ADAPTERS: dict[str, EngineAdapter] = {
 }
 
 
-def adapter_for(engine: str) -> EngineAdapter:
-    try:
-        return ADAPTERS[engine]
-    except KeyError:
-        raise KeyError(f"unknown engine {engine!r}; known: {', '.join(sorted(ADAPTERS))}") from None
-
-
-def version_argv(engine: str) -> list[str]:
-    """The command that prints an engine's version on a node (for `engine-check`); [] for `command`."""
-    return adapter_for(engine).version_argv()
-
-
-__all__ = ["ADAPTERS", "EngineAdapter", "Peer", "RankContext", "adapter_for", "version_argv"]
+__all__ = ["ADAPTERS", "EngineAdapter", "Peer", "RankContext"]

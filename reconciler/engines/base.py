@@ -8,10 +8,10 @@ then applies every check to the result, so no launch can skip them.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from reconciler.host import Host
 from reconciler.model import Assignment, Model, NodeSpec, Profile
 
 
@@ -21,7 +21,7 @@ class Peer:
 
     rank: int
     node: str
-    address: str  # the node's data_address (fleet.yaml)
+    address: Host  # the node's data address (fleet.yaml)
     port: int
 
 
@@ -35,7 +35,7 @@ class RankContext:
     node: NodeSpec
     assignment: Assignment
     bind_host: str  # what the rank's listening sockets bind (see render.bind_host)
-    head_address: str  # the head node's data_address
+    head_address: Host  # the head node's data address
     dist_port: int | None  # rendezvous port on the head, multi-node only
     peers: tuple[Peer, ...]  # every rank, rank order; peers[0] is the head
     cuda_visible_devices: str  # "" for a CPU-only rank
@@ -63,8 +63,6 @@ class EngineAdapter(Protocol):
 
     def env(self, ctx: RankContext) -> dict[str, str]: ...
 
-    def version_argv(self) -> list[str]: ...
-
 
 def flag_name(token: str) -> str | None:
     """The option a command-line token sets, normalised (`--tensor_parallel_size=4` -> `--tensor-parallel-size`)."""
@@ -88,18 +86,3 @@ def owned_flags_in(args: Sequence[str], owned: frozenset[str]) -> list[str]:
         if name in owned and name not in seen:
             seen.append(name)
     return seen
-
-
-def host_port(address: str, port: int) -> str:
-    """`host:port`, with an IPv6 literal bracketed so the port is not read as part of it."""
-    if ":" in address and not address.startswith("["):
-        return f"[{address}]:{port}"
-    return f"{address}:{port}"
-
-
-def is_ip_literal(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address.strip("[]"))
-    except ValueError:
-        return False
-    return True

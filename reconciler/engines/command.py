@@ -16,7 +16,7 @@ def placeholder_values(ctx: RankContext) -> dict[str, str | None]:
         "REPLICA_ID": ctx.replica,
         "NODE_RANK": str(ctx.rank),
         "NNODES": str(ctx.nnodes),
-        "HEAD_ADDRESS": ctx.head_address,
+        "HEAD_ADDRESS": ctx.head_address.bare,
         "PORT": str(ctx.assignment.port),
         "DIST_PORT": str(ctx.dist_port) if ctx.dist_port is not None else None,
         "GPUS_PER_NODE": str(ctx.profile.gpus_per_node),
@@ -35,5 +35,3 @@ class CommandAdapter:
     def env(self, ctx: RankContext) -> dict[str, str]:
         return {}
 
-    def version_argv(self) -> list[str]:
-        return []

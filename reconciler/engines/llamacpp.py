@@ -10,7 +10,7 @@ Profile args are llama-server's; rpc-server takes none of them.
 
 from __future__ import annotations
 
-from reconciler.engines.base import RankContext, has_flag, host_port, is_ip_literal
+from reconciler.engines.base import RankContext, has_flag
 
 NGL_FLAGS = frozenset({"-ngl", "--n-gpu-layers", "--gpu-layers"})
 # Offload every layer: llama.cpp clamps to the model's layer count.
@@ -21,8 +21,8 @@ def rpc_bind_host(ctx: RankContext) -> str:
     """rpc-server has no authentication and hands out raw device memory, so it
     binds only the address the head reaches it on when that is an IP; a name
     may not be bindable on the node, and then it falls back to the common bind."""
-    address = ctx.node.data_address
-    return address.strip("[]") if is_ip_literal(address) else ctx.bind_host
+    host = ctx.node.data_host
+    return host.bare if host.is_ip else ctx.bind_host
 
 
 class LlamaCppAdapter:
@@ -37,11 +37,9 @@ class LlamaCppAdapter:
         if not has_flag(p.args, NGL_FLAGS):
             argv += ["-ngl", ALL_LAYERS if p.gpus_per_node else "0"]
         if ctx.multi_node:
-            argv += ["--rpc", ",".join(host_port(peer.address, peer.port) for peer in ctx.peers[1:])]
+            argv += ["--rpc", ",".join(peer.address.with_port(peer.port) for peer in ctx.peers[1:])]
         return argv + list(p.args)
 
     def env(self, ctx: RankContext) -> dict[str, str]:
         return {}
 
-    def version_argv(self) -> list[str]:
-        return ["llama-server", "--version"]

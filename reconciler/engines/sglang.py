@@ -8,7 +8,7 @@ HEAD:PORT` (the torch.distributed rendezvous on the head).
 
 from __future__ import annotations
 
-from reconciler.engines.base import RankContext, has_flag, host_port
+from reconciler.engines.base import RankContext, has_flag
 
 TP_FLAGS = frozenset({"--tp-size", "--tp", "--tensor-parallel-size"})
 
@@ -33,12 +33,10 @@ class SglangAdapter:
             argv += [
                 "--nnodes", str(ctx.nnodes),
                 "--node-rank", str(ctx.rank),
-                "--dist-init-addr", host_port(ctx.head_address, ctx.dist_port or 0),
+                "--dist-init-addr", ctx.head_address.with_port(ctx.dist_port or 0),
             ]
         return argv + list(p.args)
 
     def env(self, ctx: RankContext) -> dict[str, str]:
         return {}
 
-    def version_argv(self) -> list[str]:
-        return ["python3", "-c", "import sglang; print(sglang.__version__)"]

@@ -11,7 +11,7 @@ vLLM, which is exactly the seed's bug: we always pass the head's data address.
 
 from __future__ import annotations
 
-from reconciler.engines.base import RankContext, has_flag, is_ip_literal
+from reconciler.engines.base import RankContext, has_flag
 
 TP_FLAGS = frozenset({"--tensor-parallel-size", "-tp"})
 PP_FLAGS = frozenset({"--pipeline-parallel-size", "-pp"})
@@ -36,7 +36,7 @@ class VllmAdapter:
             argv += [
                 "--nnodes", str(ctx.nnodes),
                 "--node-rank", str(ctx.rank),
-                "--master-addr", ctx.head_address,
+                "--master-addr", ctx.head_address.bare,
                 "--master-port", str(ctx.dist_port),
             ]
             if not ctx.is_head:
@@ -48,8 +48,6 @@ class VllmAdapter:
         # from the default route, which on a multi-homed GPU node is often the
         # management network rather than the fabric. Only an IP: vLLM binds ZMQ
         # sockets on it, and a name (or ~/.ssh/config alias) cannot be bound.
-        address = ctx.node.data_address
-        return {"VLLM_HOST_IP": address.strip("[]")} if is_ip_literal(address) else {}
+        host = ctx.node.data_host
+        return {"VLLM_HOST_IP": host.bare} if host.is_ip else {}
 
-    def version_argv(self) -> list[str]:
-        return ["vllm", "--version"]

@@ -1,0 +1,444 @@
+"""The actor: carries out plan actions on the nodes, through a Launcher. Effects only.
+
+A replica is not "placed" until a process runs on every node the plan named
+and the ranks found each other (the seed's lesson). So:
+
+- a replica's ranks start as one: workers first, head last (the head waits
+  for its workers), and if any rank fails to start, the ranks already started
+  are stopped again, so nothing is left half-started;
+- a rank never starts on a GPU a foreign process uses, or whose memory is
+  mostly taken, and the refusal names the process and the MiB;
+- records on the nodes are the memory: after a restart, whatever runs is
+  adopted as it is (the node agent answers "already running" instead of
+  launching a second copy).
+
+Every action returns an ActionOutcome and records Decisions; what to do is
+the plan's, whether it serves is readiness.py's, the snapshot arithmetic is
+snapshot.py's.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Callable, Iterable, Sequence
+
+from reconciler.errors import RenderError, TransportError
+from reconciler.launcher import Launcher, StartOutcome
+from reconciler.model import Action, Assignment, Catalog, Fleet, Inventory, Model, Placement, Profile, RankLaunch
+from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ActionOutcome, Decision, ReplicaState
+from reconciler.readiness import (
+    DEFAULT_START_TIMEOUT_S,
+    LOG_LINES_IN_MESSAGE,
+    HealthCheck,
+    Liveness,
+    StartedReplica,
+    http_health,
+    judge_records,
+    judge_started,
+    judge_unanswered,
+    liveness_due,
+)
+from reconciler.snapshot import RankRecords, gpu_problems, inventory_after, ranks_by_replica, start_order
+from reconciler.status import replica_endpoint
+
+# `apply` waits at most this long for a started replica to become Ready; past it the
+# replica is reported Starting and the next pass (or the daemon) keeps watching.
+APPLY_READY_WAIT_S = 300.0
+POLL_INTERVAL_S = 0.2
+
+RenderFn = Callable[[Model, Profile, Placement, Fleet, Inventory], list[RankLaunch]]
+LogFn = Callable[[Decision], None]
+
+
+def head_host(fleet: Fleet, node_id: str) -> str:
+    """The bare address the head serves on (its data address), for the health request."""
+    spec = fleet.node(node_id)
+    return spec.data_host.bare if spec is not None else node_id
+
+
+def observe_replica(
+    catalog: Catalog,
+    ranks: RankRecords,
+    replica: str,
+    model: Model,
+    launcher: Launcher,
+    health: HealthCheck = http_health,
+    wall_now: float | None = None,
+) -> ReplicaState | None:
+    """The phase of a replica running from an earlier pass (or an earlier reconciler), or None when none runs.
+
+    ranks: the replica's records in the snapshot (ranks_by_replica).
+    """
+    if not ranks:
+        return None
+    head_node, head = next(((n, r) for n, r in ranks if r.rank == 0), ranks[0])
+    profile = model.profile(head.profile)
+    nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
+    base = ReplicaState(replica, model.name, head.profile, UNKNOWN, "", nodes,
+                        replica_endpoint(catalog.fleet, head_node.id, head.port))
+    settled = judge_records(base, ranks)
+    if settled is not None:
+        return settled
+    answered, seen = health(head_host(catalog.fleet, head_node.id), head.port,
+                            profile.health_path if profile is not None else "/health")
+    if answered:
+        return replace(base, phase=READY)
+    try:
+        states = launcher.ranks(head_node.id, replica, log_lines=LOG_LINES_IN_MESSAGE)
+    except TransportError as exc:
+        return replace(base, message=f"{seen}; node {head_node.id}: {exc.reason}")
+    return judge_unanswered(
+        base, seen=seen, head_state=next((s for s in states if s.rank == head.rank), None),
+        timeout_s=profile.start_timeout_s if profile is not None else DEFAULT_START_TIMEOUT_S,
+        wall_now=time.time() if wall_now is None else wall_now,
+    )
+
+
+class Actor:
+    """Carries out plan actions through a Launcher, recording a Decision for each step.
+
+    Working state, read by the pass when the actions are done:
+      states   replica -> the state an action left it in
+      started / stopped / pids / taken_ports   what changed on the fleet (snapshot.inventory_after)
+      pending  replicas launched in this pass, not yet judged (wait_ready)
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        inventory: Inventory,
+        launcher: Launcher,
+        render: RenderFn,
+        log: LogFn,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        ready_wait_s: float | None = None,
+        health: HealthCheck = http_health,
+    ):
+        self.catalog = catalog
+        self.probed = inventory  # as the probe saw it
+        self.inventory = inventory  # as this pass has changed it so far
+        self.launcher = launcher
+        self.render = render
+        self.log = log
+        self.clock = clock
+        self.sleep = sleep
+        self.ready_wait_s = APPLY_READY_WAIT_S if ready_wait_s is None else ready_wait_s
+        self.health = health
+        self.decisions: list[Decision] = []
+        self.states: dict[str, ReplicaState] = {}
+        self.started: list[RankLaunch] = []
+        self.pids: dict[tuple[str, str, int], int] = {}
+        self.taken_ports: dict[str, set[int]] = {}
+        self.stopped: list[tuple[str, str, int | None]] = []
+        self.pending: dict[str, StartedReplica] = {}
+        self._ranks: tuple[Inventory, dict[str, RankRecords]] | None = None  # index of self.inventory
+
+    # -- bookkeeping
+
+    def decide(self, replica: str, node: str, action: str, reason: str, ok: bool = True) -> None:
+        d = Decision(replica, node, action, reason, ok)
+        self.decisions.append(d)
+        self.log(d)
+
+    def settle(self, action: str, state: ReplicaState, ok: bool) -> ActionOutcome:
+        self.states[state.replica] = state
+        return ActionOutcome(state.replica, action, ok, state)
+
+    def fail(self, action: str, replica: str, model: str, profile: str | None, message: str, node: str = "-",
+             placement: Placement | None = None) -> ActionOutcome:
+        self.decide(replica, node, "fail", message, ok=False)
+        return self.settle(action, ReplicaState(
+            replica, model, profile, FAILED, message, placement.nodes if placement else (),
+            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
+        ), ok=False)
+
+    def fail_action(self, action: Action, message: str) -> ActionOutcome:
+        """fail() with the profile and placement the action names."""
+        _, profile = self._model_profile(action)
+        return self.fail(action.action, action.replica, action.model, profile.name if profile else None, message,
+                         placement=action.placement)
+
+    # -- actions
+
+    def act(self, action: Action) -> ActionOutcome:
+        kind = action.action
+        if kind == "start":
+            return self.start(action)
+        if kind == "stop":
+            return self.stop(action)
+        if kind == "replace":
+            return self.replace_replica(action)
+        if kind == "restart":
+            return self.restart(action)
+        self.decide(action.replica, "-", "skip", f"unknown action {kind!r}", ok=False)
+        return ActionOutcome(action.replica, kind, False)
+
+    def old_targets(self, action: Action) -> list[tuple[str, int]]:
+        """(node, rank) of the copy an action supersedes: the plan's `previous`, else what the records show."""
+        if action.previous is not None and action.previous.nodes:
+            return sorted({(a.node, a.rank) for a in action.previous.nodes})
+        return self.recorded_targets(action.replica)
+
+    def recorded_targets(self, replica: str) -> list[tuple[str, int]]:
+        """(node, rank) of every record of the replica in the working snapshot."""
+        return sorted({(n.id, r.rank) for n, r in self.ranks_of(replica)})
+
+    def ranks_of(self, replica: str) -> RankRecords:
+        """The replica's records in the working snapshot, indexed again only when the snapshot changed."""
+        if self._ranks is None or self._ranks[0] is not self.inventory:
+            self._ranks = (self.inventory, ranks_by_replica(self.inventory))
+        return self._ranks[1].get(replica, [])
+
+    def reachable(self, node_id: str) -> bool:
+        node = self.inventory.node(node_id)
+        return node is not None and node.state != "unreachable"
+
+    def forget(self, replica: str, targets: Iterable[tuple[str, int | None]]) -> None:
+        """Drop stopped ranks from the working snapshot, so later checks do not trip over them."""
+        self.inventory = inventory_after(self.inventory, [], [(n, replica, r) for n, r in targets])
+
+    def restart(self, action: Action) -> ActionOutcome:
+        # A crashed rank takes its whole replica down: ranks of a multi-node replica only rendezvous at start.
+        targets = [t for t in self.old_targets(action) if self.reachable(t[0])]
+        if not self.stop_ranks(action.replica, targets, f"restart: {action.reason}"):
+            return self.fail_action(action, "restart: the crashed copy could not be stopped")
+        self.forget(action.replica, targets)
+        return self.start(action, reason=f"restart: {action.reason}")
+
+    def _model_profile(self, action: Action) -> tuple[Model | None, Profile | None]:
+        model = self.catalog.model(action.model)
+        if model is None or action.placement is None:
+            return model, None
+        return model, model.profile(action.placement.profile)
+
+    def start(self, action: Action, *, reason: str | None = None) -> ActionOutcome:
+        placement = action.placement
+        model, profile = self._model_profile(action)
+        verb = action.action
+        if placement is None or not placement.nodes or model is None or profile is None:
+            why = action.reason or "no placement"
+            self.decide(action.replica, "-", "skip", f"cannot start: {why}")
+            return self.settle(verb, ReplicaState(action.replica, action.model, None, PENDING, why), ok=True)
+        try:
+            launches = self.render(model, profile, placement, self.catalog.fleet, self.inventory)
+        except RenderError as exc:
+            return self.fail(verb, action.replica, action.model, profile.name, f"launch refused: {exc}",
+                             placement=placement)
+
+        # Against the snapshot as probed: memory our own ranks held then (stopped since, in a
+        # restart or a replace) is ours to reuse, not a foreign tenant's.
+        problems = [p for l in launches for p in gpu_problems(l, self.probed.node(l.node))]
+        if problems:
+            return self.fail(verb, action.replica, action.model, profile.name, "GPUs not clean: " + "; ".join(problems),
+                             node=placement.head.node, placement=placement)
+
+        if not self.clear_earlier_copy(action.replica, launches):
+            return self.fail(verb, action.replica, action.model, profile.name, "an earlier copy could not be stopped",
+                             placement=placement)
+
+        failed = self.launch_ranks(launches, reason or action.reason or "missing")
+        if failed is not None:
+            launch, message = failed
+            return self.fail(verb, action.replica, action.model, profile.name, message, node=launch.node,
+                             placement=placement)
+
+        self.pending[action.replica] = StartedReplica(launches, action.model, profile, placement, self.clock())
+        return self.settle(verb, ReplicaState(
+            action.replica, action.model, profile.name, STARTING, "", placement.nodes,
+            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
+        ), ok=True)
+
+    def clear_earlier_copy(self, replica: str, launches: Sequence[RankLaunch]) -> bool:
+        """Ranks of this replica left from an earlier life (dead, or on other nodes) would collide with
+        the new ones or answer in their place: clear them first, unless every one is alive exactly
+        where the plan wants it (then the agent adopts them). False when they could not be stopped."""
+        wanted = {(l.node, l.rank, l.spec_hash) for l in launches}
+        # Ranks on unreachable nodes cannot be cleared now; the plan stops them as stale copies when they return.
+        existing = [(n, r) for n, r in self.ranks_of(replica) if n.state != "unreachable"]
+        if not existing or all(r.alive and (n.id, r.rank, r.spec_hash) in wanted for n, r in existing):
+            return True
+        targets = sorted({(n.id, r.rank) for n, r in existing})
+        if not self.stop_ranks(replica, targets, "clearing an earlier, incomplete copy"):
+            return False
+        self.forget(replica, targets)
+        return True
+
+    def launch_ranks(self, launches: Sequence[RankLaunch], why: str) -> tuple[RankLaunch, str] | None:
+        """Start every rank, workers first; on the first failure roll back and return (that rank, why)."""
+        outcomes: list[tuple[RankLaunch, StartOutcome]] = []
+        for launch in start_order(launches):
+            outcome = self.launcher.start(launch)
+            outcomes.append((launch, outcome))
+            if not outcome.ok:
+                break
+            verb = "adopt" if outcome.already_running else "start"
+            what = "already running, adopted" if outcome.already_running else f"pid {outcome.pid}"
+            self.decide(launch.replica, launch.node, verb,
+                        f"rank {launch.rank}/{launch.nnodes} port {launch.port} ({what}): {why}")
+            if not outcome.already_running:
+                self.started.append(launch)
+                if outcome.pid is not None:
+                    self.pids[(launch.node, launch.replica, launch.rank)] = outcome.pid
+        failed = next(((l, o) for l, o in outcomes if not o.ok), None)
+        if failed is None:
+            return None
+        launch, outcome = failed
+        message = f"rank {launch.rank} on {launch.node} did not start: {outcome.reason}"
+        self.roll_back(outcomes, message)
+        if outcome.port_in_use:
+            # The snapshot written after this pass says so, and the next plan picks another port.
+            self.taken_ports.setdefault(launch.node, set()).add(outcome.port_in_use)
+        return launch, message
+
+    def roll_back(self, outcomes: Sequence[tuple[RankLaunch, StartOutcome]], message: str) -> None:
+        """Nothing half-started: take back the ranks that did start, and the one whose node
+        stopped answering mid-launch (it may have started; if it cannot be reached now,
+        its record is on the node and the next probe finds it)."""
+        for l, o in outcomes:
+            if not o.ok and o.uncertain:
+                undone = self.launcher.stop(l.node, l.replica, l.rank)
+                self.decide(l.replica, l.node, "stop",
+                            f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
+                            ok=undone.ok)
+            elif o.ok:
+                undone = self.launcher.stop(l.node, l.replica, l.rank)
+                self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
+                if undone.ok and l in self.started:
+                    self.started.remove(l)
+                elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
+                    self.stopped.append((l.node, l.replica, l.rank))
+
+    def stop_ranks(self, replica: str, targets: Sequence[tuple[str, int | None]], reason: str) -> bool:
+        """Stop ranks on their nodes, all at once (a multi-node replica goes down as one)."""
+        if not targets:
+            return True
+        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+            outcomes = list(pool.map(lambda t: self.launcher.stop(t[0], replica, t[1]), targets))
+        ok = True
+        for (node, rank), outcome in zip(targets, outcomes):
+            self.decide(replica, node, "stop", f"{reason} ({outcome.detail})", ok=outcome.ok)
+            if outcome.ok:
+                self.stopped.append((node, replica, rank))
+            ok = ok and outcome.ok
+        return ok
+
+    def stop(self, action: Action) -> ActionOutcome:
+        # The plan names the exact ranks (a stale copy is stopped, the current one on other nodes is not).
+        if action.placement is not None and action.placement.nodes:
+            targets = sorted({(a.node, a.rank) for a in action.placement.nodes})
+        else:
+            targets = self.recorded_targets(action.replica)
+        if not targets:
+            self.decide(action.replica, "-", "stop", f"nothing running: {action.reason}")
+            return ActionOutcome(action.replica, "stop", True)
+        return ActionOutcome(action.replica, "stop", self.stop_ranks(action.replica, targets, action.reason or "not desired"))
+
+    def replace_replica(self, action: Action) -> ActionOutcome:
+        placement = action.placement
+        if placement is None or not placement.nodes:
+            # Nothing fits the new spec: the old replica keeps serving rather than leave a hole.
+            self.decide(action.replica, "-", "keep", action.reason or "no placement for the new copy; old one kept")
+            return ActionOutcome(action.replica, "replace", True)
+        old = self.old_targets(action)
+        old_live = [t for t in old if self.reachable(t[0])]
+        new_slots = {(a.node, a.rank) for a in placement.nodes}
+        # Starting first needs the new ranks' records to be distinct from the old ones (same replica id).
+        start_first = bool(old) and not action.stop_first and not (new_slots & set(old))
+        if not start_first:
+            if not self.stop_ranks(action.replica, old_live, f"replace, old copy first: {action.reason}"):
+                return self.fail_action(action, "replace: the old copy could not be stopped")
+            self.forget(action.replica, old_live)
+            return self.start(action, reason=f"replace: {action.reason}")
+        return self.replace_new_first(action, old, old_live)
+
+    def replace_new_first(self, action: Action, old: list[tuple[str, int]],
+                          old_live: list[tuple[str, int]]) -> ActionOutcome:
+        """Capacity allows: bring the new copy up, and take the old one away only once the new one is Ready."""
+        before = self.inventory
+        self.forget(action.replica, old)
+        started = self.start(action, reason=f"replace, new copy first: {action.reason}")
+        if not started.ok or action.replica not in self.pending:
+            self.inventory = before
+            return started
+        state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
+        if state.phase == READY:
+            self.stop_ranks(action.replica, old_live, f"replaced by the new copy: {action.reason}")
+            self.pending.pop(action.replica, None)
+            return ActionOutcome(action.replica, "replace", True, state)
+        new_targets = [(l.node, l.rank) for l in self.pending[action.replica].launches]
+        self.stop_ranks(action.replica, new_targets, "new copy not Ready; old copy kept")
+        for launch in self.pending[action.replica].launches:
+            if launch in self.started:
+                self.started.remove(launch)
+        self.inventory = before
+        message = f"new copy not Ready ({state.message}); old copy kept running"
+        outcome = self.fail("replace", action.replica, action.model, state.profile, message,
+                            placement=action.placement)
+        # What serves is the old copy: report it as it is, so its endpoint stays listed.
+        model = self.catalog.model(action.model)
+        kept = (observe_replica(self.catalog, ranks_by_replica(before).get(action.replica, []), action.replica, model,
+                                self.launcher, self.health) if model else None)
+        if kept is not None:
+            outcome = self.settle("replace", replace(kept, message=f"replacement failed: {message}"), ok=False)
+        self.pending.pop(action.replica, None)
+        return outcome
+
+    def replace_wait_s(self, action: Action) -> float:
+        """A replacement waits for its new copy inside the pass (even for the daemon): the old copy must not
+        go before the new one serves, and must not stay beside it for longer than one pass."""
+        _, profile = self._model_profile(action)
+        timeout = profile.start_timeout_s if profile is not None else APPLY_READY_WAIT_S
+        return min(timeout, APPLY_READY_WAIT_S)
+
+    # -- readiness of what this pass started
+
+    def judge(self, replica: str, started: StartedReplica, *, final: bool) -> ReplicaState | None:
+        """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
+        head = started.head
+        base = ReplicaState(replica, started.model, started.profile.name, STARTING, "", started.placement.nodes,
+                            replica_endpoint(self.catalog.fleet, head.node, head.port))
+        answered, seen = self.health(head_host(self.catalog.fleet, head.node), head.port,
+                                     head.health_path or started.profile.health_path)
+        now = self.clock()
+        if not liveness_due(started, now=now, answered=answered, final=final):
+            return None
+        started.ranks_checked_at = now
+        return judge_started(base, started, answered=answered, seen=seen, liveness=self.rank_liveness(started.launches),
+                             now=now, final=final)
+
+    def rank_liveness(self, launches: Sequence[RankLaunch]) -> Liveness:
+        """Ask every node of the replica about its ranks (one round trip per node)."""
+        states = {}
+        unreachable = []
+        replica = launches[0].replica
+        for node in sorted({l.node for l in launches}):
+            try:
+                for s in self.launcher.ranks(node, replica, log_lines=LOG_LINES_IN_MESSAGE):
+                    states[(node, s.rank)] = s
+            except TransportError:
+                unreachable.append(node)
+        return Liveness(states, tuple(unreachable))
+
+    def wait_ready(self, replicas: Sequence[str], budget_s: float | None = None) -> dict[str, ReplicaState]:
+        """Poll started replicas until each is Ready or Failed, or the wait budget runs out."""
+        waiting = {r: self.pending[r] for r in replicas if r in self.pending}
+        results: dict[str, ReplicaState] = {}
+        deadline = self.clock() + (self.ready_wait_s if budget_s is None else budget_s)
+        while waiting:
+            final = self.clock() >= deadline
+            for replica, started in list(waiting.items()):
+                state = self.judge(replica, started, final=final)
+                if state is not None:
+                    results[replica] = state
+                    del waiting[replica]
+            if waiting:
+                self.sleep(POLL_INTERVAL_S)
+        for replica, state in results.items():
+            self.states[replica] = state
+            self.decide(replica, state.nodes[0].node if state.nodes else "-", "health",
+                        state.phase + (f": {state.message}" if state.message else ""), ok=state.phase != FAILED)
+        return results

@@ -1,0 +1,107 @@
+"""One value for a node's address: parsed once, at load, and asked everywhere.
+
+An address reaches many places (engine flags, URLs, health checks, host-key
+lines, loopback checks) and each wants it spelt differently: `fd00::1` for
+`--master-addr`, `[fd00::1]:8000` after a port, `http://[fd00::1]:8000` in a
+URL. Every spelling comes from here, so no caller strips or adds brackets.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from dataclasses import dataclass, field
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# The loopback names distributions put in /etc/hosts, besides localhost itself.
+LOOPBACK_NAMES = frozenset({
+    "localhost", "localhost.localdomain", "localhost4", "localhost4.localdomain4",
+    "localhost6", "localhost6.localdomain6", "ip6-localhost", "ip6-loopback",
+})
+HOST_LABEL_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
+
+
+def _ip(host: str) -> IPAddress | None:
+    """`host` as an IP when it is one in any spelling connect() accepts (inet_aton forms included)."""
+    try:
+        ip: IPAddress = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host as written in fleet.yaml (`10.0.0.1`, `[fd00::1]`, `gpu-a1.example`).
+
+    bare          what engines and sockets take: no brackets (`fd00::1`)
+    canonical     one spelling per machine: `10.1.11` and `::ffff:10.1.0.11` are `10.1.0.11`
+    ip            the IP it is, in any spelling connect() accepts; None for a name
+    """
+
+    written: str
+    bare: str = field(init=False, compare=False)
+    canonical: str = field(init=False, compare=False)
+    ip: IPAddress | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        text = self.written.strip()
+        bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        lowered = bare.lower().rstrip(".")
+        ip = _ip(lowered)
+        object.__setattr__(self, "bare", bare)
+        object.__setattr__(self, "ip", ip)
+        object.__setattr__(self, "canonical", str(ip) if ip is not None else lowered)
+
+    def __str__(self) -> str:
+        return self.bare
+
+    @property
+    def is_ip(self) -> bool:
+        """An IP literal as written (strictly: `10.1.11` is an IP to connect(), not a literal)."""
+        try:
+            ipaddress.ip_address(self.bare)
+        except ValueError:
+            return False
+        return True
+
+    @property
+    def is_ipv6(self) -> bool:
+        return self.is_ip and ipaddress.ip_address(self.bare).version == 6
+
+    @property
+    def loopback_ip(self) -> str | None:
+        """The canonical IP when this names this machine (any spelling connect() accepts, the usual
+        /etc/hosts names, and the unspecified address, which a connect() turns into this host)."""
+        name = self.bare.lower().rstrip(".")
+        if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+            return "::1" if "6" in name else "127.0.0.1"
+        ip = self.ip
+        return str(ip) if ip is not None and (ip.is_loopback or ip.is_unspecified) else None
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.loopback_ip is not None
+
+    @property
+    def is_valid(self) -> bool:
+        """An IP address or a DNS host name: what engines and clients can dial. Nothing else (a comma
+        or space would splice another endpoint into `--rpc a:1,b:2`)."""
+        if self.is_ip:
+            return True
+        name = self.bare[:-1] if self.bare.endswith(".") else self.bare
+        return 0 < len(name) <= 253 and all(HOST_LABEL_RE.match(label) for label in name.split("."))
+
+    def with_port(self, port: int) -> str:
+        """`host:port`, an IPv6 literal bracketed so the port is not read as part of it."""
+        return f"[{self.bare}]:{port}" if self.is_ipv6 else f"{self.bare}:{port}"
+
+    def url(self, port: int, path: str = "", scheme: str = "http") -> str:
+        return f"{scheme}://{self.with_port(port)}{path}"

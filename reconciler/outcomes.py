@@ -1,0 +1,90 @@
+"""What the act stage reports: typed values the daemon, the CLI and status read.
+
+Decision       one line of the pass log (what was done where, and why)
+ReplicaState   a desired replica after the pass: phase, where it runs, its endpoint
+ActionOutcome  what carrying out one plan action came to
+PassResult     one whole pass: the plan, every decision, every replica's state
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from reconciler.model import Assignment, Inventory, replica_ordinal
+
+if TYPE_CHECKING:  # typing only: memory imports plan, which this layer must not need at run time
+    from reconciler.memory import PassMemory
+    from reconciler.plan import Plan
+
+# The phases of SPEC section 2.
+PENDING, STARTING, READY, FAILED, STOPPING, UNKNOWN = "Pending", "Starting", "Ready", "Failed", "Stopping", "Unknown"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One line of the pass log: what was done (or would be) to which replica where, and why."""
+
+    replica: str
+    node: str  # "-" when the decision is about no node in particular
+    action: str  # start | stop | replace | adopt | fail | skip | keep | health
+    reason: str
+    ok: bool = True
+
+    def __str__(self) -> str:
+        return f"{self.replica}  {self.node}  {self.action}  {self.reason}"
+
+    def as_dict(self) -> dict:
+        return {"replica": self.replica, "node": self.node, "action": self.action, "reason": self.reason, "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """A desired replica after the pass: where it runs and how it is doing."""
+
+    replica: str
+    model: str
+    profile: str | None
+    phase: str  # Pending | Starting | Ready | Failed | Stopping | Unknown
+    message: str = ""
+    nodes: tuple[Assignment, ...] = ()
+    endpoint: str | None = None  # http://<head data address>:<port>, when placed
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """What one plan action came to. `state` is the replica's state when the action settled it
+    (Starting after a launch, Failed after a refusal); None when it leaves the state to be observed."""
+
+    replica: str
+    action: str
+    ok: bool
+    state: ReplicaState | None = None
+
+
+@dataclass
+class PassResult:
+    revision: str | None
+    inventory: Inventory | None
+    plan: "Plan"
+    decisions: list[Decision] = field(default_factory=list)
+    replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    dry_run: bool = False
+    written: list[str] = field(default_factory=list)  # status files whose content changed
+    memory: "PassMemory | None" = None  # hand to the next pass as `history`
+
+    @property
+    def ok(self) -> bool:
+        return all(d.ok for d in self.decisions)
+
+    def endpoints(self) -> dict[str, list[str]]:
+        """Model -> URLs of its Ready replicas, in replica order."""
+        out: dict[str, list[str]] = {}
+        for state in sorted(self.replicas.values(), key=_replica_sort_key):
+            if state.phase == READY and state.endpoint:
+                out.setdefault(state.model, []).append(state.endpoint)
+        return out
+
+
+def _replica_sort_key(state: ReplicaState):
+    return (state.model, replica_ordinal(state.model, state.replica) or 0, state.replica)

@@ -1,0 +1,198 @@
+"""One reconcile pass, shared by `reconciler apply` and the daemon: probe -> plan -> act -> status.
+
+The pass is the flat sequence of steps in `run_pass`, in the order they
+happen; each step is one call into the module that owns it:
+
+  probe     probe/            the fleet as it is (Inventory)
+  plan      plan.py           pure: catalog x inventory x memory -> actions
+  act       actor.py          effects: each action through the Launcher, a typed outcome each
+  judge     readiness.py      pure phase judgement of what was started and what runs
+  remember  memory.py         what the next pass needs (backoff, grace, placements)
+  status    status.py         written in a `finally`, deferred to the end (Flux's deferred patch):
+                              a pass that breaks half-way still says what it saw
+
+Effects go through injected seams (transports, launcher, probe, planner,
+render, health), so tests drive real processes through LocalTransport
+without SSH and the daemon reuses its connection pool.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Callable, Mapping
+
+from reconciler.actor import Actor, LogFn, RenderFn, observe_replica
+from reconciler.errors import ReconcilerError
+from reconciler.launcher import Launcher, SshLauncher
+from reconciler.memory import PassMemory, remember
+from reconciler.model import Catalog, Inventory
+from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
+from reconciler.plan import Plan, WaitKind, plan as make_plan
+from reconciler.probe import probe_fleet
+from reconciler.readiness import HealthCheck, http_health
+from reconciler.render import render_replica
+from reconciler.snapshot import inventory_after, ranks_by_replica
+from reconciler.status import unplaced_message, write_nodes_status, write_plan_status
+from reconciler.transport import FleetTransports, Transport, TransportPool
+
+ProbeFn = Callable[[Catalog, FleetTransports], Inventory]
+
+
+def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
+    return probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
+
+
+def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory) -> Plan:
+    return make_plan(
+        catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
+        last_seen=memory.last_seen, placed_on=memory.placed_on,
+    )
+
+
+def run_pass(
+    catalog: Catalog,
+    *,
+    transports: "TransportPool | Mapping[str, Transport]",
+    dry_run: bool = False,
+    now: float | None = None,
+    history: PassMemory | None = None,
+    log: LogFn = lambda d: None,
+    launcher: Launcher | None = None,
+    probe: ProbeFn | None = None,
+    planner: Callable[..., Plan] | None = None,
+    render: RenderFn | None = None,
+    ready_wait_s: float | None = None,
+    write_status: bool = True,
+    health: HealthCheck = http_health,
+) -> PassResult:
+    """Probe the fleet, plan against the catalog, act on the plan, write status/.
+
+    transports    node id -> Transport, or a pool with `transport_for(spec)`.
+    history       the previous pass's `PassResult.memory` (or None: a first pass).
+    now           epoch seconds for the plan's backoff and grace periods (default: the clock).
+    ready_wait_s  how long to wait for replicas started in this pass to become
+                  Ready (default actor.APPLY_READY_WAIT_S, capped by each profile's
+                  start_timeout_s); the daemon may pass 0 and judge them on later
+                  passes. A replace always waits for its new copy (see Actor.replace_wait_s).
+    A dry run probes and plans, reports what it would do, and changes nothing,
+    status files included.
+    """
+    now = time.time() if now is None else now
+    memory = history or PassMemory()
+    fleet_transports = FleetTransports(transports, catalog.fleet)
+    launcher = launcher or SshLauncher.for_fleet(catalog.fleet, fleet_transports)
+
+    # 1. Probe: the fleet as it is.
+    inventory = (probe or default_probe)(catalog, fleet_transports)
+    # 2. Plan (pure): what to do about it.
+    plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
+    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory)
+    if dry_run:
+        result.decisions = predicted_decisions(plan, log)
+        return result
+
+    actor = Actor(catalog, inventory, launcher, render or render_replica, log, ready_wait_s=ready_wait_s, health=health)
+    try:
+        # 3. Act: every action, in the plan's order; one action's failure never stops the others.
+        for action in plan.actions:
+            try:
+                actor.act(action)
+            except ReconcilerError as exc:
+                actor.decide(action.replica, "-", action.action, f"failed: {exc}", ok=False)
+        # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
+        actor.wait_ready([r for r in actor.pending if r not in actor.states or actor.states[r].phase == STARTING])
+        result.decisions = actor.decisions
+        # 5. The fleet as the pass left it, and every desired replica's state in it.
+        result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports)
+        result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
+        # 6. Remember what the next pass needs.
+        desired = [rid for m in catalog.models for rid in m.replica_ids()]
+        result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
+    finally:
+        # 7. Status, deferred: written whatever happened above.
+        if write_status:
+            result.written = write_pass_status(catalog, result)
+    return result
+
+
+def predicted_decisions(plan: Plan, log: LogFn) -> list[Decision]:
+    """What a dry run reports: each action as it would be done."""
+    decisions = []
+    for a in plan.actions:
+        nodes = ",".join(x.node for x in a.placement.nodes) if a.placement and a.placement.nodes else "-"
+        d = Decision(a.replica, nodes, a.action, f"would {a.action}: {a.reason}")
+        decisions.append(d)
+        log(d)
+    return decisions
+
+
+def replica_states(
+    catalog: Catalog,
+    inventory: Inventory,
+    acted: Mapping[str, ReplicaState],
+    plan: Plan,
+    launcher: Launcher,
+    health: HealthCheck = http_health,
+) -> dict[str, ReplicaState]:
+    """Every desired replica's state: from this pass's actions, else observed, else Pending."""
+    unplaced = {o.replica: o for o in plan.unplaced}
+    records = ranks_by_replica(inventory)
+    reasons = {a.replica: a.reason for a in plan.actions}
+    waiting = {w.replica: w for w in plan.waiting}
+    todo = []
+    states: dict[str, ReplicaState] = {}
+    for model in catalog.models:
+        for rid in model.replica_ids():
+            if rid in acted:
+                states[rid] = acted[rid]
+            else:
+                todo.append((rid, model))
+
+    def observe(item):
+        rid, model = item
+        return rid, model, observe_replica(catalog, records.get(rid, []), rid, model, launcher, health)
+
+    # Health checks are network round trips: ask them concurrently, answer in catalog order.
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
+        for rid, model, state in pool.map(observe, todo):
+            w = waiting.get(rid)
+            node_away = w is not None and w.kind is WaitKind.NODE_UNREACHABLE
+            if state is None and node_away:
+                # Its node does not answer: we cannot say how it is, only where it was.
+                where = plan.observed.get(rid)
+                state = ReplicaState(rid, model.name, where.profile if where else None, UNKNOWN, w.reason,
+                                     where.nodes if where else ())
+            elif state is None:
+                why = unplaced_message(unplaced[rid]) if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
+                state = ReplicaState(rid, model.name, None, PENDING, why)
+            elif w is not None and state.phase in (FAILED, UNKNOWN):
+                phase = state.phase
+                if phase == FAILED and node_away and all(r.alive for _, r in records.get(rid, ())):
+                    # The plan holds it because a node of it does not answer: the ranks there are
+                    # unseen, not dead. Failed stays for a rank seen dead on a node that answers.
+                    phase = UNKNOWN
+                state = replace(state, phase=phase,
+                                message=f"{state.message}; {w.reason}" if state.message else w.reason)
+            states[rid] = state
+    return states
+
+
+def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
+    """Write status/ for this pass (models, endpoints, nodes); returns the files whose content changed.
+
+    Models and endpoints go through status.py's writer, the same one `plan
+    --write-status` uses, so a predicted status and an applied one have one
+    shape; here it gets the phases and messages the pass observed.
+    """
+    phases = {rid: st.phase for rid, st in result.replicas.items()}
+    messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
+    # The pass observed every replica, so its messages are the whole story: without the plan's
+    # action reasons ("start: not running") a replica started in this pass reads the same as
+    # in the next, quiet one, and status does not change for nothing.
+    observed_plan = replace(result.plan, actions=(), waiting=())
+    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages)
+    if result.inventory is not None:
+        written += write_nodes_status(catalog.root, result.inventory, catalog.models)
+    return [str(p) for p in written]
