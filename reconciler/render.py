@@ -8,9 +8,10 @@ honest live here and not in the adapters:
   engine as text: it was accepted and failed much later, somewhere else);
 - a multi-node replica never names a loopback address for its head or its
   peers, and never puts two ranks on one node (a "two-node" run on one host);
-- every value stays one argv element. Nothing here quotes or joins: the
-  transport quotes an argv once (shlex.join), so a catalog string holding
-  `; rm -rf`, `$(...)`, backquotes or newlines reaches the engine literally.
+- every value stays one argv element. Nothing here quotes or joins: the argv
+  travels as a JSON list in the node agent's request (on its stdin), and the
+  agent execs it without a shell, so a catalog string holding `; rm -rf`,
+  `$(...)`, backquotes or newlines reaches the engine literally.
 
 Pure: no I/O, no clock.
 """

@@ -10,8 +10,9 @@ from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
 from reconciler.commands.plan import where_text
 from reconciler.errors import UsageError
-from reconciler.placement import summarize
-from reconciler.plan import plan
+from reconciler.model import Action
+from reconciler.placement import Outcome, summarize
+from reconciler.plan import Waiting, plan
 
 
 def main(args) -> int:
@@ -32,37 +33,44 @@ def main(args) -> int:
            f"profiles in order: {', '.join(f'{p.name} (priority {p.priority})' for p in model.profiles)}"]
     for rid in model.replica_ids():
         o = pl.outcomes.get(rid)
-        a = actions.get(rid)
         if o is None:
             continue
+        a = actions.get(rid)
         if o.placement is not None:
-            p = o.placement
-            verb = "runs on" if o.kept else {"start": "would start on", "replace": "would move to",
-                                              "restart": "would restart on"}.get(a.action if a else "", "goes to")
-            out.append(f"{rid}: {verb} {where_text(p)} (profile {p.profile}, pool {p.pool}"
-                       + (f", rendezvous port {p.dist_port}" if p.dist_port else "") + ")")
-            if a is not None:
-                out.append(f"  {a.action}: {a.reason}")
-            if rid in waiting:
-                out.append(f"  waiting: {waiting[rid].reason}")
-            if o.rejections:
-                out.append("  profiles that did not fit first:")
-                for line in summarize(o.rejections, len(catalog.fleet.nodes), args.all):
-                    out.append(f"    {line}")
-            continue
-        if o.rejections_same_as:
-            out.append(f"{rid}: cannot be placed; same rejections as {o.rejections_same_as}")
-            continue
-        out.append(f"{rid}: cannot be placed")
-        if a is not None:
-            out.append(f"  {a.action}: {a.reason}")
-        for line in summarize(o.rejections, o.nodes_considered, args.all):
-            out.append(f"  {line}")
-        out.append("  every node:" if args.all else "  node by node (first 20; --all for every node):")
-        shown = o.rejections if args.all else o.rejections[:20]
-        for r in shown:
-            out.append(f"    {r.profile} @ {r.pool}{'/' + r.node if r.node else ''}: {r.reason}")
-        if len(shown) < len(o.rejections):
-            out.append(f"    ... {len(o.rejections) - len(shown)} more")
+            out += _placed_lines(rid, o, a, waiting.get(rid), len(catalog.fleet.nodes), args.all)
+        else:
+            out += _unplaced_lines(rid, o, a, args.all)
     sys.stdout.write("\n".join(out) + "\n")
     return 0
+
+
+def _placed_lines(rid: str, o: Outcome, a: Action | None, waiting: Waiting | None, fleet_size: int,
+                  show_all: bool) -> list[str]:
+    p = o.placement
+    verb = "runs on" if o.kept else {"start": "would start on", "replace": "would move to",
+                                      "restart": "would restart on"}.get(a.action if a else "", "goes to")
+    out = [f"{rid}: {verb} {where_text(p)} (profile {p.profile}, pool {p.pool}"
+           + (f", rendezvous port {p.dist_port}" if p.dist_port else "") + ")"]
+    if a is not None:
+        out.append(f"  {a.action}: {a.reason}")
+    if waiting is not None:
+        out.append(f"  waiting: {waiting.reason}")
+    if o.rejections:
+        out.append("  profiles that did not fit first:")
+        out += [f"    {line}" for line in summarize(o.rejections, fleet_size, show_all)]
+    return out
+
+
+def _unplaced_lines(rid: str, o: Outcome, a: Action | None, show_all: bool) -> list[str]:
+    if o.rejections_same_as:
+        return [f"{rid}: cannot be placed; same rejections as {o.rejections_same_as}"]
+    out = [f"{rid}: cannot be placed"]
+    if a is not None:
+        out.append(f"  {a.action}: {a.reason}")
+    out += [f"  {line}" for line in summarize(o.rejections, o.nodes_considered, show_all)]
+    out.append("  every node:" if show_all else "  node by node (first 20; --all for every node):")
+    shown = o.rejections if show_all else o.rejections[:20]
+    out += [f"    {r.profile} @ {r.pool}{'/' + r.node if r.node else ''}: {r.reason}" for r in shown]
+    if len(shown) < len(o.rejections):
+        out.append(f"    ... {len(o.rejections) - len(shown)} more")
+    return out

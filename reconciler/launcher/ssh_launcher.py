@@ -71,7 +71,6 @@ class SshLauncher:
         if transport is None:
             raise TransportError(node, "no transport for this node")
         request = {**request, "state_dir": self.state_dirs.get(node, DEFAULT_STATE_DIR)}
-        # The request travels as one argv element of JSON: the transport quotes it once, nothing parses it as shell.
         # -I -S: the agent needs nothing but the stdlib, so skip site-packages and PYTHON* variables
         # (a third of the interpreter's start-up, and immune to a node's stray PYTHONPATH).
         # The argv is constant; the request rides on stdin, where `ps` on the node cannot read its secrets.
