@@ -1,6 +1,7 @@
 """Placement at fleet scale: core throughput, and `reconciler plan --inventory` end to end.
 
     python bench/placement.py [--nodes 4000] [--replicas 10000] [--scaling 500,1000,2000,4000] [--keep DIR]
+                              [--case mixed|fallback] [--models 50]
 
 Generates a fleet (8 GPUs per GPU node, four fabrics, three GPU classes, CPU-only
 nodes, labels, some cordoned/unreachable nodes, foreign GPU processes, weights
@@ -41,9 +42,8 @@ FABRICS = ["ib-pod1", "ib-pod2", "ib-pod3", "ib-pod4"]
 ZONES = ["a", "b", "c"]
 
 
-def generate(nodes: int, replicas: int, seed: int = 7):
-    """(fleet.yaml document, {model file name: document}, snapshot document)."""
-    rnd = random.Random(seed)
+def generate_fleet(nodes: int, rnd: random.Random):
+    """(fleet.yaml document, snapshot document) of a generated fleet."""
     fleet_nodes, snap_nodes = [], []
     for i in range(nodes):
         cpu_only = i % 10 == 9
@@ -78,6 +78,13 @@ def generate(nodes: int, replicas: int, seed: int = 7):
             "weights": [f"/models/m{j:03d}" for j in rnd.sample(range(200), 3)] if i % 4 else None,
             "replicas": [], "ports_in_use": [22],
         })
+    return {"nodes": fleet_nodes}, {"nodes": snap_nodes}
+
+
+def generate(nodes: int, replicas: int, seed: int = 7):
+    """(fleet.yaml document, {model file name: document}, snapshot document)."""
+    rnd = random.Random(seed)
+    fleet_doc, snapshot = generate_fleet(nodes, rnd)
     # Models: replica counts sum to `replicas`; a mix of shapes.
     shapes = [
         # (share of the replicas, profiles); sized to fill most of the fleet, not all of it
@@ -110,7 +117,36 @@ def generate(nodes: int, replicas: int, seed: int = 7):
                               "profiles": [{"name": "tp16", "engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 16}]}
     models["zz-rack.yaml"] = {"name": "zz-rack", "source": "org/rack", "replicas": 20,
                               "profiles": [{"name": "gpu", "engine": "vllm", "gpu_class": "L40S-48GB", "node_selector": {"zone": "nowhere"}}]}
-    return {"nodes": fleet_nodes}, models, {"nodes": snap_nodes}
+    return fleet_doc, models, snapshot
+
+
+# Profiles the fallback case draws from: every model prefers one and falls back to others.
+FALLBACK_PROFILES = [
+    {"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 2, "node_selector": {"zone": "a"}, "min_disk_gb": 900},
+    {"engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": 4, "min_disk_gb": 400},
+    {"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 2, "min_disk_gb": 1200},
+    {"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 1, "min_memory_gb": 512},
+    {"engine": "vllm", "gpu_class": "L40S-48GB", "gpus_per_node": 1, "min_disk_gb": 300},
+    {"engine": "vllm", "gpu_class": "A100-80GB", "gpus_per_node": 8, "nodes": 2},
+    {"engine": "llama.cpp", "min_disk_gb": 150},
+]
+
+
+def generate_fallback(nodes: int, replicas: int, models: int = 50, seed: int = 11):
+    """The harder case: `models` models, each with two or three profiles in falling priority
+    (most with a disk requirement, so weights held and free space matter), `replicas` in all."""
+    rnd = random.Random(seed)
+    fleet_doc, snapshot = generate_fleet(nodes, rnd)
+    docs = {}
+    per_model, extra = divmod(replicas, models)
+    for mi in range(models):
+        name = f"f{mi:03d}"
+        picks = rnd.sample(range(len(FALLBACK_PROFILES)), 2 + mi % 2)
+        profs = [{"name": f"p{k}", "priority": 30 - 10 * k, **FALLBACK_PROFILES[j]} for k, j in enumerate(picks)]
+        n = per_model + (1 if mi < extra else 0)
+        docs[f"{name}.yaml"] = {"name": name, "source": f"/models/m{rnd.randrange(200):03d}", "replicas": n,
+                                "spread": "preferred" if mi % 3 == 0 else "required", "profiles": profs}
+    return fleet_doc, docs, snapshot
 
 
 def write_catalog(root: Path, fleet_doc, models, snapshot):
@@ -191,6 +227,10 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=10000)
     ap.add_argument("--scaling", default="500,1000,2000,4000", help="fleet sizes for the growth table ('' to skip)")
     ap.add_argument("--keep", metavar="DIR", help="write the generated catalog here and keep it")
+    ap.add_argument("--case", choices=("mixed", "fallback"), default="mixed",
+                    help="mixed: about 200 models of assorted shapes; fallback: --models models, each with "
+                         "two or three profiles in falling priority, most with disk requirements")
+    ap.add_argument("--models", type=int, default=50, help="models of the fallback case")
     args = ap.parse_args()
 
     sizes = [int(s) for s in args.scaling.split(",") if s] or [args.nodes]
@@ -201,7 +241,10 @@ def main() -> int:
         for n in sorted(sizes):
             reps = max(args.replicas * n // args.nodes, 1)
             root = Path(args.keep) / f"n{n}" if args.keep else Path(tmp) / f"n{n}"
-            fleet_doc, models, snap = generate(n, reps)
+            if args.case == "fallback":
+                fleet_doc, models, snap = generate_fallback(n, reps, args.models)
+            else:
+                fleet_doc, models, snap = generate(n, reps)
             write_catalog(root, fleet_doc, models, snap)
             rate, total, unplaced, secs = core(root)
             stages = breakdown(root)
