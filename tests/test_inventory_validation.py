@@ -137,3 +137,48 @@ def test_every_field_of_the_snapshot_schema_is_described():
     walk(SCHEMA, "")
     assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert undocumented == []
+
+
+# Several problems on several nodes at once, to hold the order and wording of the whole list.
+def _many(d):
+    n0(d)["state"] = None
+    n0(d)["gpus"][2]["memory_used_mb"] = -5
+    n0(d)["gpus"][4]["processes"] = [{"name": 3}]
+    n0(d)["replicas"] = [{"id": "a-0", "model": "a", "profile": "p", "gpus": [0, 99], "pid": "x"},
+                         {"id": "b-0", "model": "b", "profile": "p", "gpus": [0]}]
+    d["nodes"][1]["fabrics"] = [{"name": ""}, "ib0"]
+    d["nodes"][1]["weights"] = ["/m/a", 7]
+    d["nodes"][1]["disks"] = [{"path": "/m", "free_bytes": 1.5}]
+    d["nodes"][2]["id"] = 12
+    d["nodes"].append("not a node")
+
+
+GOLDEN_CASES = [(m[0], m[1]) for m in MUTATIONS + CONTRADICTIONS] + [
+    ("many at once", _many),
+    ("nodes null", lambda d: d.__setitem__("nodes", None)),
+]
+GOLDEN_MESSAGES = REPO / "tests" / "data" / "golden" / "inventory-messages.json"
+
+
+def test_every_message_reads_as_before():
+    """The whole list of problems, word for word, in order, as the hand-written checker said them
+    (written once from it, before the schema took over: tests/data/golden/inventory-messages.json)."""
+    got = {}
+    for name, mutate in GOLDEN_CASES:
+        doc = copy.deepcopy(EXAMPLE)
+        mutate(doc)
+        got[name] = [p.message for p in validate_inventory_document(doc, FLEET)]
+    want = json.loads(GOLDEN_MESSAGES.read_text())
+    assert got == {name: want[name] for name, _ in GOLDEN_CASES}
+    assert [p.message for p in validate_inventory_document(["a list"], FLEET)] == want["document not a mapping"]
+
+
+def test_problems_are_placed_on_the_lines_of_their_fields(tmp_path):
+    doc = copy.deepcopy(EXAMPLE)
+    _many(doc)
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(InventoryInvalid) as err:
+        load_inventory(path, FLEET)
+    want = json.loads(GOLDEN_MESSAGES.read_text())["many at once (lines)"]
+    assert [[p.line, p.message] for p in err.value.problems] == want
