@@ -17,7 +17,6 @@ import yaml
 
 from reconciler.errors import InventoryInvalid, Problem
 from reconciler.model import (
-    OBSERVED_STATES,
     Disk,
     FabricAttachment,
     Fleet,
@@ -28,6 +27,7 @@ from reconciler.model import (
     RunningRank,
     frozen_map,
 )
+from reconciler.schemas import is_valid, schema, validator
 
 try:
     from yaml import CSafeLoader as _Loader
@@ -179,74 +179,30 @@ def inventory_to_document(inv: Inventory) -> dict:
 # Validation: a snapshot given with --inventory is checked before anything trusts it
 # --------------------------------------------------------------------------
 #
-# A hand check rather than jsonschema: it walks a 4,000-node snapshot in tens of
-# milliseconds where a generic validator takes seconds, and it can name the node
-# (`node h100-a1: gpus[2].nvlink_peers[0]`) instead of a JSON pointer. It follows
-# schema/inventory.schema.json field for field; tests hold the two together.
+# Fields, types and ranges are schema/inventory.schema.json's to say: a valid snapshot
+# costs one pass of fastjsonschema's compiled check, and only a refused one is walked
+# again by jsonschema for every error with its path. Each error is then said the way a
+# person reads it, naming the node (`node h100-a1: gpus[2].index: must be at least 0`),
+# not as a JSON pointer. What a schema cannot express (unique ids, NVLink peers and
+# replica GPUs that exist, a GPU held once) is checked by hand below.
 # Positions are only looked up once something is wrong.
 
 _NODE_ID = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+# What a required field is, where saying it helps (keyed by the field's schema location).
+_REQUIRED_HINT = {
+    ("", "nodes"): "the list of observed nodes",
+    ("node", "id"): "a node id like h100-a1",
+    ("disk", "path"): "the directory measured",
+    ("fabric", "name"): "the fabric's name",
+}
+_TYPE_NAMES = {"integer": "an integer", "string": "a string", "boolean": "true or false", "array": "a list",
+               "object": "a mapping"}
+# A node's fields in the order problems are listed (the order a snapshot writes them).
+_FIELD_ORDER = {k: i for i, k in enumerate(("id", "state", "reason", "labels", "memory_total_mb", "engines", "gpus",
+                                            "fabrics", "disks", "weights", "ports_in_use", "replicas"))}
 
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-class _Checker:
-    def __init__(self):
-        self.errors: list[tuple[str | None, str, str]] = []  # (node id, field path, message)
-
-    def err(self, node, path, msg):
-        self.errors.append((node, path, msg))
-
-    def typed(self, node, path, value, kind, *, minimum=None, maximum=None, nullable=False) -> bool:
-        if value is None and nullable:
-            return True
-        ok = {
-            "int": _is_int(value),
-            "str": isinstance(value, str),
-            "bool": isinstance(value, bool),
-            "list": isinstance(value, list),
-            "map": isinstance(value, dict),
-        }[kind]
-        if not ok:
-            names = {"int": "an integer", "str": "a string", "bool": "true or false", "list": "a list", "map": "a mapping"}
-            self.err(node, path, f"must be {names[kind]}{' or null' if nullable else ''}, not {_describe(value)}")
-            return False
-        if minimum is not None and value < minimum:
-            self.err(node, path, f"must be at least {minimum}, not {value}")
-            return False
-        if maximum is not None and value > maximum:
-            self.err(node, path, f"must be at most {maximum}, not {value}")
-            return False
-        return True
-
-    def int_list(self, node, path, value, minimum=0, maximum=None) -> list[int]:
-        if not self.typed(node, path, value, "list"):
-            return []
-        out = []
-        for i, v in enumerate(value):
-            if self.typed(node, f"{path}[{i}]", v, "int", minimum=minimum, maximum=maximum):
-                out.append(v)
-        return out
-
-
-def _gpu_looks_right(g) -> bool:
-    """True when a GPU entry has exactly the expected types (peers are checked against indices later)."""
-    if type(g) is not dict:
-        return False
-    idx = g.get("index")
-    if type(idx) is not int or idx < 0:
-        return False
-    if type(g.get("uuid", "")) is not str or type(g.get("name", "")) is not str or type(g.get("class", "")) is not str:
-        return False
-    total, used = g.get("memory_total_mb", 0), g.get("memory_used_mb", 0)
-    if type(total) is not int or type(used) is not int or total < 0 or used < 0:
-        return False
-    peers = g.get("nvlink_peers")
-    if peers is not None and (type(peers) is not list or any(type(p) is not int or p < 0 for p in peers)):
-        return False
-    return not g.get("processes")
+# (node index or -1 for the document, sort key within the node, node id or None, field path, message)
+_Error = tuple[int, tuple, "str | None", str, str]
 
 
 def _describe(v) -> str:
@@ -265,129 +221,79 @@ def _describe(v) -> str:
     return type(v).__name__
 
 
-def _check_node(c: _Checker, i: int, d) -> str | None:
-    where = f"nodes[{i}]"
-    if not isinstance(d, dict):
-        c.err(None, where, f"must be a mapping, not {_describe(d)}")
-        return None
-    nid = d.get("id")
-    if not isinstance(nid, str) or not _NODE_ID.match(nid):
-        c.err(None, f"{where}.id", "is required: a node id like h100-a1" if nid is None else f"is not a valid node id: {_describe(nid)}")
-        return None
-    n = nid
-    state = d.get("state", "ready")
-    if state not in OBSERVED_STATES:
-        c.err(n, "state", f"must be one of {', '.join(OBSERVED_STATES)}, not {_describe(state)}")
-    if "reason" in d:
-        c.typed(n, "reason", d["reason"], "str", nullable=True)
-    if "labels" in d and c.typed(n, "labels", d["labels"], "map", nullable=True):
-        for k, v in (d["labels"] or {}).items():
-            c.typed(n, f"labels.{k}", v, "str")
-    if "memory_total_mb" in d:
-        c.typed(n, "memory_total_mb", d["memory_total_mb"], "int", minimum=0, nullable=True)
-    if "engines" in d and c.typed(n, "engines", d["engines"], "map", nullable=True):
-        for k, v in (d["engines"] or {}).items():
-            c.typed(n, f"engines.{k}", v, "str", nullable=True)
-    indices: set[int] = set()
-    gpu_list = d.get("gpus")
-    if gpu_list is not None and c.typed(n, "gpus", gpu_list, "list"):
-        for gi, g in enumerate(gpu_list):
-            if _gpu_looks_right(g):
-                # The common case, checked in one pass; anything unusual takes the detailed path.
-                if g["index"] in indices:
-                    c.err(n, f"gpus[{gi}].index", f"GPU index {g['index']} appears twice")
-                indices.add(g["index"])
-                continue
-            gp = f"gpus[{gi}]"
-            if not c.typed(n, gp, g, "map"):
-                continue
-            if "index" not in g:
-                c.err(n, f"{gp}.index", "is required")
-            elif c.typed(n, f"{gp}.index", g["index"], "int", minimum=0):
-                if g["index"] in indices:
-                    c.err(n, f"{gp}.index", f"GPU index {g['index']} appears twice")
-                indices.add(g["index"])
-            for key in ("uuid", "name", "class"):
-                if key in g:
-                    c.typed(n, f"{gp}.{key}", g[key], "str")
-            for key in ("memory_total_mb", "memory_used_mb"):
-                if key in g:
-                    c.typed(n, f"{gp}.{key}", g[key], "int", minimum=0)
-            if "processes" in g and c.typed(n, f"{gp}.processes", g["processes"], "list", nullable=True):
-                for pi, p in enumerate(g["processes"] or ()):
-                    pp = f"{gp}.processes[{pi}]"
-                    if c.typed(n, pp, p, "map"):
-                        if "pid" not in p:
-                            c.err(n, f"{pp}.pid", "is required")
-                        else:
-                            c.typed(n, f"{pp}.pid", p["pid"], "int", minimum=0)
-                        if "name" in p:
-                            c.typed(n, f"{pp}.name", p["name"], "str")
-                        if "used_mb" in p:
-                            c.typed(n, f"{pp}.used_mb", p["used_mb"], "int", minimum=0)
-        for gi, g in enumerate(gpu_list):
-            if isinstance(g, dict) and g.get("nvlink_peers") is not None:
-                peers = g["nvlink_peers"]
-                if type(peers) is list and indices.issuperset(peers) and all(type(p) is int for p in peers):
-                    continue
-                for pi, peer in enumerate(c.int_list(n, f"gpus[{gi}].nvlink_peers", g["nvlink_peers"])):
-                    if peer not in indices:
-                        c.err(n, f"gpus[{gi}].nvlink_peers[{pi}]",
-                              f"NVLink peer {peer} does not exist (GPU indices: {_ranges(indices)})")
-    if "fabrics" in d and c.typed(n, "fabrics", d["fabrics"], "list", nullable=True):
-        for fi, f in enumerate(d["fabrics"] or ()):
-            fp = f"fabrics[{fi}]"
-            if c.typed(n, fp, f, "map"):
-                if not isinstance(f.get("name"), str) or not f.get("name"):
-                    c.err(n, f"{fp}.name", "is required: the fabric's name")
-                if "hcas" in f and c.typed(n, f"{fp}.hcas", f["hcas"], "list", nullable=True):
-                    for hi, h in enumerate(f["hcas"] or ()):
-                        c.typed(n, f"{fp}.hcas[{hi}]", h, "str")
-    if "disks" in d and c.typed(n, "disks", d["disks"], "list", nullable=True):
-        for ki, k in enumerate(d["disks"] or ()):
-            kp = f"disks[{ki}]"
-            if c.typed(n, kp, k, "map"):
-                if k.get("path") is None:
-                    c.err(n, f"{kp}.path", "is required: the directory measured")
-                else:
-                    c.typed(n, f"{kp}.path", k["path"], "str")
-                for key in ("free_bytes", "total_bytes"):
-                    if key in k:
-                        c.typed(n, f"{kp}.{key}", k[key], "int", minimum=0)
-    if "weights" in d and c.typed(n, "weights", d["weights"], "list", nullable=True):
-        for wi, w in enumerate(d["weights"] or ()):
-            c.typed(n, f"weights[{wi}]", w, "str")
-    if d.get("ports_in_use") is not None:
-        c.int_list(n, "ports_in_use", d["ports_in_use"], maximum=65535)
-    holders: dict[int, str] = {}
-    if "replicas" in d and c.typed(n, "replicas", d["replicas"], "list", nullable=True):
-        for ri, r in enumerate(d["replicas"] or ()):
-            rp = f"replicas[{ri}]"
-            if not c.typed(n, rp, r, "map"):
-                continue
-            for key in ("id", "model", "profile"):
-                if key not in r:
-                    c.err(n, f"{rp}.{key}", "is required")
-                else:
-                    c.typed(n, f"{rp}.{key}", r[key], "str")
-            for key, minimum in (("rank", 0), ("nnodes", 1), ("port", 0), ("pid", 0)):
-                if key in r:
-                    c.typed(n, f"{rp}.{key}", r[key], "int", minimum=minimum, nullable=key == "pid",
-                            maximum=65535 if key == "port" else None)
-            if "spec_hash" in r:
-                c.typed(n, f"{rp}.spec_hash", r["spec_hash"], "str")
-            if "alive" in r:
-                c.typed(n, f"{rp}.alive", r["alive"], "bool")
-            if r.get("gpus") is not None:
-                rid = r.get("id")
-                for gi, g in enumerate(c.int_list(n, f"{rp}.gpus", r["gpus"])):
-                    if gpu_list is not None and g not in indices:
-                        c.err(n, f"{rp}.gpus[{gi}]", f"replica {rid} holds GPU {g}, which this node does not have")
-                    elif g in holders and holders[g] != rid:
-                        c.err(n, f"{rp}.gpus[{gi}]", f"GPU {g} is held by two replicas: {holders[g]} and {rid}")
-                    else:
-                        holders[g] = rid
-    return nid
+def _valid_id(v) -> bool:
+    return isinstance(v, str) and _NODE_ID.match(v) is not None
+
+
+def _field_path(parts) -> str:
+    """("gpus", 2, "index") -> "gpus[2].index"."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _order(parts: tuple, phase: int = 0) -> tuple:
+    """Where a problem at this path within a node sorts: by field, NVLink peers after every GPU's own fields."""
+    field = _FIELD_ORDER.get(parts[0], len(_FIELD_ORDER)) if parts else -1
+    if parts and parts[0] == "gpus" and "nvlink_peers" in parts:
+        phase = 1
+    item = parts[1] if len(parts) > 1 and isinstance(parts[1], int) else -1
+    return (field, phase, item)
+
+
+def _definition_name(subschema: dict) -> str:
+    """Which $defs entry of the snapshot schema this is ("" for the document itself)."""
+    defs = schema("inventory")["$defs"]
+    return next((name for name, d in defs.items() if d is subschema), "")
+
+
+def _schema_message(err) -> tuple[tuple, str]:
+    """(path of the field, message) for one jsonschema error, worded as the hand check always worded it."""
+    parts = tuple(err.absolute_path)
+    if err.validator == "required":
+        missing = next(f for f in err.validator_value if not (isinstance(err.instance, dict) and f in err.instance))
+        hint = _REQUIRED_HINT.get((_definition_name(err.schema), missing))
+        return parts + (missing,), "is required" + (f": {hint}" if hint else "")
+    if len(parts) == 3 and parts[0] == "nodes" and parts[2] == "id":
+        return parts, f"is not a valid node id: {_describe(err.instance)}"
+    if len(parts) == 5 and parts[2] == "fabrics" and parts[4] == "name":
+        return parts, "is required: the fabric's name"
+    if err.validator == "type":
+        types = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        if not parts:
+            return parts, f"must be a mapping with a `nodes` list, not {_describe(err.instance)}"
+        if parts == ("nodes",) and err.instance is None:
+            return parts, f"is required: {_REQUIRED_HINT['', 'nodes']}"
+        names = [_TYPE_NAMES[t] for t in types if t != "null"]
+        return parts, f"must be {' or '.join(names)}{' or null' if 'null' in types else ''}, not {_describe(err.instance)}"
+    if err.validator == "minimum":
+        return parts, f"must be at least {err.validator_value}, not {err.instance}"
+    if err.validator == "maximum":
+        return parts, f"must be at most {err.validator_value}, not {err.instance}"
+    if err.validator == "enum":
+        return parts, f"must be one of {', '.join(map(str, err.validator_value))}, not {_describe(err.instance)}"
+    return parts, err.message
+
+
+def _schema_errors(doc) -> list[_Error]:
+    """Every schema error of a refused document, as (node index, order, node id, path, message)."""
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    out: list[_Error] = []
+    for err in validator("inventory").iter_errors(doc):
+        parts, msg = _schema_message(err)
+        if len(parts) < 2 or parts[0] != "nodes" or not isinstance(parts[1], int):
+            out.append((-1, (), None, _field_path(parts) or "(document)", msg))
+            continue
+        i, rest = parts[1], parts[2:]
+        nid = nodes[i].get("id") if isinstance(nodes[i], dict) else None
+        if not _valid_id(nid):
+            # A node without a usable id is reported once, by its position; its other fields wait.
+            if rest[:1] in ((), ("id",)):
+                out.append((i, (-1,), None, _field_path(parts), msg))
+            continue
+        out.append((i, _order(rest), nid, _field_path(rest), msg))
+    return out
 
 
 def _ranges(indices: set[int]) -> str:
@@ -397,6 +303,73 @@ def _ranges(indices: set[int]) -> str:
     if s == list(range(s[0], s[-1] + 1)) and len(s) > 2:
         return f"{s[0]}-{s[-1]}"
     return ", ".join(map(str, s))
+
+
+def _is_index(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _gpu_errors(i: int, nid: str, gpu_list) -> tuple[set[int], list[_Error]]:
+    """The node's GPU indices, and GPU indices given twice or NVLink peers that are no GPU of the node."""
+    out: list[_Error] = []
+    indices: set[int] = set()
+    gpus = [g if isinstance(g, dict) else {} for g in gpu_list] if isinstance(gpu_list, list) else []
+    for gi, g in enumerate(gpus):
+        idx = g.get("index")
+        if _is_index(idx):
+            if idx in indices:
+                out.append((i, _order(("gpus", gi)), nid, f"gpus[{gi}].index", f"GPU index {idx} appears twice"))
+            indices.add(idx)
+    for gi, g in enumerate(gpus):
+        peers = g.get("nvlink_peers")
+        for pi, peer in enumerate(peers if isinstance(peers, list) else ()):
+            if _is_index(peer) and peer not in indices:
+                out.append((i, _order(("gpus", gi), 1), nid, f"gpus[{gi}].nvlink_peers[{pi}]",
+                            f"NVLink peer {peer} does not exist (GPU indices: {_ranges(indices)})"))
+    return indices, out
+
+
+def _replica_gpu_errors(i: int, nid: str, replicas, indices: set[int] | None) -> list[_Error]:
+    """Replica GPUs the node does not have (indices None: the node lists no GPUs), or that two replicas hold."""
+    out: list[_Error] = []
+    holders: dict[int, str] = {}
+    for ri, r in enumerate(replicas if isinstance(replicas, list) else ()):
+        gpus = r.get("gpus") if isinstance(r, dict) else None
+        rid = r.get("id") if isinstance(r, dict) else None
+        for gi, g in enumerate(gpus if isinstance(gpus, list) else ()):
+            if not _is_index(g):
+                continue
+            where = (i, _order(("replicas", ri)), nid, f"replicas[{ri}].gpus[{gi}]")
+            if indices is not None and g not in indices:
+                out.append(where + (f"replica {rid} holds GPU {g}, which this node does not have",))
+            elif g in holders and holders[g] != rid:
+                out.append(where + (f"GPU {g} is held by two replicas: {holders[g]} and {rid}",))
+            else:
+                holders[g] = rid
+    return out
+
+
+def _cross_field_errors(doc, fleet: Fleet | None, unknown_nodes: str) -> list[_Error]:
+    """What the schema cannot say, over whatever parts of the document have the right shape."""
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    out: list[_Error] = []
+    seen: dict[str, int] = {}
+    for i, nd in enumerate(nodes if isinstance(nodes, list) else ()):
+        nid = nd.get("id") if isinstance(nd, dict) else None
+        if not _valid_id(nid):
+            continue
+        gpu_list = nd.get("gpus")
+        indices, gpu_errors = _gpu_errors(i, nid, gpu_list)
+        out += gpu_errors
+        out += _replica_gpu_errors(i, nid, nd.get("replicas"), indices if gpu_list is not None else None)
+        last = (len(_FIELD_ORDER) + 1,)
+        if nid in seen:
+            out.append((i, last, nid, "id", f"node {nid} appears twice (nodes[{seen[nid]}] and nodes[{i}])"))
+        seen.setdefault(nid, i)
+        if fleet is not None and unknown_nodes == "error" and fleet.node(nid) is None:
+            out.append((i, last, nid, "id", f"node {nid} is not in fleet.yaml (a snapshot of another fleet, "
+                                            "or a node removed from it: take it out of the snapshot or add it back)"))
+    return out
 
 
 class _Lines:
@@ -440,27 +413,11 @@ def validate_inventory_document(doc, fleet: Fleet | None = None, *, file: str = 
 
 
 def _check_document(doc, fleet: Fleet | None, unknown_nodes: str) -> list[tuple[str | None, str, str]]:
-    """(node id, field path, message) of every problem with a snapshot document."""
-    c = _Checker()
-    if not isinstance(doc, dict):
-        c.err(None, "(document)", f"must be a mapping with a `nodes` list, not {_describe(doc)}")
-    else:
-        nodes = doc.get("nodes")
-        if nodes is None:
-            c.err(None, "nodes", "is required: the list of observed nodes")
-        elif c.typed(None, "nodes", nodes, "list"):
-            seen: dict[str, int] = {}
-            for i, nd in enumerate(nodes):
-                nid = _check_node(c, i, nd)
-                if nid is None:
-                    continue
-                if nid in seen:
-                    c.err(nid, "id", f"node {nid} appears twice (nodes[{seen[nid]}] and nodes[{i}])")
-                seen.setdefault(nid, i)
-                if fleet is not None and unknown_nodes == "error" and fleet.node(nid) is None:
-                    c.err(nid, "id", f"node {nid} is not in fleet.yaml (a snapshot of another fleet, "
-                                     "or a node removed from it: take it out of the snapshot or add it back)")
-    return c.errors
+    """(node id, field path, message) of every problem with a snapshot document, in document order."""
+    errors = [] if is_valid("inventory")(doc) else _schema_errors(doc)
+    errors += _cross_field_errors(doc, fleet, unknown_nodes)
+    errors.sort(key=lambda e: (e[0], e[1]))  # stable: within one place, schema errors first
+    return [(node, path, msg) for _, _, node, path, msg in errors]
 
 
 def _problems(errors: list[tuple[str | None, str, str]], file: str, text: str | None) -> list[Problem]:
