@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping
 
@@ -309,12 +310,103 @@ class Placement:
         return self.nodes[0]
 
 
+class RejectKind(StrEnum):
+    """Why placement discarded a node (or a whole pool) for a profile."""
+
+    NODE_STATE = "node_state"  # not ready: cordoned, drained, unreachable (detail: what the probe said)
+    LABEL = "label"  # resource: the label key; requested: the value wanted; available: the node's, or None
+    ENGINE = "engine"  # resource: the engine the profile runs, not installed on the node
+    MEMORY = "memory"  # requested/available: GiB of host memory (available rounded to a tenth, as shown)
+    DISK = "disk"  # requested/available: GiB free for weights the node does not hold (detail: the path)
+    GPUS = "gpus"  # resource: the GPU class; requested/available: GPUs per node / free (detail: other classes)
+    HOSTS_MODEL = "hosts_model"  # detail: the replica of the same model already there
+    REPLACED_COPY = "replaced_copy"  # the node runs the copy this replica replaces
+    NO_PORT = "no_port"  # requested: the profile's first port; nothing free at or above it
+    NO_FABRIC = "no_fabric"  # a multi-node profile, a node attached to no fabric
+    NO_ADAPTERS = "no_adapters"  # resource: the fabric the node is attached to without adapters
+    INCOMPLETE = "incomplete"  # the node qualifies; a later step (ports for every rank) failed
+    # Pool lines (node ""): for the pool as a whole.
+    FABRIC_SHORT = "fabric_short"  # resource: the fabric; requested: nodes per replica; available: nodes qualifying
+    NO_FABRICS = "no_fabrics"  # requested: nodes per replica; no node of the fleet is on a fabric
+
+
+def figure(x: float) -> str:
+    """A figure for a message: 256, not 256.0; 127.9, not 127.93359375."""
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.1f}"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why one node (or pool) cannot take a profile: the kind and the figures, said in words once (`text`).
+
+    In the manner of the Kubernetes scheduler's fit reasons (resource, requested, capacity):
+    summaries, status and explain read these fields, never the wording.
+    """
+
+    kind: RejectKind
+    resource: str = ""
+    requested: float | str | None = None
+    available: float | str | None = None
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        # Said once per value (a static reason is shared by every replica it rejects), cached
+        # without functools.cached_property, whose lock costs more than the formatting here.
+        said = self.__dict__.get("_text")
+        if said is None:
+            said = _REASON_TEXT[self.kind](self)
+            object.__setattr__(self, "_text", said)
+        return said
+
+
+def _label_text(r: Reason) -> str:
+    has = f" (has {r.resource}={r.available})" if r.available is not None else ""
+    return f"lacks label {r.resource}={r.requested}{has}"
+
+
+def _gpus_text(r: Reason) -> str:
+    others = f" (its GPUs are {r.detail})" if r.detail else ""
+    return f"has {r.available} free {r.resource} GPUs, needs {r.requested}{others}"
+
+
+_REASON_TEXT = {
+    RejectKind.NODE_STATE: lambda r: f"node is {r.resource}" + (f": {r.detail}" if r.detail else ""),
+    RejectKind.LABEL: _label_text,
+    RejectKind.ENGINE: lambda r: f"does not have {r.resource} installed",
+    RejectKind.MEMORY: lambda r: f"has {figure(r.available)} GiB of memory, needs {figure(r.requested)}",
+    RejectKind.DISK: lambda r: (f"has {figure(r.available)} GiB free on {r.detail} for weights it does not hold, "
+                                f"needs {figure(r.requested)}"),
+    RejectKind.GPUS: _gpus_text,
+    RejectKind.HOSTS_MODEL: lambda r: f"already hosts {r.detail} of this model",
+    RejectKind.REPLACED_COPY: lambda r: "runs the copy being replaced",
+    RejectKind.NO_PORT: lambda r: f"has no free port at or above {r.requested}",
+    RejectKind.NO_FABRIC: lambda r: "is not attached to any fabric",
+    RejectKind.NO_ADAPTERS: lambda r: f"is attached to {r.resource} but has no adapters on it",
+    RejectKind.INCOMPLETE: lambda r: "qualifies, but the replica could not be completed",
+    RejectKind.FABRIC_SHORT: lambda r: f"needs {r.requested} nodes on {r.resource}, only {r.available} qualify",
+    RejectKind.NO_FABRICS: lambda r: f"needs {r.requested} nodes on one fabric, but no node is attached to a fabric",
+}
+
+
 @dataclass(frozen=True)
 class Rejection:
+    """One candidate discarded for one profile: a node (or, with node "", a whole pool) and why."""
+
     profile: str
     pool: str
     node: str
-    reason: str
+    why: Reason
+
+    @property
+    def kind(self) -> RejectKind:
+        return self.why.kind
+
+    @property
+    def reason(self) -> str:
+        return self.why.text
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ replica of the same model failed against the same state.
 from __future__ import annotations
 
 import math
-import re
 from bisect import bisect_left, insort
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,7 +46,10 @@ from reconciler.model import (
     ObservedNode,
     Placement,
     Profile,
+    Reason,
+    RejectKind,
     Rejection,
+    figure,
 )
 
 MAX_PORT = 65535
@@ -59,13 +61,10 @@ PORT_SEARCH_SPAN = 512
 SUMMARY_NAMES = 3
 
 _SCHEDULABLE = "ready"
-
-
-def _num(x: float) -> str:
-    """A figure for a message: 256, not 256.0; 127.9, not 127.93359375."""
-    if float(x).is_integer():
-        return str(int(x))
-    return f"{x:.1f}"
+# Reasons without figures, one value each.
+_REPLACED_COPY = Reason(RejectKind.REPLACED_COPY)
+_INCOMPLETE = Reason(RejectKind.INCOMPLETE)
+_NO_FABRIC = Reason(RejectKind.NO_FABRIC)
 
 
 def pool_name(fabric: str | None, profile: Profile) -> str:
@@ -290,7 +289,7 @@ class Placer:
         self.nodes = [_Node(i, spec, inventory.node(spec.id)) for i, spec in enumerate(specs)]
         self.by_id = {n.id: n for n in self.nodes}
         self.fabric_names = sorted({f for n in self.nodes for f in n.fabrics})
-        self._static_reasons: dict[tuple, list[str | None]] = {}
+        self._static_reasons: dict[tuple, list[Reason | None]] = {}
         self._indexes: dict[tuple, _Index] = {}
         # Lookups by object identity: a profile's filters are hashed once, not once per replica.
         self._index_by_profile: dict[tuple, _Index] = {}
@@ -305,36 +304,36 @@ class Placer:
 
     # ---- static filters -------------------------------------------------
 
-    def _static_reason(self, node: _Node, model: Model, profile: Profile) -> str | None:
+    def _static_reason(self, node: _Node, model: Model, profile: Profile) -> Reason | None:
         """Why this node can never take this profile in this pass, or None."""
         if node.state != _SCHEDULABLE:
-            return f"node is {node.state}" + (f": {node.state_reason}" if node.state_reason else "")
+            return Reason(RejectKind.NODE_STATE, node.state, detail=node.state_reason)
         for key, want in sorted(profile.node_selector.items()):
             have = node.labels.get(key)
             if have != want:
-                return f"lacks label {key}={want}" + (f" (has {key}={have})" if have is not None else "")
+                return Reason(RejectKind.LABEL, key, want, have)
         if profile.engine != "command" and node.engines is not None and profile.engine not in node.engines:
-            return f"does not have {profile.engine} installed"
+            return Reason(RejectKind.ENGINE, profile.engine)
         if profile.min_memory_gb and node.memory_gib is not None and node.memory_gib < profile.min_memory_gb:
-            return f"has {_num(round(node.memory_gib, 1))} GiB of memory, needs {_num(profile.min_memory_gb)}"
+            return Reason(RejectKind.MEMORY, "memory", profile.min_memory_gb, round(node.memory_gib, 1))
         if profile.min_disk_gb:
             return self._disk_reason(node, model, profile)
         return None
 
-    def _disk_reason(self, node: _Node, model: Model, profile: Profile) -> str | None:
-        if (
-            node.disk_free_gib is not None
-            and node.disk_free_gib < profile.min_disk_gb
-            and not (node.weights is not None and model.source in node.weights)
-        ):
-            have = math.floor(node.disk_free_gib * 10) / 10
-            return (
-                f"has {_num(have)} GiB free on {node.disk_path} for weights it does not hold, "
-                f"needs {_num(profile.min_disk_gb)}"
-            )
-        return None
+    @staticmethod
+    def _disk_ok(node: _Node, model: Model, profile: Profile) -> bool:
+        """Room for the weights on the node's model disk, or the weights already there (or nothing known)."""
+        free = node.disk_free_gib
+        return free is None or free >= profile.min_disk_gb or (node.weights is not None and model.source in node.weights)
 
-    def _base_list(self, profile: Profile) -> list[str | None]:
+    def _disk_reason(self, node: _Node, model: Model, profile: Profile) -> Reason | None:
+        if self._disk_ok(node, model, profile):
+            return None
+        # Rounded down, so "needs 100" is never shown beside "has 100.0".
+        have = math.floor(node.disk_free_gib * 10) / 10
+        return Reason(RejectKind.DISK, "disk", profile.min_disk_gb, have, detail=node.disk_path)
+
+    def _base_list(self, profile: Profile) -> list[Reason | None]:
         """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
         base_key = _base_key(profile)
         base = self._static_reasons.get(base_key)
@@ -344,7 +343,7 @@ class Placer:
             self._static_reasons[base_key] = base
         return base
 
-    def _static_list(self, model: Model, profile: Profile) -> list[str | None]:
+    def _static_list(self, model: Model, profile: Profile) -> list[Reason | None]:
         """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
         base = self._base_list(profile)
         if not profile.min_disk_gb:
@@ -367,25 +366,37 @@ class Placer:
         return idx
 
     def _index_slow(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
-        # Disk is left out of the index (it depends on the model's source) and checked while scanning.
-        key = (_base_key(profile), profile.gpu_class, fabric, holders_of)
-        idx = self._indexes.get(key)
-        if idx is not None:
+        if not profile.min_disk_gb:
+            key = (_base_key(profile), profile.gpu_class, fabric, holders_of)
+            idx = self._indexes.get(key)
+            if idx is None:
+                static = self._base_list(profile)
+                pool = range(len(self.nodes)) if holders_of is None else self._holders.get(holders_of, ())
+                idx = self._indexes[key] = self._build_index(profile, fabric, (i for i in pool if static[i] is None))
             return idx
-        static = self._base_list(profile)
+        # Disk depends on the model's weights, so a profile that needs disk gets an index per
+        # weights source, drawn from the members of the disk-blind one: a node without room is
+        # never scanned, instead of being passed over again by every replica of the model.
+        key = (_static_key(model, profile), profile.gpu_class, fabric, holders_of)
+        idx = self._indexes.get(key)
+        if idx is None:
+            blind = self._index_slow(model, _without_disk(profile), fabric, holders_of)
+            nodes = self.nodes
+            fits = sorted(i for i in blind.members if self._disk_ok(nodes[i], model, profile))
+            idx = self._indexes[key] = self._build_index(profile, fabric, fits)
+        return idx
+
+    def _build_index(self, profile: Profile, fabric: str | None, candidates: Iterable[int]) -> _Index:
+        """The candidates (node indices) that have the profile's GPU class and, if given, adapters on the fabric."""
         idx = _Index(profile.gpu_class)
-        pool = range(len(self.nodes)) if holders_of is None else self._holders.get(holders_of, ())
-        for i in pool:
+        for i in candidates:
             n = self.nodes[i]
-            if static[i] is not None:
-                continue
             if fabric is not None and not n.fabrics.get(fabric):
                 continue
             if profile.gpu_class is not None and profile.gpu_class not in n.total:
                 continue
             idx.add(i, n.level(profile.gpu_class))
             self._node_indexes[i].append(idx)
-        self._indexes[key] = idx
         return idx
 
     # ---- resource bookkeeping --------------------------------------------
@@ -491,10 +502,10 @@ class Placer:
             return tuple(best[:want])
         return tuple(free[:want])
 
-    def _ok(self, n: _Node, model: Model, profile: Profile, exclude: frozenset, avoid_hosting: bool) -> bool:
-        if n.id in exclude or (avoid_hosting and model.name in n.models):
-            return False
-        return not profile.min_disk_gb or self._disk_reason(n, model, profile) is None
+    @staticmethod
+    def _ok(n: _Node, model: Model, exclude: frozenset, avoid_hosting: bool) -> bool:
+        # Disk is not checked here: the index holds only nodes with room for the weights.
+        return n.id not in exclude and not (avoid_hosting and model.name in n.models)
 
     def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[_Node] | None:
         need = profile.gpus_per_node if profile.gpu_class else 0
@@ -502,7 +513,6 @@ class Placer:
         holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
         nodes = self.nodes
         name = model.name
-        disk = profile.min_disk_gb
         # Avoiding nodes that host the model comes before the weights preference when the
         # spread is only preferred: the weights are most likely on the node already running it.
         for avoid in (True,) if model.spread != "preferred" else (True, False):
@@ -519,9 +529,7 @@ class Placer:
                             continue
                         if exclude and n.id in exclude:
                             continue
-                        if disk and self._disk_reason(n, model, profile) is not None:
-                            continue
-                        return [n]
+                        return [n]  # disk needs no check: the index holds only nodes with room
         return None
 
     def _try_multi(self, model: Model, profile: Profile, exclude: frozenset) -> tuple[str, list[_Node]] | None:
@@ -544,7 +552,7 @@ class Placer:
                         if i in taken:
                             continue
                         n = self.nodes[i]
-                        if self._ok(n, model, profile, exclude, avoid):
+                        if self._ok(n, model, exclude, avoid):
                             chosen.append(n)
                             taken.add(i)
                             if len(chosen) == profile.nodes:
@@ -628,19 +636,19 @@ class Placer:
 
     # ---- explaining ------------------------------------------------------
 
-    def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset) -> str | None:
+    def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset) -> Reason | None:
         if n.id in exclude:
-            return "runs the copy being replaced"
+            return _REPLACED_COPY
         if model.spread != "preferred" and model.name in n.models:
-            return f"already hosts {n.models[model.name][0]} of this model"
+            return Reason(RejectKind.HOSTS_MODEL, detail=n.models[model.name][0])
         if profile.gpu_class is not None:
             have = n.level(profile.gpu_class)
             if have < profile.gpus_per_node:
                 others = sorted(c for c in n.total if c != profile.gpu_class)
-                extra = f" (its GPUs are {', '.join(others)})" if have == 0 and others and profile.gpu_class not in n.total else ""
-                return f"has {have} free {profile.gpu_class} GPUs, needs {profile.gpus_per_node}{extra}"
+                other_classes = ", ".join(others) if have == 0 and others and profile.gpu_class not in n.total else ""
+                return Reason(RejectKind.GPUS, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes)
         if n.free_port(profile.port) is None:
-            return f"has no free port at or above {profile.port}"
+            return Reason(RejectKind.NO_PORT, "port", profile.port)
         return None
 
     def rejections_for(self, model: Model, profile: Profile, exclude: Iterable[str] = ()) -> list[Rejection]:
@@ -654,12 +662,11 @@ class Placer:
                 reason = static[n.idx] or self._dynamic_reason(n, model, profile, exclude)
                 if reason is None:
                     # It qualifies on its own; only a later step (ports for every rank) failed.
-                    reason = "qualifies, but the replica could not be completed"
+                    reason = _INCOMPLETE
                 out.append(Rejection(profile.name, pool, n.id, reason))
             return out
         if not self.fabric_names:
-            return [Rejection(profile.name, pool_name(None, profile), "",
-                              f"needs {profile.nodes} nodes on one fabric, but no node is attached to a fabric")]
+            return [Rejection(profile.name, pool_name(None, profile), "", Reason(RejectKind.NO_FABRICS, requested=profile.nodes))]
         for fabric in self.fabric_names:
             pool = pool_name(fabric, profile)
             qualify = 0
@@ -668,14 +675,14 @@ class Placer:
                     continue
                 reason = static[n.idx]
                 if reason is None and not n.fabrics[fabric]:
-                    reason = f"is attached to {fabric} but has no adapters on it"
+                    reason = Reason(RejectKind.NO_ADAPTERS, fabric)
                 if reason is None:
                     reason = self._dynamic_reason(n, model, profile, exclude)
                 if reason is None:
                     qualify += 1
                 else:
                     out.append(Rejection(profile.name, pool, n.id, reason))
-            out.append(Rejection(profile.name, pool, "", f"needs {profile.nodes} nodes on {fabric}, only {qualify} qualify"))
+            out.append(Rejection(profile.name, pool, "", Reason(RejectKind.FABRIC_SHORT, fabric, profile.nodes, qualify)))
         pool = pool_name(None, profile)
         for n in self.nodes:
             if not n.fabrics:
@@ -683,7 +690,7 @@ class Placer:
                 # fabric only because nothing was observed, and "no fabric" would send the
                 # operator looking at cabling instead of at the node.
                 state = static[n.idx] if n.state != _SCHEDULABLE else None
-                out.append(Rejection(profile.name, pool, n.id, state or "is not attached to any fabric"))
+                out.append(Rejection(profile.name, pool, n.id, state or _NO_FABRIC))
         return out
 
 
@@ -734,36 +741,54 @@ def place(
 # Summaries in the style of the Kubernetes scheduler, with nodes named
 # --------------------------------------------------------------------------
 
-_GROUPS: list[tuple[re.Pattern, tuple[str, str], str | None]] = [
-    # pattern, group label (one node, several nodes; may use named groups), per-node detail (None: just the name)
-    (re.compile(r"^node is (?P<state>\w+)"), ("is {state}", "are {state}"), None),
-    (re.compile(r"^lacks label (?P<label>\S+)"), ("lacks label {label}", "lack label {label}"), None),
-    (re.compile(r"^does not have (?P<engine>\S+) installed"), ("lacks engine {engine}", "lack engine {engine}"), None),
-    (re.compile(r"^has (?P<have>[\d.]+) GiB of memory, needs (?P<need>[\d.]+)"),
-     ("has too little memory", "have too little memory"), "{have} GiB, needs {need}"),
-    (re.compile(r"^has (?P<have>[\d.]+) GiB free on \S+ for weights it does not hold, needs (?P<need>[\d.]+)"),
-     ("has too little disk for the weights", "have too little disk for the weights"), "{have} GiB free, needs {need}"),
-    (re.compile(r"^has (?P<have>\d+) free (?P<cls>\S+) GPUs, needs (?P<need>\d+)"),
-     ("has too few free {cls} GPUs", "have too few free {cls} GPUs"), "{have} free, needs {need}"),
-    (re.compile(r"^already hosts "), ("already hosts this model", "already host this model"), None),
-    (re.compile(r"^runs the copy being replaced"), ("runs the copy being replaced", "run the copy being replaced"), None),
-    (re.compile(r"^is not attached to any fabric"), ("is on no fabric", "are on no fabric"), None),
-    (re.compile(r"^is attached to \S+ but has no adapters"), ("has no adapters on the fabric", "have no adapters on the fabric"), None),
-]
+def _group(why: Reason) -> tuple[str, str] | None:
+    """The group a node's reason joins in a summary line: (said of one node, said of several)."""
+    key = (why.kind, why.resource, why.requested)
+    label = _GROUP_CACHE.get(key)
+    if label is None:
+        label = _GROUP_CACHE[key] = _group_label(why)
+    return label or None
 
 
-def _classify(reason: str) -> tuple[tuple[str, str], str | None]:
-    for pattern, (one, many), detail in _GROUPS:
-        m = pattern.match(reason)
-        if m:
-            d = m.groupdict()
-            return (one.format(**d), many.format(**d)), detail.format(**d) if detail else None
-    return (reason, reason), None
+def _group_label(why: Reason) -> tuple[str, str] | tuple[()]:
+    k = why.kind
+    if k is RejectKind.NODE_STATE:
+        return f"is {why.resource}", f"are {why.resource}"
+    if k is RejectKind.LABEL:
+        return f"lacks label {why.resource}={why.requested}", f"lack label {why.resource}={why.requested}"
+    if k is RejectKind.ENGINE:
+        return f"lacks engine {why.resource}", f"lack engine {why.resource}"
+    if k is RejectKind.GPUS:
+        return f"has too few free {why.resource} GPUs", f"have too few free {why.resource} GPUs"
+    return _GROUPS.get(k, ())
 
 
-def _nearest_first(entry: str) -> tuple:
-    m = re.search(r": ([\d.]+)", entry)
-    return (-float(m.group(1)), entry) if m else (0.0, entry)
+# (kind, resource, requested) -> group label; a few dozen distinct ones per pass, asked 100,000 times.
+_GROUP_CACHE: dict[tuple, tuple[str, str] | tuple[()]] = {}
+_GROUPS = {
+    RejectKind.MEMORY: ("has too little memory", "have too little memory"),
+    RejectKind.DISK: ("has too little disk for the weights", "have too little disk for the weights"),
+    RejectKind.HOSTS_MODEL: ("already hosts this model", "already host this model"),
+    RejectKind.REPLACED_COPY: ("runs the copy being replaced", "run the copy being replaced"),
+    RejectKind.NO_FABRIC: ("is on no fabric", "are on no fabric"),
+    RejectKind.NO_ADAPTERS: ("has no adapters on the fabric", "have no adapters on the fabric"),
+}
+# The figures a summary shows beside each node's name, for the kinds that have them.
+_DETAIL = {
+    RejectKind.MEMORY: lambda r: f"{figure(r.available)} GiB, needs {figure(r.requested)}",
+    RejectKind.DISK: lambda r: f"{figure(r.available)} GiB free, needs {figure(r.requested)}",
+    RejectKind.GPUS: lambda r: f"{r.available} free, needs {r.requested}",
+}
+
+
+def _summary_entry(node: str, why: Reason) -> tuple[tuple, str]:
+    """(sort key, text) of one node in its group: the nearest misses first ("h100-a3: 7 free, needs 8"
+    before "l40s-c1: 0 free, needs 8"), then by name."""
+    detail = _DETAIL.get(why.kind)
+    if detail is None:
+        return (0.0, node), node
+    text = f"{node}: {detail(why)}"
+    return (-float(why.available), text), text
 
 
 def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool = False) -> list[str]:
@@ -773,7 +798,7 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
         by_profile.setdefault(r.profile, []).append(r)
     lines = []
     for profile, rejs in by_profile.items():
-        groups: dict[tuple[str, str], list[str]] = {}
+        groups: dict[tuple[str, str], list[tuple[tuple, str]]] = {}
         pool_lines: list[str] = []
         rejected_nodes: set[str] = set()
         for r in rejs:
@@ -783,13 +808,11 @@ def summarize(rejections: Sequence[Rejection], total_nodes: int, show_all: bool 
             if r.node in rejected_nodes:
                 continue
             rejected_nodes.add(r.node)
-            label, detail = _classify(r.reason)
-            groups.setdefault(label, []).append(f"{r.node}: {detail}" if detail else r.node)
+            label = _group(r.why) or (r.reason, r.reason)
+            groups.setdefault(label, []).append(_summary_entry(r.node, r.why))
         parts = []
-        for names in groups.values():
-            # The nearest misses first ("h100-a3: 7 free, needs 8" before "l40s-c1: 0 free, needs 8").
-            names.sort(key=_nearest_first)
-        for label, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        for label, entries in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            names = [text for _, text in sorted(entries)]
             shown = names if show_all or len(names) <= SUMMARY_NAMES else names[:SUMMARY_NAMES]
             sep = "; " if any(":" in s for s in shown) else ", "
             more = "" if len(shown) == len(names) else f"{sep}... {len(names) - len(shown)} more"

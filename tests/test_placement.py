@@ -194,28 +194,35 @@ def test_ties_are_broken_by_node_id():
 # ---- exclusions, each with its reason -----------------------------------------
 
 CASES = [
-    # (name, node spec kwargs, observed kwargs, profile kwargs, expected reason)
-    ("cordoned", {"state": "cordoned"}, {}, {}, "node is cordoned"),
-    ("drained", {"state": "drained"}, {}, {}, "node is drained"),
-    ("unreachable", {}, {"state": "unreachable", "reason": "connection timed out"}, {}, "node is unreachable: connection timed out"),
-    ("label missing", {}, {}, {"node_selector": {"zone": "a"}}, "lacks label zone=a"),
-    ("label differs", {"labels": {"zone": "b"}}, {}, {"node_selector": {"zone": "a"}}, "lacks label zone=a (has zone=b)"),
-    ("engine", {}, {"engines": ("sglang",)}, {}, "does not have vllm installed"),
-    ("memory", {}, {"memory_gib": 128}, {"min_memory_gb": 256}, "has 128 GiB of memory, needs 256"),
-    ("disk", {}, {"disk_free_gib": 50, "weights": []}, {"min_disk_gb": 150}, "has 50 GiB free on /models for weights it does not hold, needs 150"),
-    ("gpus", {}, {"gpu": gpus(8, busy=range(4))}, {"gpus_per_node": 8}, "has 4 free H100-80GB GPUs, needs 8"),
-    ("class", {}, {"gpu": gpus(8, "A100-80GB")}, {}, "has 0 free H100-80GB GPUs, needs 1 (its GPUs are A100-80GB)"),
+    # (name, node spec kwargs, observed kwargs, profile kwargs, expected reason, (kind, resource, requested, available))
+    ("cordoned", {"state": "cordoned"}, {}, {}, "node is cordoned", ("node_state", "cordoned", None, None)),
+    ("drained", {"state": "drained"}, {}, {}, "node is drained", ("node_state", "drained", None, None)),
+    ("unreachable", {}, {"state": "unreachable", "reason": "connection timed out"}, {}, "node is unreachable: connection timed out",
+     ("node_state", "unreachable", None, None)),
+    ("label missing", {}, {}, {"node_selector": {"zone": "a"}}, "lacks label zone=a", ("label", "zone", "a", None)),
+    ("label differs", {"labels": {"zone": "b"}}, {}, {"node_selector": {"zone": "a"}}, "lacks label zone=a (has zone=b)",
+     ("label", "zone", "a", "b")),
+    ("engine", {}, {"engines": ("sglang",)}, {}, "does not have vllm installed", ("engine", "vllm", None, None)),
+    ("memory", {}, {"memory_gib": 128}, {"min_memory_gb": 256}, "has 128 GiB of memory, needs 256", ("memory", "memory", 256, 128)),
+    ("disk", {}, {"disk_free_gib": 50, "weights": []}, {"min_disk_gb": 150}, "has 50 GiB free on /models for weights it does not hold, needs 150",
+     ("disk", "disk", 150, 50)),
+    ("gpus", {}, {"gpu": gpus(8, busy=range(4))}, {"gpus_per_node": 8}, "has 4 free H100-80GB GPUs, needs 8", ("gpus", "H100-80GB", 8, 4)),
+    ("class", {}, {"gpu": gpus(8, "A100-80GB")}, {}, "has 0 free H100-80GB GPUs, needs 1 (its GPUs are A100-80GB)",
+     ("gpus", "H100-80GB", 1, 0)),
 ]
 
 
-@pytest.mark.parametrize("name,spec_kw,obs_kw,prof_kw,expected", CASES, ids=[c[0] for c in CASES])
-def test_node_is_excluded_with_a_reason_naming_the_number(name, spec_kw, obs_kw, prof_kw, expected):
+@pytest.mark.parametrize("name,spec_kw,obs_kw,prof_kw,expected,typed", CASES, ids=[c[0] for c in CASES])
+def test_node_is_excluded_with_a_reason_naming_the_number(name, spec_kw, obs_kw, prof_kw, expected, typed):
     f = fleet(node_spec("a1", **spec_kw))
     obs_kw = {"gpu": gpus(8), **obs_kw}
     inv = inventory(observed("a1", **obs_kw))
     res = place([model("m", profile("p", **prof_kw))], f, inv)
     assert res.outcomes["m-0"].placement is None
-    assert res.outcomes["m-0"].rejections[0].__dict__ == {"profile": "p", "pool": "none/H100-80GB", "node": "a1", "reason": expected}
+    r = res.outcomes["m-0"].rejections[0]
+    assert (r.profile, r.pool, r.node, r.reason) == ("p", "none/H100-80GB", "a1", expected)
+    # The figures behind the message, for anything that reasons about it (summaries, status).
+    assert (r.kind, r.why.resource, r.why.requested, r.why.available) == typed
 
 
 def test_node_without_vllm_is_rejected_with_reason():
