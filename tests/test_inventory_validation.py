@@ -182,3 +182,25 @@ def test_problems_are_placed_on_the_lines_of_their_fields(tmp_path):
         load_inventory(path, FLEET)
     want = json.loads(GOLDEN_MESSAGES.read_text())["many at once (lines)"]
     assert [[p.line, p.message] for p in err.value.problems] == want
+
+
+def test_block_yaml_reads_as_json_does(tmp_path):
+    from reconciler.status import dump_yaml
+
+    doc = copy.deepcopy(EXAMPLE)
+    (tmp_path / "nodes.yaml").write_text(dump_yaml(doc))
+    (tmp_path / "nodes.json").write_text(json.dumps(doc))
+    assert load_inventory(tmp_path / "nodes.yaml", FLEET) == load_inventory(tmp_path / "nodes.json", FLEET)
+
+
+def test_values_yaml_1_1_and_1_2_read_differently_are_read_as_pyyaml_writes_them(tmp_path):
+    # PyYAML (YAML 1.1) writes these strings unquoted; a YAML 1.2 reader sees numbers in them.
+    # The snapshot is read again by PyYAML when the fast reading is refused.
+    doc = copy.deepcopy(EXAMPLE)
+    n0(doc)["labels"] = {"rack": "1e3", "0o17": "x"}
+    n0(doc)["reason"] = "0o17"
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert "rack: 1e3" in path.read_text()
+    node = load_inventory(path, FLEET).node(n0(doc)["id"])
+    assert dict(node.labels) == {"rack": "1e3", "0o17": "x"} and node.reason == "0o17"
