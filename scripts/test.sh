@@ -9,10 +9,15 @@ command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-serve
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v git >/dev/null 2>&1 || need+=(git)
+# The real Slurm cluster of the fleet tests (tests/slurm_cluster.py): controller, node daemon, clients, munge.
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
 python3 -m pip install -q -e '.[test]'
