@@ -22,7 +22,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import jsonschema
 import yaml
@@ -40,6 +40,7 @@ from reconciler.model import (
     Model,
     NodeSpec,
     Profile,
+    SlurmSettings,
     SshSettings,
     frozen_map,
 )
@@ -266,6 +267,7 @@ def fleet_problems(doc: _Doc) -> list[Problem]:
         if value and not Host(value).is_valid:
             hint = "" if field == "data_address" else " (an ~/.ssh/config alias works for address; then set data_address)"
             problems.append(doc.at(("nodes", i, field), f"node {node['id']}: {field} {value!r} is not a host name or an IP address{hint}"))
+    problems += _slurm_problems(doc, nodes, seen)
     if len(nodes) > 1:
         for i, node in enumerate(nodes):
             for field in ("address", "data_address"):
@@ -278,6 +280,27 @@ def fleet_problems(doc: _Doc) -> list[Problem]:
                             "address makes every multi-node replica talk to itself",
                         )
                     )
+    return problems
+
+
+def _slurm_problems(doc: _Doc, nodes: list, ids: Mapping[str, int]) -> list[Problem]:
+    """SPEC section 8: `launcher: slurm` needs the `slurm:` section, whose submit_via names a node or `local`."""
+    problems: list[Problem] = []
+    slurm = doc.data.get("slurm")
+    if slurm is not None:
+        via = slurm.get("submit_via")
+        if via != "local" and via not in ids:
+            problems.append(doc.at(("slurm", "submit_via"), f"submit_via {via!r} is neither a node id of this fleet nor `local`"))
+    names: dict[str, str] = {}
+    for i, node in enumerate(nodes):
+        if node.get("launcher") == "slurm" and slurm is None:
+            problems.append(doc.at(("nodes", i, "launcher"), f"node {node['id']}: launcher: slurm needs a `slurm:` section in fleet.yaml (where sbatch runs)"))
+        if node.get("launcher") == "slurm":
+            name = node.get("slurm_name", node["id"])
+            if name in names:
+                problems.append(doc.at(("nodes", i, "slurm_name" if "slurm_name" in node else "id"),
+                                       f"node {node['id']}: Slurm node {name} is also node {names[name]}"))
+            names[name] = node["id"]
     return problems
 
 
@@ -395,9 +418,23 @@ def build_fleet(data: dict) -> Fleet:
                 gpu_class=n.get("gpu_class"),
                 state_dir=n.get("state_dir", fleet_state_dir),
                 socket_ifname=n.get("socket_ifname"),
+                launcher=n.get("launcher", "ssh"),
+                slurm_name=n.get("slurm_name", ""),
             )
         )
-    return Fleet(nodes=tuple(nodes), ssh=defaults)
+    slurm = data.get("slurm")
+    slurm_settings = None
+    if slurm is not None:
+        slurm_settings = SlurmSettings(
+            submit_via=slurm["submit_via"],
+            partition=slurm.get("partition"),
+            account=slurm.get("account"),
+            qos=slurm.get("qos"),
+            time_limit=str(slurm.get("time_limit", "UNLIMITED")),
+            extra_args=tuple(str(a) for a in slurm.get("extra_args") or ()),
+            command_timeout_s=float(slurm.get("command_timeout_s", 30)),
+        )
+    return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"))
 
 
 def build_profile(p: dict) -> Profile:

@@ -81,17 +81,38 @@ class NodeSpec:
     # Gloo pick their bootstrap socket by interface NAME, not by address; Gloo
     # otherwise resolves the hostname, which on many distros is 127.0.1.1.
     socket_ifname: str | None = None
+    launcher: str = "ssh"  # ssh | slurm
+    slurm_name: str = ""  # its NodeName in Slurm; "" means the node id
     # data_address parsed once; every spelling of it (bare, bracketed, URL) comes from here.
     data_host: Host = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_host", Host(self.data_address))
 
+    @property
+    def slurm_node_name(self) -> str:
+        return self.slurm_name or self.id
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """fleet.yaml `slurm:` (SPEC section 8)."""
+
+    submit_via: str  # a node id of the fleet, or "local"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str = "UNLIMITED"
+    extra_args: tuple[str, ...] = ()
+    command_timeout_s: float = 30.0
+
 
 @dataclass(frozen=True)
 class Fleet:
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = SshSettings()
+    slurm: SlurmSettings | None = None
+    owner: str | None = None  # fleet.yaml `owner:`; None: derived from the catalog (reconciler.owner)
     _by_id: Mapping[str, NodeSpec] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
 
     def __post_init__(self) -> None:
