@@ -88,6 +88,8 @@ def _rank_from_doc(d: dict) -> RunningRank:
         nnodes=d.get("nnodes", 1),
         pid=d.get("pid"),
         alive=d.get("alive", True),
+        slurm_job=d.get("slurm_job", ""),
+        waiting=d.get("waiting", ""),
     )
 
 
@@ -101,6 +103,7 @@ def _gpu_from_doc(d: dict) -> Gpu:
         memory_used_mb=d.get("memory_used_mb", 0),
         nvlink_peers=tuple(d.get("nvlink_peers") or ()),
         processes=tuple(GpuProcess(p["pid"], p.get("name", ""), p.get("used_mb", 0)) for p in d.get("processes") or ()),
+        held_by=d.get("held_by", ""),
     )
 
 
@@ -161,6 +164,8 @@ def node_to_document(n: ObservedNode) -> dict:
         }
         if g.processes:
             gd["processes"] = [{"pid": p.pid, "name": p.name, "used_mb": p.used_mb} for p in sorted(g.processes, key=lambda p: p.pid)]
+        if g.held_by:
+            gd["held_by"] = g.held_by
         doc["gpus"].append(gd)
     for r in sorted(n.replicas, key=lambda r: (r.id, r.rank)):
         rd: dict[str, Any] = {
@@ -177,6 +182,10 @@ def node_to_document(n: ObservedNode) -> dict:
             rd["pid"] = r.pid
         if not r.alive:
             rd["alive"] = False
+        if r.slurm_job:
+            rd["slurm_job"] = r.slurm_job
+        if r.waiting:
+            rd["waiting"] = r.waiting
         doc["replicas"].append(rd)
     if n.ports_in_use:
         doc["ports_in_use"] = sorted(set(n.ports_in_use))

@@ -240,6 +240,8 @@ class Gpu:
     memory_used_mb: int = 0
     nvlink_peers: tuple[int, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
+    # Who else holds it by a scheduler's bookkeeping ("Slurm job 42 of alice"): taken, as a foreign process is.
+    held_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,8 @@ class RunningRank:
     nnodes: int = 1
     pid: int | None = None
     alive: bool = True
+    slurm_job: str = ""  # the Slurm job the rank runs in (launcher: slurm)
+    waiting: str = ""  # queued, not running yet: the scheduler's reason ("Resources", "Priority", ...)
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,8 @@ class RejectKind(StrEnum):
     INCOMPLETE = "incomplete"  # the node qualifies; a later step (ports for every rank) failed
     # Pool lines (node ""): for the pool as a whole.
     FABRIC_SHORT = "fabric_short"  # resource: the fabric; requested: nodes per replica; available: nodes qualifying
+    # resource: the fabric; requested: nodes per replica; available: most of one launcher; detail: count per launcher
+    MIXED_LAUNCHERS = "mixed_launchers"
     NO_FABRICS = "no_fabrics"  # requested: nodes per replica; no node of the fleet is on a fabric
 
 
@@ -371,6 +377,7 @@ class Reason:
     requested: float | str | None = None
     available: float | str | None = None
     detail: str = ""
+    held_by: str = ""  # GPUS: who else holds the missing GPUs by a scheduler's account ("2 held by other Slurm jobs: ...")
 
     @property
     def text(self) -> str:
@@ -390,7 +397,8 @@ def _label_text(r: Reason) -> str:
 
 def _gpus_text(r: Reason) -> str:
     others = f" (its GPUs are {r.detail})" if r.detail else ""
-    return f"has {r.available} free {r.resource} GPUs, needs {r.requested}{others}"
+    held = f" ({r.held_by})" if r.held_by else ""
+    return f"has {r.available} free {r.resource} GPUs, needs {r.requested}{others}{held}"
 
 
 _REASON_TEXT = {
@@ -408,6 +416,8 @@ _REASON_TEXT = {
     RejectKind.NO_ADAPTERS: lambda r: f"is attached to {r.resource} but has no adapters on it",
     RejectKind.INCOMPLETE: lambda r: "qualifies, but the replica could not be completed",
     RejectKind.FABRIC_SHORT: lambda r: f"needs {r.requested} nodes on {r.resource}, only {r.available} qualify",
+    RejectKind.MIXED_LAUNCHERS: lambda r: (f"needs {r.requested} nodes on {r.resource} with one launcher (a multi-node "
+                                           f"replica never mixes slurm and ssh nodes); {r.detail} qualify"),
     RejectKind.NO_FABRICS: lambda r: f"needs {r.requested} nodes on one fabric, but no node is attached to a fabric",
 }
 

@@ -94,7 +94,7 @@ class _Node:
     __slots__ = (
         "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
         "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
-        "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked",
+        "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked", "launcher", "held",
     )
 
     def __init__(self, idx: int, spec, obs: ObservedNode | None):
@@ -106,8 +106,12 @@ class _Node:
             self.state, self.state_reason = "unreachable", "missing from the inventory snapshot"
         elif obs.state in ("unreachable", "unusable"):
             self.state, self.state_reason = obs.state, obs.reason
+        elif obs.state == "cordoned" and spec.state == "ready":
+            # A scheduler's drain (Slurm DRAIN) is a fact of the node: it takes nothing new.
+            self.state, self.state_reason = "cordoned", obs.reason
         else:
             self.state, self.state_reason = spec.state, ""
+        self.launcher = getattr(spec, "launcher", "ssh")
         self.labels = spec.labels
         self.engines = obs.engines if obs is not None else None
         self.memory_gib = obs.memory_total_mb / 1024 if obs is not None and obs.memory_total_mb else None
@@ -130,13 +134,17 @@ class _Node:
         self.free: dict[str, set[int]] = {}
         self.total: dict[str, int] = {}
         self.busy: dict[int, str] = {}  # gpu index -> who holds it
+        self.held: dict[str, list[str]] = {}  # class -> other scheduler jobs holding its GPUs here
         self.nvlink: dict[int, tuple[int, ...]] = {}
         for g in obs.gpus if obs is not None else ():
             cls = spec.gpu_class or g.gpu_class
             self.gpu_class[g.index] = cls
             self.total[cls] = self.total.get(cls, 0) + 1
             self.nvlink[g.index] = g.nvlink_peers
-            if g.processes:
+            if g.held_by:
+                self.busy[g.index] = g.held_by
+                self.held.setdefault(cls, []).append(g.held_by)
+            elif g.processes:
                 p = g.processes[0]
                 self.busy[g.index] = f"foreign process {p.pid} ({p.name})" if p.name else f"foreign process {p.pid}"
             else:
@@ -289,6 +297,7 @@ class Placer:
         self.nodes = [_Node(i, spec, inventory.node(spec.id)) for i, spec in enumerate(specs)]
         self.by_id = {n.id: n for n in self.nodes}
         self.fabric_names = sorted({f for n in self.nodes for f in n.fabrics})
+        self.launchers = sorted({n.launcher for n in self.nodes}) or ["ssh"]
         self._static_reasons: dict[tuple, list[Reason | None]] = {}
         self._indexes: dict[tuple, _Index] = {}
         # Lookups by object identity: a profile's filters are hashed once, not once per replica.
@@ -542,21 +551,25 @@ class Placer:
             if len(main.members) < profile.nodes:
                 continue
             holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
-            chosen: list[_Node] = []
-            taken: set[int] = set()
-            for avoid in passes:
-                for ix in (holders, main):
-                    if ix is None:
-                        continue
-                    for i in ix.scan(need, descending):
-                        if i in taken:
+            # A multi-node replica never mixes launchers: its ranks are one Slurm job, or all over SSH.
+            for launcher in self.launchers:
+                chosen: list[_Node] = []
+                taken: set[int] = set()
+                for avoid in passes:
+                    for ix in (holders, main):
+                        if ix is None:
                             continue
-                        n = self.nodes[i]
-                        if self._ok(n, model, exclude, avoid):
-                            chosen.append(n)
-                            taken.add(i)
-                            if len(chosen) == profile.nodes:
-                                return fabric, chosen
+                        for i in ix.scan(need, descending):
+                            if i in taken:
+                                continue
+                            n = self.nodes[i]
+                            if n.launcher != launcher:
+                                continue
+                            if self._ok(n, model, exclude, avoid):
+                                chosen.append(n)
+                                taken.add(i)
+                                if len(chosen) == profile.nodes:
+                                    return fabric, chosen
         return None
 
     def _commit(self, rid: str, model: Model, profile: Profile, fabric: str | None, nodes: list[_Node]) -> Placement | None:
@@ -646,7 +659,9 @@ class Placer:
             if have < profile.gpus_per_node:
                 others = sorted(c for c in n.total if c != profile.gpu_class)
                 other_classes = ", ".join(others) if have == 0 and others and profile.gpu_class not in n.total else ""
-                return Reason(RejectKind.GPUS, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes)
+                held = n.held.get(profile.gpu_class, [])
+                return Reason(RejectKind.GPUS, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes,
+                              held_by=held_summary(held))
         if n.free_port(profile.port) is None:
             return Reason(RejectKind.NO_PORT, "port", profile.port)
         return None
@@ -670,6 +685,7 @@ class Placer:
         for fabric in self.fabric_names:
             pool = pool_name(fabric, profile)
             qualify = 0
+            by_launcher: dict[str, int] = {}
             for n in self.nodes:
                 if fabric not in n.fabrics:
                     continue
@@ -680,8 +696,14 @@ class Placer:
                     reason = self._dynamic_reason(n, model, profile, exclude)
                 if reason is None:
                     qualify += 1
+                    by_launcher[n.launcher] = by_launcher.get(n.launcher, 0) + 1
                 else:
                     out.append(Rejection(profile.name, pool, n.id, reason))
+            if qualify >= profile.nodes and len(by_launcher) > 1:
+                counts = ", ".join(f"{c} {l}" for l, c in sorted(by_launcher.items()))
+                out.append(Rejection(profile.name, pool, "", Reason(RejectKind.MIXED_LAUNCHERS, fabric, profile.nodes,
+                                                                    max(by_launcher.values()), detail=counts)))
+                continue
             out.append(Rejection(profile.name, pool, "", Reason(RejectKind.FABRIC_SHORT, fabric, profile.nodes, qualify)))
         pool = pool_name(None, profile)
         for n in self.nodes:
@@ -735,6 +757,14 @@ def place(
         outcomes[p.replica] = Outcome(p.replica, p.model, p, kept=True)
     placer.place_missing(models, outcomes, frozenset(explain))
     return PlacementResult(outcomes)
+
+
+def held_summary(held: Sequence[str]) -> str:
+    """`2 held by other Slurm jobs: Slurm job 5 of alice` (the first three jobs named)."""
+    if not held:
+        return ""
+    jobs = sorted(set(held))
+    return f"{len(held)} held by other Slurm jobs: {', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}"
 
 
 # --------------------------------------------------------------------------

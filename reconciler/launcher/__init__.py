@@ -26,6 +26,7 @@ class StartOutcome:
     log: str | None = None
     already_running: bool = False  # found running with the same spec: adopted, not launched again
     port_in_use: int | None = None  # the port that was taken, so the next pass avoids it
+    slurm_job: str = ""  # launcher: slurm: the job the replica runs in
     # The node stopped answering mid-request: the rank may be running (its record says so) or not.
     uncertain: bool = False
 
@@ -55,6 +56,8 @@ class RankState:
     profile: str = ""
     nnodes: int = 1
     gpus: tuple[int, ...] = ()
+    slurm_job: str = ""
+    waiting: str = ""  # queued, not started yet: the scheduler's reason
 
 
 class Launcher(Protocol):

@@ -1,0 +1,397 @@
+"""The Slurm launcher: a replica on `launcher: slurm` nodes is one Slurm job (SPEC section 8).
+
+It sits behind the same per-rank Launcher interface as the SSH launcher. The Actor
+starts a replica's ranks workers first, head last; this launcher holds each rank
+until the replica's last one arrives, then submits the one job that runs them all
+(so a refused job fails the rank that completed it, and the Actor rolls back the
+others, which were never more than held). Stopping any rank of a replica cancels its
+job. Liveness, GPU indices and pending reasons come from squeue and scontrol.
+
+Every command runs on `slurm.submit_via` (a fleet node, over its Transport, or this
+machine) as an argv, quoted once by the transport, with a deadline: sbatch and srun
+wait forever for nodes that are down or drained.
+
+`SlurmInventory.fold` brings Slurm's view into the probed inventory: node states
+(DOWN/NOT_RESPONDING -> unreachable, DRAIN -> cordoned), every GPU another job holds
+(taken, so placement goes around it), and our jobs as the nodes' running ranks. When
+Slurm cannot be asked, the Slurm nodes are unreachable for that pass: their jobs are
+left alone, as with any node that does not answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+
+from reconciler.errors import CommandTimeout, TransportError
+from reconciler.launcher import RankState, StartOutcome, StopOutcome
+from reconciler.model import Fleet, Gpu, Inventory, ObservedNode, RankLaunch, RunningRank
+from reconciler.slurm import (
+    ENDING_STATES,
+    JobDetail,
+    JobShape,
+    QueuedJob,
+    SlurmNode,
+    batch_script,
+    job_name,
+    parse_comment,
+    parse_sbatch,
+    parse_show_jobs,
+    parse_show_nodes,
+    parse_squeue,
+    replica_of_job,
+    sbatch_argv,
+    scontrol_jobs_argv,
+    scontrol_nodes_argv,
+    slurm_error,
+    squeue_argv,
+)
+from reconciler.transport import LocalTransport, Transport
+
+POLL_S = 0.1
+
+
+class SlurmUnavailable(TransportError):
+    """Slurm could not be asked (submit_via unreachable, a command past its deadline, slurmctld down)."""
+
+
+class SlurmClient:
+    """Runs Slurm commands on submit_via. `pool` is anything with `transport_for(spec)` (FleetTransports, SshPool)."""
+
+    def __init__(self, fleet: Fleet, pool: Any = None, *, transport: Transport | None = None):
+        if fleet.slurm is None:
+            raise ValueError("the fleet has no slurm: section")
+        self.fleet = fleet
+        self.settings = fleet.slurm
+        self.pool = pool
+        self._transport = transport
+        self.where = self.settings.submit_via
+
+    def transport(self) -> Transport:
+        if self._transport is not None:
+            return self._transport
+        if self.where == "local":
+            self._transport = LocalTransport("local")
+            return self._transport
+        spec = self.fleet.node(self.where)
+        if spec is None or self.pool is None:
+            raise SlurmUnavailable(self.where, "submit_via names no node of this fleet")
+        return self.pool.transport_for(spec)
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, check: bool = True) -> tuple[int, str, str]:
+        """(rc, stdout, stderr); raises SlurmUnavailable when the command could not run or, with check, failed."""
+        timeout = self.settings.command_timeout_s
+        try:
+            result = self.transport().run(list(argv), stdin=stdin, timeout=timeout)
+        except CommandTimeout as exc:
+            raise SlurmUnavailable(self.where, f"{argv[0]} ran past its {timeout:g}s deadline") from exc
+        except TransportError as exc:
+            raise SlurmUnavailable(self.where, f"{argv[0]}: {exc.reason}") from exc
+        out = result.stdout.decode("utf-8", "replace")
+        err = result.stderr.decode("utf-8", "replace")
+        if check and result.rc != 0:
+            if result.rc == 127:
+                raise SlurmUnavailable(self.where, f"{argv[0]} is not installed on {self.where}")
+            raise SlurmUnavailable(self.where, f"{argv[0]}: {slurm_error(err, result.rc)}")
+        return result.rc, out, err
+
+    def queue(self) -> list[QueuedJob]:
+        return parse_squeue(self.run(squeue_argv())[1])
+
+    def nodes(self, names: Sequence[str] | None = None) -> dict[str, SlurmNode]:
+        return parse_show_nodes(self.run(scontrol_nodes_argv(names))[1])
+
+    def job_details(self) -> dict[str, JobDetail]:
+        return parse_show_jobs(self.run(scontrol_jobs_argv())[1])
+
+
+def _epoch(iso: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(iso, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+class OurJobs:
+    """This owner's jobs in one squeue answer: per replica, the one that counts.
+
+    A live (queued or running) job wins over ended ones; among equals the newest.
+    Jobs that ended stay listed for Slurm's MinJobAge, so a job that ended is seen as
+    a crash (its ranks not alive), not as a replica that was never started.
+    """
+
+    def __init__(self, owner: str, queue: Sequence[QueuedJob]):
+        self.by_replica: dict[str, tuple[QueuedJob, JobShape]] = {}
+        self.live: dict[str, list[QueuedJob]] = {}
+        for job in queue:
+            replica = replica_of_job(owner, job.name)
+            shape = parse_comment(job.comment) if replica else None
+            if replica is None or shape is None:
+                continue
+            if job.live or job.state in ENDING_STATES:
+                self.live.setdefault(replica, []).append(job)
+            best = self.by_replica.get(replica)
+            if best is None or (job.live, int(job.job_id)) > (best[0].live, int(best[0].job_id)):
+                self.by_replica[replica] = (job, shape)
+
+
+def rank_states(jobs: OurJobs, details: Mapping[str, JobDetail], slurm_names: Mapping[str, str],
+                node: str | None = None, replica: str | None = None) -> list[RankState]:
+    out = []
+    for rid, (job, shape) in sorted(jobs.by_replica.items()):
+        if replica is not None and rid != replica:
+            continue
+        detail = details.get(job.job_id)
+        for rank, (nid, port) in enumerate(shape.ranks):
+            if node is not None and nid != node:
+                continue
+            gpus = detail.gpus.get(slurm_names.get(nid, nid), ()) if detail is not None else ()
+            out.append(RankState(
+                node=nid, replica=rid, rank=rank, alive=job.live, spec_hash=shape.spec_hash, port=port,
+                started_at=_epoch(job.start_time), model=shape.model, profile=shape.profile, nnodes=shape.nnodes,
+                gpus=tuple(gpus), slurm_job=job.job_id, waiting=job.reason if job.pending else "",
+            ))
+    return out
+
+
+class SlurmLauncher:
+    """One Slurm job per replica, behind the per-rank Launcher interface."""
+
+    def __init__(self, fleet: Fleet, client: SlurmClient, owner: str, *, stop_grace_s: float = 10.0):
+        self.fleet = fleet
+        self.client = client
+        self.owner = owner
+        self.stop_grace_s = stop_grace_s
+        self.slurm_names = {n.id: n.slurm_node_name for n in fleet.nodes}
+        self._held: dict[str, dict[int, RankLaunch]] = {}
+        self._lock = threading.Lock()
+        self._replica_locks: dict[str, threading.Lock] = {}
+
+    def _replica_lock(self, replica: str) -> threading.Lock:
+        with self._lock:
+            return self._replica_locks.setdefault(replica, threading.Lock())
+
+    def _details_for(self, jobs: OurJobs) -> dict[str, JobDetail]:
+        if not any(job.state == "RUNNING" for job, _ in jobs.by_replica.values()):
+            return {}
+        return self.client.job_details()
+
+    # -- Launcher
+
+    def start(self, launch: RankLaunch) -> StartOutcome:
+        with self._lock:
+            held = self._held.setdefault(launch.replica, {})
+            held[launch.rank] = launch
+            if len(held) < launch.nnodes:
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=True,
+                                    reason="held until the replica's job is submitted")
+            launches = [held[r] for r in sorted(held)]
+            del self._held[launch.replica]
+        name = job_name(self.owner, launch.replica)
+        with self._replica_lock(launch.replica):
+            try:
+                jobs = OurJobs(self.owner, self.client.queue())
+            except SlurmUnavailable as exc:
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=f"job {name}: {exc}")
+            live = [j for j in jobs.live.get(launch.replica, []) if j.live]
+            if live:
+                job, shape = jobs.by_replica[launch.replica]
+                wanted = tuple((l.node, l.port) for l in launches)
+                if job.live and shape.spec_hash == launch.spec_hash and shape.ranks == wanted:
+                    return StartOutcome(launch.node, launch.replica, launch.rank, ok=True, already_running=True,
+                                        slurm_job=job.job_id)
+                ids = ", ".join(j.job_id for j in live)
+                # Never a second job for a replica that is queued or running.
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+                                    reason=f"job {name}: Slurm still has job {ids} of this replica")
+            argv = sbatch_argv(self.client.settings, self.owner, launches, self.slurm_names)
+            try:
+                rc, out, err = self.client.run(argv, stdin=batch_script(launches, self.slurm_names), check=False)
+            except SlurmUnavailable as exc:
+                # It may have been submitted before the deadline: uncertain, so the Actor cancels by name.
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, uncertain=True,
+                                    reason=f"sbatch of job {name}: {exc.reason}")
+            job_id = parse_sbatch(out) if rc == 0 else None
+            if job_id is None:
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+                                    reason=f"sbatch refused job {name}: {slurm_error(err, rc)}")
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=True, slurm_job=job_id,
+                                log=f"/tmp/{name}.{job_id}.out on the job's first node")
+
+    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
+        with self._lock:
+            self._held.pop(replica, None)
+        with self._replica_lock(replica):
+            try:
+                jobs = OurJobs(self.owner, self.client.queue())
+            except SlurmUnavailable as exc:
+                return StopOutcome(node, replica, ok=False, detail=exc.reason)
+            targets = []
+            for job in jobs.live.get(replica, []):
+                shape = parse_comment(job.comment)
+                if shape is not None and any(n == node and (rank is None or r == rank)
+                                             for r, (n, _) in enumerate(shape.ranks)):
+                    targets.append(job)
+            if not targets:
+                return StopOutcome(node, replica, ok=True, detail="no Slurm job running")
+            details = []
+            ok = True
+            for job in targets:
+                gone, how = self._cancel(job)
+                ok = ok and gone
+                details.append(f"Slurm job {job.job_id} {how}")
+            return StopOutcome(node, replica, ok=ok, detail="; ".join(details))
+
+    def _cancel(self, job: QueuedJob) -> tuple[bool, str]:
+        """scancel with TERM; KILL after the grace; confirmed gone from the running states."""
+        try:
+            if job.pending:
+                self.client.run(["scancel", job.job_id], check=False)
+                return self._wait_gone(job.job_id, self.stop_grace_s), "cancelled while pending"
+            self.client.run(["scancel", "--signal=TERM", "--full", job.job_id], check=False)
+            if self._wait_gone(job.job_id, self.stop_grace_s):
+                return True, "stopped (TERM)"
+            self.client.run(["scancel", "--signal=KILL", "--full", job.job_id], check=False)
+            self.client.run(["scancel", job.job_id], check=False)
+            if self._wait_gone(job.job_id, max(self.stop_grace_s, 5.0)):
+                return True, f"killed (KILL after {self.stop_grace_s:g}s)"
+            return False, "still running after TERM and KILL"
+        except SlurmUnavailable as exc:
+            return False, f"could not be cancelled: {exc.reason}"
+
+    def _wait_gone(self, job_id: str, budget_s: float) -> bool:
+        deadline = time.monotonic() + budget_s
+        while True:
+            rc, out, _ = self.client.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], check=False)
+            state = out.strip().upper()
+            if rc == 0 and (not state or (state not in ENDING_STATES and not QueuedJob(job_id, "", state, "", "", "").live)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+
+    def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
+        jobs = OurJobs(self.owner, self.client.queue())
+        return rank_states(jobs, self._details_for(jobs), self.slurm_names, node=node, replica=replica)
+
+
+# --------------------------------------------------------------------------
+# The inventory: Slurm's view folded into the probe's
+# --------------------------------------------------------------------------
+
+
+class SlurmInventory:
+    def __init__(self, fleet: Fleet, client: SlurmClient, owner: str):
+        self.fleet = fleet
+        self.client = client
+        self.owner = owner
+        self.slurm_nodes = [n for n in fleet.nodes if n.launcher == "slurm"]
+
+    def observe(self) -> tuple[list[QueuedJob], dict[str, SlurmNode], dict[str, JobDetail]]:
+        """One round of questions: squeue, scontrol show node, scontrol show job (raises SlurmUnavailable)."""
+        queue = self.client.queue()
+        nodes = self.client.nodes([n.slurm_node_name for n in self.slurm_nodes])
+        details = self.client.job_details() if any(j.state == "RUNNING" for j in queue) else {}
+        return queue, nodes, details
+
+    def fold(self, inventory: Inventory) -> Inventory:
+        if not self.slurm_nodes:
+            return inventory
+        try:
+            answer = self.observe()
+        except SlurmUnavailable as exc:
+            why = f"Slurm did not answer (on {exc.node}): {exc.reason}"
+            return fold_unreachable(inventory, {n.id for n in self.slurm_nodes}, why)
+        return fold(self.fleet, self.owner, inventory, *answer)
+
+
+def fold_unreachable(inventory: Inventory, node_ids: set[str], why: str) -> Inventory:
+    return Inventory(tuple(
+        replace(n, state="unreachable", reason=why) if n.id in node_ids and n.state != "unreachable" else n
+        for n in inventory.nodes
+    ))
+
+
+def fold(fleet: Fleet, owner: str, inventory: Inventory, queue: Sequence[QueuedJob],
+         nodes: Mapping[str, SlurmNode], details: Mapping[str, JobDetail]) -> Inventory:
+    """The probed inventory with Slurm's facts on the `launcher: slurm` nodes (pure)."""
+    slurm_specs = {n.id: n for n in fleet.nodes if n.launcher == "slurm"}
+    names = {n.id: n.slurm_node_name for n in fleet.nodes}
+    jobs = OurJobs(owner, queue)
+    ours = {job.job_id for job, _ in jobs.by_replica.values()}
+    ranks_by_node: dict[str, list[RunningRank]] = {}
+    for state in rank_states(jobs, details, names):
+        ranks_by_node.setdefault(state.node, []).append(RunningRank(
+            id=state.replica, model=state.model, profile=state.profile, rank=state.rank, gpus=state.gpus,
+            port=state.port, spec_hash=state.spec_hash, nnodes=state.nnodes, alive=state.alive,
+            slurm_job=state.slurm_job, waiting=state.waiting,
+        ))
+    # GPUs other jobs hold, by index where Slurm says which.
+    foreign: dict[str, dict[int, str]] = {}
+    for detail in details.values():
+        if detail.job_id in ours or detail.state != "RUNNING":
+            continue
+        for sname, idx in detail.gpus.items():
+            for g in idx:
+                foreign.setdefault(sname, {})[g] = f"Slurm job {detail.job_id}" + (f" of {detail.user}" if detail.user else "")
+    out = []
+    for node in inventory.nodes:
+        spec = slurm_specs.get(node.id)
+        if spec is None:
+            out.append(node)
+            continue
+        snode = nodes.get(spec.slurm_node_name)
+        node = replace(node, replicas=tuple(ranks_by_node.get(node.id, ())))
+        if snode is None:
+            out.append(replace(node, state="unreachable", reason=f"Slurm has no node {spec.slurm_node_name}"))
+            continue
+        held = dict(foreign.get(spec.slurm_node_name, {}))
+        mine = {g for r in node.replicas if r.alive for g in r.gpus}
+        # GresUsed counts every job's GPUs; where Slurm named no index for some, take the lowest unclaimed ones.
+        unnamed = snode.gpus_used - len(mine) - len(held)
+        gpus = []
+        for g in sorted(node.gpus, key=lambda g: g.index):
+            if g.index in held:
+                gpus.append(replace(g, held_by=held[g.index]))
+            elif unnamed > 0 and g.index not in mine:
+                gpus.append(replace(g, held_by="another Slurm job"))
+                unnamed -= 1
+            else:
+                gpus.append(g)
+        node = replace(node, gpus=tuple(gpus))
+        if node.state != "unreachable":
+            if snode.unreachable:
+                flags = "+".join(sorted(snode.flags))
+                node = replace(node, state="unreachable",
+                               reason=f"Slurm reports {spec.slurm_node_name} {flags}" + (f": {snode.reason}" if snode.reason else ""))
+            elif snode.cordoned and node.state == "ready":
+                node = replace(node, state="cordoned",
+                               reason=f"Slurm drains {spec.slurm_node_name}" + (f": {snode.reason}" if snode.reason else ""))
+        out.append(node)
+    return Inventory(tuple(out))
+
+
+class RoutingLauncher:
+    """Each node's ranks go to the launcher its fleet.yaml `launcher:` names."""
+
+    def __init__(self, by_node: Mapping[str, Any], default: Any):
+        self.by_node = dict(by_node)
+        self.default = default
+
+    def _for(self, node: str):
+        return self.by_node.get(node, self.default)
+
+    def start(self, launch: RankLaunch) -> StartOutcome:
+        return self._for(launch.node).start(launch)
+
+    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
+        return self._for(node).stop(node, replica, rank)
+
+    def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
+        return self._for(node).ranks(node, replica, log_lines=log_lines)
+
+    def log_tail(self, node: str, replica: str, rank: int, lines: int = 20) -> list[str]:
+        launcher = self._for(node)
+        return launcher.log_tail(node, replica, rank, lines) if hasattr(launcher, "log_tail") else []
