@@ -27,7 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from reconciler.errors import CommandTimeout, TransportError
 from reconciler.launcher import RankState, StartOutcome, StopOutcome
-from reconciler.model import Fleet, Gpu, Inventory, ObservedNode, RankLaunch, RunningRank
+from reconciler.model import Fleet, Inventory, RankLaunch, RunningRank
+from reconciler.owner import catalog_owner
 from reconciler.slurm import (
     ENDING_STATES,
     JobDetail,
@@ -395,3 +396,30 @@ class RoutingLauncher:
     def log_tail(self, node: str, replica: str, rank: int, lines: int = 20) -> list[str]:
         launcher = self._for(node)
         return launcher.log_tail(node, replica, rank, lines) if hasattr(launcher, "log_tail") else []
+
+
+# --------------------------------------------------------------------------
+# Wiring: what a pass uses for a catalog
+# --------------------------------------------------------------------------
+
+
+def has_slurm(fleet: Fleet) -> bool:
+    return fleet.slurm is not None and any(n.launcher == "slurm" for n in fleet.nodes)
+
+
+def fleet_launcher(catalog, transports: Any, ssh_launcher: Any, *, owner: str | None = None,
+                   stop_grace_s: float = 10.0) -> Any:
+    """The pass's launcher: the SSH one, with `launcher: slurm` nodes routed to a SlurmLauncher."""
+    fleet = catalog.fleet
+    if not has_slurm(fleet):
+        return ssh_launcher
+    slurm = SlurmLauncher(fleet, SlurmClient(fleet, transports), owner or catalog_owner(catalog), stop_grace_s=stop_grace_s)
+    return RoutingLauncher({n.id: slurm for n in fleet.nodes if n.launcher == "slurm"}, ssh_launcher)
+
+
+def fold_slurm(catalog, transports: Any, inventory: Inventory, *, owner: str | None = None) -> Inventory:
+    """The probed inventory with Slurm's view of the `launcher: slurm` nodes (no-op without any)."""
+    fleet = catalog.fleet
+    if not has_slurm(fleet):
+        return inventory
+    return SlurmInventory(fleet, SlurmClient(fleet, transports), owner or catalog_owner(catalog)).fold(inventory)

@@ -1,0 +1,282 @@
+"""The Slurm launcher on a real Slurm cluster (SPEC section 8).
+
+The fleet (tests/fleet.py) has a login node, where sbatch/squeue/scancel run over
+SSH (`slurm.submit_via`), and three `launcher: slurm` nodes, each with a real slurmd
+(tests/slurm_cluster.py) that sees the node's own fake nvidia-smi and fake engines.
+The fake vLLM ranks really rendezvous: rank 1 connects to the head's address.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.apply import run_pass
+from reconciler.catalog import load_catalog
+from reconciler.launcher import SshLauncher
+from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
+from reconciler.owner import catalog_owner
+from reconciler.probe import probe_fleet
+from reconciler.slurm import job_name
+from reconciler.ssh import TransportPool
+from tests import slurm_cluster
+from tests.fleet import TestFleet
+from tests.slurm_cluster import SlurmCluster
+
+SLURM_NODES = ["s1", "s2", "s3"]
+
+pytestmark = pytest.mark.skipif(slurm_cluster.available() is not None, reason=str(slurm_cluster.available()))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    f = TestFleet()
+    c = None
+    try:
+        c = SlurmCluster(f, SLURM_NODES)
+        f.add_node("login1", login_env=c.env)
+        for nid in SLURM_NODES:
+            f.add_node(nid, gpus=["H100", "H100"], engines=["vllm"], fabrics={"ib-s": ["mlx5_0"]}, login_env=c.env)
+        c.start()
+        yield c
+    finally:
+        if c is not None:
+            c.close()
+        f.close()
+
+
+@pytest.fixture
+def pool():
+    p = TransportPool()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def catalog_dir(tmp_path, cluster, pool):
+    root = tmp_path / "catalog"
+    (root / "models").mkdir(parents=True)
+    write_fleet(root, cluster)
+    yield root
+    # Leave the cluster as we found it: cancel every job, ours and foreign.
+    for job in cluster.jobs():
+        if job["state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            cluster.run(["scancel", job["id"]], check=False)
+    deadline = time.monotonic() + 20
+    while any(j["state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") for j in cluster.jobs()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.1)
+
+
+def write_fleet(root: Path, cluster: SlurmCluster, **slurm) -> None:
+    doc = cluster.fleet.fleet_document()
+    doc["owner"] = "tests"
+    doc["slurm"] = {"submit_via": "login1", "partition": cluster.partition, "command_timeout_s": 20, **slurm}
+    for node in doc["nodes"]:
+        if node["id"] in SLURM_NODES:
+            node["launcher"] = "slurm"
+    (root / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def write_model(root: Path, name: str, records: Path, *, nodes: int = 1, gpus: int = 1, **extra) -> None:
+    profile = {"name": "h100", "engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes,
+               "port": 8100, "start_timeout_s": 30, "env": {"FAKE_ENGINE_RECORD_DIR": str(records)}, **extra}
+    doc = {"name": name, "source": f"/models/{name}", "profiles": [profile]}
+    (root / "models" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def slurm_pass(root: Path, pool, history=None, *, ready_wait_s: float = 30):
+    """`reconciler apply`'s pass, with the Slurm launcher and Slurm's inventory."""
+    cat = load_catalog(root, with_revision=False)
+
+    def probe(catalog, transports):
+        inventory = probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
+        return fold_slurm(catalog, transports, inventory)
+
+    transports = {n.id: pool.transport_for(n) for n in cat.fleet.nodes}
+    launcher = fleet_launcher(cat, pool, SshLauncher.for_fleet(cat.fleet, transports), stop_grace_s=3)
+    return run_pass(cat, transports=pool, history=history, ready_wait_s=ready_wait_s, launcher=launcher, probe=probe)
+
+
+def engine_records(records: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+
+
+def our_jobs(cluster: SlurmCluster) -> dict[str, dict]:
+    return {j["name"]: j for j in cluster.jobs() if j["name"].startswith("llmrc.tests.")}
+
+
+def test_replicas_become_jobs_on_their_nodes_meet_at_the_head_survive_a_restart_and_are_cancelled(
+        cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_model(catalog_dir, "pair", records, nodes=2)
+    write_model(catalog_dir, "solo", records, nodes=1)
+    first = slurm_pass(catalog_dir, pool)
+
+    pair, solo = first.replicas["pair-0"], first.replicas["solo-0"]
+    assert pair.phase == "Ready", pair.message
+    assert solo.phase == "Ready", solo.message
+    jobs = our_jobs(cluster)
+    assert set(jobs) == {"llmrc.tests.pair-0", "llmrc.tests.solo-0"}
+    assert all(j["state"] == "RUNNING" for j in jobs.values())
+    # The job runs exactly on the nodes placement chose, and its comment carries the spec hash and ranks.
+    pair_nodes = [a.node for a in pair.nodes]
+    assert cluster.run(["scontrol", "show", "hostnames", jobs["llmrc.tests.pair-0"]["nodes"]]).stdout.split() == sorted(pair_nodes)
+    comment = jobs["llmrc.tests.pair-0"]["comment"].split()
+    assert comment[0] == "llmrc/1" and comment[4] == ",".join(f"{a.node}:{a.port}" for a in pair.nodes)
+
+    # Rank 1 met the head at the head's own address (the fake engines' rendezvous), not loopback.
+    head_addr = cluster.fleet.node(pair_nodes[0]).address
+    pair_recs = [r for r in engine_records(records) if r.get("nnodes") == 2]
+    head = next(r for r in pair_recs if r["role"] == "head")
+    worker = next(r for r in pair_recs if r["role"] == "worker")
+    assert head["ready"]
+    assert worker["rendezvous"].startswith(f"{head_addr}:")
+    assert head["peers"] and head["peers"][0]["address"] == cluster.fleet.node(pair_nodes[1]).address
+    # Each rank ran with the CUDA_VISIBLE_DEVICES Slurm gave, and status records those indices.
+    for rec in pair_recs:
+        assert rec["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+        assert rec["env"]["SLURM_JOB_NAME"] == "llmrc.tests.pair-0"
+
+    # A reconciler that starts again (no memory, new connections) finds the jobs and submits nothing.
+    pool.close()
+    again = slurm_pass(catalog_dir, TransportPool())
+    assert again.replicas["pair-0"].phase == "Ready", again.replicas["pair-0"].message
+    assert {n: j["id"] for n, j in our_jobs(cluster).items()} == {n: j["id"] for n, j in jobs.items()}
+    assert not [d for d in again.decisions if d.action in ("start", "stop")], again.decisions
+    # What it found is Slurm's account: the job id and the GPU indices Slurm gave each rank.
+    node_doc = yaml.safe_load((catalog_dir / "status" / "nodes.yaml").read_text())
+    held = {(n["id"], r["id"]): r for n in node_doc["nodes"] for r in n["replicas"]}
+    assert held[(pair_nodes[0], "pair-0")]["gpus"] == [0]
+    assert held[(pair_nodes[0], "pair-0")]["slurm_job"] == jobs["llmrc.tests.pair-0"]["id"]
+    model_doc = yaml.safe_load((catalog_dir / "status" / "models" / "pair.yaml").read_text())
+    assert [n["gpus"] for n in model_doc["replicas"][0]["nodes"]] == [[0], [0]]
+
+    # Removed from the catalog: scancel, and the job is gone from the running states.
+    (catalog_dir / "models" / "pair.yaml").unlink()
+    removed = slurm_pass(catalog_dir, TransportPool())
+    assert [d for d in removed.decisions if d.action == "stop" and d.replica == "pair-0" and d.ok]
+    left = our_jobs(cluster)
+    assert left["llmrc.tests.pair-0"]["state"] not in ("RUNNING", "PENDING", "COMPLETING")
+    assert left["llmrc.tests.solo-0"]["state"] == "RUNNING"
+    assert not [r for r in engine_records(records) if r.get("nnodes") == 2 and r["state"] not in ("stopped", "failed")
+                and _alive(r["pid"])]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
+
+
+def test_a_foreign_job_holding_gpus_is_placed_around_and_never_touched(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    foreign = {"s1": cluster.submit_foreign("s1", gpus=2), "s2": cluster.submit_foreign("s2", gpus=1)}
+    deadline = time.monotonic() + 20
+    while not all(j["state"] == "RUNNING" for j in cluster.jobs() if j["id"] in foreign.values()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.1)
+    write_model(catalog_dir, "wide", records, nodes=1, gpus=2)
+    doc = yaml.safe_load((catalog_dir / "models" / "wide.yaml").read_text())
+    doc["replicas"] = 2
+    (catalog_dir / "models" / "wide.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = slurm_pass(catalog_dir, pool)
+
+    wide = result.replicas["wide-0"]
+    assert wide.phase == "Ready", wide.message
+    assert [a.node for a in wide.nodes] == ["s3"]  # s1: both GPUs held by someone else's job, s2: one
+    assert result.replicas["wide-1"].phase == "Pending"
+    rejections = {r.node: r.reason for o in result.plan.unplaced for r in o.rejections}
+    assert "has 0 free H100-80GB GPUs, needs 2" in rejections["s1"], rejections
+    assert f"2 held by other Slurm jobs: Slurm job {foreign['s1']} of root" in rejections["s1"], rejections
+    assert f"1 held by other Slurm jobs: Slurm job {foreign['s2']} of root" in rejections["s2"], rejections
+    # The foreign jobs still run, untouched.
+    states = {j["id"]: j["state"] for j in cluster.jobs()}
+    assert all(states[j] == "RUNNING" for j in foreign.values())
+
+
+def test_sbatch_refusing_the_job_is_a_failed_start_in_slurms_words_naming_the_replica(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_fleet(catalog_dir, cluster, partition="nonexistent")
+    write_model(catalog_dir, "solo", records, nodes=1)
+    result = slurm_pass(catalog_dir, pool)
+    state = result.replicas["solo-0"]
+    assert state.phase == "Failed"
+    assert "sbatch refused job llmrc.tests.solo-0" in state.message
+    assert "invalid partition specified: nonexistent" in state.message
+    assert not our_jobs(cluster)
+
+
+def test_a_pending_job_is_phase_pending_with_slurms_reason_and_is_never_submitted_twice(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_fleet(catalog_dir, cluster, extra_args=["--begin=now+600"])
+    write_model(catalog_dir, "solo", records, nodes=1)
+    first = slurm_pass(catalog_dir, pool, ready_wait_s=2)
+    assert first.replicas["solo-0"].phase == "Pending", first.replicas["solo-0"]
+    assert "BeginTime" in first.replicas["solo-0"].message
+    job = our_jobs(cluster)["llmrc.tests.solo-0"]
+    assert job["state"] == "PENDING"
+    second = slurm_pass(catalog_dir, pool, history=first.memory, ready_wait_s=2)
+    assert second.replicas["solo-0"].phase == "Pending", second.replicas["solo-0"]
+    assert "BeginTime" in second.replicas["solo-0"].message
+    assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.solo-0"] == [job["id"]]
+
+
+def test_a_job_that_ends_is_a_crash_and_is_restarted(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_model(catalog_dir, "solo", records, nodes=1)
+    first = slurm_pass(catalog_dir, pool)
+    assert first.replicas["solo-0"].phase == "Ready", first.replicas["solo-0"].message
+    job = our_jobs(cluster)["llmrc.tests.solo-0"]
+    cluster.run(["scancel", job["id"]])  # as a time limit, a node failure or a preemption would
+    deadline = time.monotonic() + 20
+    while our_jobs(cluster)["llmrc.tests.solo-0"]["state"] in ("RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    second = slurm_pass(catalog_dir, pool, history=first.memory)
+    assert [d for d in second.decisions if d.action == "restart" or "restart" in d.reason], second.decisions
+    assert second.replicas["solo-0"].phase == "Ready", second.replicas["solo-0"].message
+    new = our_jobs(cluster)["llmrc.tests.solo-0"]
+    assert new["id"] != job["id"] and new["state"] == "RUNNING"
+
+
+def test_drained_slurm_node_is_cordoned_and_a_killed_slurmd_makes_it_unreachable(cluster, pool, catalog_dir):
+    cat = load_catalog(catalog_dir, with_revision=False)
+    cluster.drain("s1", "disk replacement")
+    try:
+        inv = fold_slurm(cat, pool, probe_fleet(cat.fleet, pool))
+        s1 = inv.node("s1")
+        assert s1.state == "cordoned" and "disk replacement" in s1.reason
+        assert inv.node("s2").state == "ready"
+    finally:
+        cluster.resume("s1")
+    cluster.kill_slurmd("s2")
+    try:
+        deadline = time.monotonic() + 40
+        while True:
+            inv = fold_slurm(cat, pool, probe_fleet(cat.fleet, pool))
+            if inv.node("s2").state == "unreachable":
+                break
+            assert time.monotonic() < deadline, inv.node("s2")
+            time.sleep(0.5)
+        assert "NOT_RESPONDING" in inv.node("s2").reason or "DOWN" in inv.node("s2").reason
+        assert inv.node("s1").state == "ready"
+    finally:
+        cluster.start_slurmd("s2")
+        cluster.wait_nodes(["s2"], "IDLE", "MIXED")
+
+
+def test_owner_names_the_jobs(catalog_dir):
+    cat = load_catalog(catalog_dir, with_revision=False)
+    assert job_name(catalog_owner(cat), "solo-0") == "llmrc.tests.solo-0"
