@@ -8,10 +8,11 @@ Transport, with a deadline on each.
 A replica is one job. Its name is `llmrc.<owner>.<replica>`; its comment carries what
 the reconciler needs to recognise the job after a restart without any record of its own:
 
-    llmrc/1 <spec_hash> <model> <profile> <node>:<port>,<node>:<port>,...
+    llmrc/1 <spec_hash> <model> <profile> <node>:<port>:<gpus>,<node>:<port>:<gpus>,...
 
 (fleet node ids in rank order: the rank is the placement's, whatever order Slurm numbers
-the nodes in). No `=` in it, so `scontrol -o` output, which is `key=value` pairs, stays
+the nodes in; <gpus> the placement's GPU indices joined by `+`, which a restart of a job
+that ended reuses, since Slurm forgets what an ended job held). No `=` in it, so `scontrol -o` output, which is `key=value` pairs, stays
 parseable around it.
 """
 
@@ -59,6 +60,7 @@ class JobShape:
     model: str
     profile: str
     ranks: tuple[tuple[str, int], ...]  # (fleet node id, port), rank order
+    gpus: tuple[tuple[int, ...], ...] = ()  # the placement's GPU indices per rank
 
     @property
     def nnodes(self) -> int:
@@ -68,7 +70,7 @@ class JobShape:
 def job_comment(launches: Sequence[RankLaunch]) -> str:
     ordered = sorted(launches, key=lambda l: l.rank)
     head = ordered[0]
-    ranks = ",".join(f"{l.node}:{l.port}" for l in ordered)
+    ranks = ",".join(f"{l.node}:{l.port}:{'+'.join(str(g) for g in l.gpus)}" for l in ordered)
     return f"{COMMENT_TAG} {head.spec_hash} {head.model} {head.profile} {ranks}"
 
 
@@ -77,12 +79,17 @@ def parse_comment(comment: str) -> JobShape | None:
     if len(parts) != 5 or parts[0] != COMMENT_TAG:
         return None
     ranks = []
+    gpus = []
     for item in parts[4].split(","):
-        node, _, port = item.rpartition(":")
-        if not node or not port.isdigit():
+        fields = item.split(":")
+        if len(fields) != 3 or not fields[0] or not fields[1].isdigit():
             return None
-        ranks.append((node, int(port)))
-    return JobShape(parts[1], parts[2], parts[3], tuple(ranks))
+        idx = fields[2].split("+") if fields[2] else []
+        if not all(i.isdigit() for i in idx):
+            return None
+        ranks.append((fields[0], int(fields[1])))
+        gpus.append(tuple(int(i) for i in idx))
+    return JobShape(parts[1], parts[2], parts[3], tuple(ranks), tuple(gpus))
 
 
 # --------------------------------------------------------------------------
@@ -336,7 +343,8 @@ def parse_show_nodes(stdout: str) -> dict[str, SlurmNode]:
         if not name:
             continue
         count, idx = gpu_gres(pairs.get("GresUsed", ""))
-        reason = pairs.get("Reason", "")
+        # scontrol prints Reason last, and an operator's words may hold `key=value`: take the rest of the line.
+        reason = line.split(" Reason=", 1)[1].strip() if " Reason=" in line else pairs.get("Reason", "")
         nodes[name] = SlurmNode(name, pairs.get("State", "UNKNOWN"), "" if reason in ("(null)", "None") else reason,
                                 count, idx)
     return nodes

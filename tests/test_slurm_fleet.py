@@ -128,7 +128,7 @@ def test_replicas_become_jobs_on_their_nodes_meet_at_the_head_survive_a_restart_
     pair_nodes = [a.node for a in pair.nodes]
     assert cluster.run(["scontrol", "show", "hostnames", jobs["llmrc.tests.pair-0"]["nodes"]]).stdout.split() == sorted(pair_nodes)
     comment = jobs["llmrc.tests.pair-0"]["comment"].split()
-    assert comment[0] == "llmrc/1" and comment[4] == ",".join(f"{a.node}:{a.port}" for a in pair.nodes)
+    assert comment[0] == "llmrc/1" and comment[4] == ",".join(f"{a.node}:{a.port}:0" for a in pair.nodes)
 
     # Rank 1 met the head at the head's own address (the fake engines' rendezvous), not loopback.
     head_addr = cluster.fleet.node(pair_nodes[0]).address
@@ -207,47 +207,47 @@ def test_sbatch_refusing_the_job_is_a_failed_start_in_slurms_words_naming_the_re
     records = tmp_path / "engines"
     records.mkdir()
     write_fleet(catalog_dir, cluster, partition="nonexistent")
-    write_model(catalog_dir, "solo", records, nodes=1)
+    write_model(catalog_dir, "refused", records, nodes=1)
     result = slurm_pass(catalog_dir, pool)
-    state = result.replicas["solo-0"]
+    state = result.replicas["refused-0"]
     assert state.phase == "Failed"
-    assert "sbatch refused job llmrc.tests.solo-0" in state.message
+    assert "sbatch refused job llmrc.tests.refused-0" in state.message
     assert "invalid partition specified: nonexistent" in state.message
-    assert not our_jobs(cluster)
+    assert "llmrc.tests.refused-0" not in our_jobs(cluster)
 
 
 def test_a_pending_job_is_phase_pending_with_slurms_reason_and_is_never_submitted_twice(cluster, pool, catalog_dir, tmp_path):
     records = tmp_path / "engines"
     records.mkdir()
     write_fleet(catalog_dir, cluster, extra_args=["--begin=now+600"])
-    write_model(catalog_dir, "solo", records, nodes=1)
+    write_model(catalog_dir, "queued", records, nodes=1)
     first = slurm_pass(catalog_dir, pool, ready_wait_s=2)
-    assert first.replicas["solo-0"].phase == "Pending", first.replicas["solo-0"]
-    assert "BeginTime" in first.replicas["solo-0"].message
-    job = our_jobs(cluster)["llmrc.tests.solo-0"]
+    assert first.replicas["queued-0"].phase == "Pending", first.replicas["queued-0"]
+    assert "BeginTime" in first.replicas["queued-0"].message
+    job = our_jobs(cluster)["llmrc.tests.queued-0"]
     assert job["state"] == "PENDING"
     second = slurm_pass(catalog_dir, pool, history=first.memory, ready_wait_s=2)
-    assert second.replicas["solo-0"].phase == "Pending", second.replicas["solo-0"]
-    assert "BeginTime" in second.replicas["solo-0"].message
-    assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.solo-0"] == [job["id"]]
+    assert second.replicas["queued-0"].phase == "Pending", second.replicas["queued-0"]
+    assert "BeginTime" in second.replicas["queued-0"].message
+    assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.queued-0"] == [job["id"]]
 
 
 def test_a_job_that_ends_is_a_crash_and_is_restarted(cluster, pool, catalog_dir, tmp_path):
     records = tmp_path / "engines"
     records.mkdir()
-    write_model(catalog_dir, "solo", records, nodes=1)
+    write_model(catalog_dir, "crashy", records, nodes=1)
     first = slurm_pass(catalog_dir, pool)
-    assert first.replicas["solo-0"].phase == "Ready", first.replicas["solo-0"].message
-    job = our_jobs(cluster)["llmrc.tests.solo-0"]
+    assert first.replicas["crashy-0"].phase == "Ready", first.replicas["crashy-0"].message
+    job = our_jobs(cluster)["llmrc.tests.crashy-0"]
     cluster.run(["scancel", job["id"]])  # as a time limit, a node failure or a preemption would
     deadline = time.monotonic() + 20
-    while our_jobs(cluster)["llmrc.tests.solo-0"]["state"] in ("RUNNING", "COMPLETING"):
+    while our_jobs(cluster)["llmrc.tests.crashy-0"]["state"] in ("RUNNING", "COMPLETING"):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     second = slurm_pass(catalog_dir, pool, history=first.memory)
     assert [d for d in second.decisions if d.action == "restart" or "restart" in d.reason], second.decisions
-    assert second.replicas["solo-0"].phase == "Ready", second.replicas["solo-0"].message
-    new = our_jobs(cluster)["llmrc.tests.solo-0"]
+    assert second.replicas["crashy-0"].phase == "Ready", second.replicas["crashy-0"].message
+    new = our_jobs(cluster)["llmrc.tests.crashy-0"]
     assert new["id"] != job["id"] and new["state"] == "RUNNING"
 
 

@@ -148,11 +148,14 @@ def rank_states(jobs: OurJobs, details: Mapping[str, JobDetail], slurm_names: Ma
         for rank, (nid, port) in enumerate(shape.ranks):
             if node is not None and nid != node:
                 continue
-            gpus = detail.gpus.get(slurm_names.get(nid, nid), ()) if detail is not None else ()
+            # Slurm's indices while the job holds them; the placement's for a job that ended (a restart reuses them).
+            gpus = detail.gpus.get(slurm_names.get(nid, nid)) if detail is not None else None
+            if gpus is None and rank < len(shape.gpus):
+                gpus = shape.gpus[rank]
             out.append(RankState(
                 node=nid, replica=rid, rank=rank, alive=job.live, spec_hash=shape.spec_hash, port=port,
                 started_at=_epoch(job.start_time), model=shape.model, profile=shape.profile, nnodes=shape.nnodes,
-                gpus=tuple(gpus), slurm_job=job.job_id, waiting=job.reason if job.pending else "",
+                gpus=tuple(gpus or ()), slurm_job=job.job_id, waiting=job.reason if job.pending else "",
             ))
     return out
 
