@@ -216,22 +216,6 @@ def test_sbatch_refusing_the_job_is_a_failed_start_in_slurms_words_naming_the_re
     assert "llmrc.tests.refused-0" not in our_jobs(cluster)
 
 
-def test_a_pending_job_is_phase_pending_with_slurms_reason_and_is_never_submitted_twice(cluster, pool, catalog_dir, tmp_path):
-    records = tmp_path / "engines"
-    records.mkdir()
-    write_fleet(catalog_dir, cluster, extra_args=["--begin=now+600"])
-    write_model(catalog_dir, "queued", records, nodes=1)
-    first = slurm_pass(catalog_dir, pool, ready_wait_s=2)
-    assert first.replicas["queued-0"].phase == "Pending", first.replicas["queued-0"]
-    assert "BeginTime" in first.replicas["queued-0"].message
-    job = our_jobs(cluster)["llmrc.tests.queued-0"]
-    assert job["state"] == "PENDING"
-    second = slurm_pass(catalog_dir, pool, history=first.memory, ready_wait_s=2)
-    assert second.replicas["queued-0"].phase == "Pending", second.replicas["queued-0"]
-    assert "BeginTime" in second.replicas["queued-0"].message
-    assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.queued-0"] == [job["id"]]
-
-
 def test_a_job_that_ends_is_a_crash_and_is_restarted(cluster, pool, catalog_dir, tmp_path):
     records = tmp_path / "engines"
     records.mkdir()
