@@ -276,7 +276,14 @@ class Actor:
             if not outcome.ok:
                 break
             verb = "adopt" if outcome.already_running else "start"
-            what = "already running, adopted" if outcome.already_running else f"pid {outcome.pid}"
+            if outcome.already_running:
+                what = "already running, adopted"
+            elif outcome.slurm_job:
+                what = f"Slurm job {outcome.slurm_job}"
+            elif outcome.pid is None and not launch.health_path:
+                what = "held for the replica's job"
+            else:
+                what = f"pid {outcome.pid}"
             self.decide(launch.replica, launch.node, verb,
                         f"rank {launch.rank}/{launch.nnodes} port {launch.port} ({what}): {why}")
             if not outcome.already_running:

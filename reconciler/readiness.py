@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 from reconciler.launcher import RankState
 from reconciler.model import Placement, Profile, RankLaunch
-from reconciler.outcomes import FAILED, READY, STARTING, UNKNOWN, ReplicaState
+from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ReplicaState
 from reconciler.snapshot import RankRecords
 
 HEALTH_TIMEOUT_S = 2.0
@@ -95,6 +95,10 @@ def judge_started(base: ReplicaState, started: StartedReplica, *, answered: bool
         return replace(base, phase=FAILED, message=failure_message(dead, liveness.states, "exited"))
     if answered and not liveness.unreachable:
         return replace(base, phase=READY)
+    queued = queued_message(liveness.states.values())
+    if queued:
+        # Queued by a scheduler: not started, so its start timeout has not begun either.
+        return replace(base, phase=PENDING, message=queued) if final else None
     timeout = started.profile.start_timeout_s
     if now - started.started_at >= timeout:
         message = failure_message(started.launches, liveness.states, f"not Ready after {timeout:g}s: {seen}")
@@ -126,7 +130,19 @@ def judge_records(base: ReplicaState, ranks: RankRecords) -> ReplicaState | None
     missing = head.nnodes - len(ranks)
     if missing > 0:
         return replace(base, phase=FAILED, message=f"{missing} of {head.nnodes} ranks are missing")
+    queued = queued_message(r for _, r in ranks)
+    if queued:
+        return replace(base, phase=PENDING, message=queued)
     return None
+
+
+def queued_message(ranks) -> str:
+    """`Slurm job 42 is queued: Resources` for ranks a scheduler has not started yet, else ""."""
+    for r in ranks:
+        if getattr(r, "waiting", ""):
+            job = getattr(r, "slurm_job", "")
+            return f"Slurm job {job} is queued: {r.waiting}" if job else f"queued: {r.waiting}"
+    return ""
 
 
 def judge_unanswered(base: ReplicaState, *, seen: str, head_state: RankState | None, timeout_s: float,

@@ -26,6 +26,7 @@ from typing import Callable, Mapping
 from reconciler.actor import Actor, LogFn, RenderFn, observe_replica
 from reconciler.errors import ReconcilerError
 from reconciler.launcher import Launcher, SshLauncher
+from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, remember
 from reconciler.model import Catalog, Inventory
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
@@ -41,7 +42,9 @@ ProbeFn = Callable[[Catalog, FleetTransports], Inventory]
 
 
 def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    return probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
+    inventory = probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
+    # GPUs, engines, fabrics and weights come from the probe; node states, other jobs' GPUs and our jobs from Slurm.
+    return fold_slurm(catalog, transports, inventory)
 
 
 def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory) -> Plan:
@@ -82,7 +85,7 @@ def run_pass(
     now = time.time() if now is None else now
     memory = history or PassMemory()
     fleet_transports = FleetTransports(transports, catalog.fleet)
-    launcher = launcher or SshLauncher.for_fleet(catalog.fleet, fleet_transports)
+    launcher = launcher or fleet_launcher(catalog, fleet_transports, SshLauncher.for_fleet(catalog.fleet, fleet_transports))
 
     # 1. Probe: the fleet as it is.
     inventory = (probe or default_probe)(catalog, fleet_transports)

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.apply import run_pass
+from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
-from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
+from reconciler.launcher.slurm_launcher import fold_slurm
 from reconciler.owner import catalog_owner
 from reconciler.probe import probe_fleet
 from reconciler.slurm import job_name
@@ -90,16 +89,8 @@ def write_model(root: Path, name: str, records: Path, *, nodes: int = 1, gpus: i
 
 
 def slurm_pass(root: Path, pool, history=None, *, ready_wait_s: float = 30):
-    """`reconciler apply`'s pass, with the Slurm launcher and Slurm's inventory."""
-    cat = load_catalog(root, with_revision=False)
-
-    def probe(catalog, transports):
-        inventory = probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
-        return fold_slurm(catalog, transports, inventory)
-
-    transports = {n.id: pool.transport_for(n) for n in cat.fleet.nodes}
-    launcher = fleet_launcher(cat, pool, SshLauncher.for_fleet(cat.fleet, transports), stop_grace_s=3)
-    return run_pass(cat, transports=pool, history=history, ready_wait_s=ready_wait_s, launcher=launcher, probe=probe)
+    """`reconciler apply`'s pass: a catalog with `launcher: slurm` nodes gets the Slurm launcher and inventory."""
+    return run_pass(load_catalog(root, with_revision=False), transports=pool, history=history, ready_wait_s=ready_wait_s)
 
 
 def engine_records(records: Path) -> list[dict]:
@@ -214,6 +205,22 @@ def test_sbatch_refusing_the_job_is_a_failed_start_in_slurms_words_naming_the_re
     assert "sbatch refused job llmrc.tests.refused-0" in state.message
     assert "invalid partition specified: nonexistent" in state.message
     assert "llmrc.tests.refused-0" not in our_jobs(cluster)
+
+
+def test_a_pending_job_is_phase_pending_with_slurms_reason_and_is_never_submitted_twice(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_fleet(catalog_dir, cluster, extra_args=["--begin=now+600"])
+    write_model(catalog_dir, "queued", records, nodes=1)
+    first = slurm_pass(catalog_dir, pool, ready_wait_s=2)
+    assert first.replicas["queued-0"].phase == "Pending", first.replicas["queued-0"]
+    assert "BeginTime" in first.replicas["queued-0"].message
+    job = our_jobs(cluster)["llmrc.tests.queued-0"]
+    assert job["state"] == "PENDING"
+    second = slurm_pass(catalog_dir, pool, history=first.memory, ready_wait_s=2)
+    assert second.replicas["queued-0"].phase == "Pending", second.replicas["queued-0"]
+    assert "BeginTime" in second.replicas["queued-0"].message
+    assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.queued-0"] == [job["id"]]
 
 
 def test_a_job_that_ends_is_a_crash_and_is_restarted(cluster, pool, catalog_dir, tmp_path):

@@ -32,16 +32,18 @@ def check_inventory_path(inventory_path: str) -> None:
 
 
 def probe_fleet(catalog: Catalog) -> Inventory:
+    from reconciler.launcher.slurm_launcher import fold_slurm
     from reconciler.probe import probe_fleet_report
     from reconciler.ssh import TransportPool
 
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
         result = probe_fleet_report(catalog.fleet, pool, sources=sources)
+        inventory = fold_slurm(catalog, pool, result.inventory)
     print_probe_warnings(result)
     if catalog.fleet.nodes and result.reached == 0:
         raise FleetUnreachable("no node of the fleet could be reached; pass --inventory FILE to plan from a snapshot")
-    return result.inventory
+    return inventory
 
 
 def print_probe_warnings(result) -> None:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from collections import Counter
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import print_probe_warnings
 from reconciler.inventory import inventory_to_document
+from reconciler.launcher.slurm_launcher import fold_slurm
 from reconciler.model import ObservedNode
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
@@ -27,6 +29,8 @@ def main(args) -> int:
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
         result = _probe(catalog.fleet, pool, sources)
+        # Slurm's node states and other jobs' GPUs, on `launcher: slurm` nodes.
+        result = replace(result, inventory=fold_slurm(catalog, pool, result.inventory))
     # What is printed is what status/nodes.yaml holds, so either can feed `plan --inventory`.
     snapshot = status_snapshot(result.inventory, catalog.models)
     write_nodes_status(catalog.root, snapshot)
@@ -60,7 +64,7 @@ def _probe(fleet, pool, sources) -> FleetProbe:
 
 def free_gpus(node: ObservedNode) -> set[int]:
     held = {g for r in node.replicas if r.alive for g in r.gpus}
-    return {g.index for g in node.gpus if g.index not in held and not g.processes}
+    return {g.index for g in node.gpus if g.index not in held and not g.processes and not g.held_by}
 
 
 def gpu_summary(node: ObservedNode) -> str:
