@@ -335,18 +335,27 @@ class SlurmNode:
         return bool(self.flags & {"DRAIN", "DRAINING", "DRAINED", "FAILING"})
 
 
+_NODE_NAME = re.compile(r"^NodeName=(\S+)")
+_NODE_STATE = re.compile(r"\sState=(\S+)")
+_GRES_USED = re.compile(r"\sGresUsed=(\S+)")
+
+
 def parse_show_nodes(stdout: str) -> dict[str, SlurmNode]:
+    """`scontrol -o show node -d`: the four fields needed, searched for directly (a 4,000-node
+    cluster is a few megabytes of output, parsed on every pass)."""
     nodes = {}
     for line in stdout.splitlines():
-        pairs = dict(parse_pairs(line))
-        name = pairs.get("NodeName")
-        if not name:
+        m = _NODE_NAME.match(line)
+        if m is None:
             continue
-        count, idx = gpu_gres(pairs.get("GresUsed", ""))
+        name = m.group(1)
+        state = _NODE_STATE.search(line)
+        used = _GRES_USED.search(line)
+        count, idx = gpu_gres(used.group(1) if used else "")
         # scontrol prints Reason last, and an operator's words may hold `key=value`: take the rest of the line.
-        reason = line.split(" Reason=", 1)[1].strip() if " Reason=" in line else pairs.get("Reason", "")
-        nodes[name] = SlurmNode(name, pairs.get("State", "UNKNOWN"), "" if reason in ("(null)", "None") else reason,
-                                count, idx)
+        reason = line.split(" Reason=", 1)[1].strip() if " Reason=" in line else ""
+        nodes[name] = SlurmNode(name, state.group(1) if state else "UNKNOWN",
+                                "" if reason in ("(null)", "None") else reason, count, idx)
     return nodes
 
 
@@ -359,29 +368,30 @@ class JobDetail:
     gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # Slurm node name -> GPU indices
 
 
+_JOB_ID = re.compile(r"^JobId=(\d+)")
+_JOB_NAME = re.compile(r"\sJobName=(.*?)\s+UserId=")
+_JOB_USER = re.compile(r"\sUserId=([^\s(]*)")
+_JOB_STATE = re.compile(r"\sJobState=(\S+)")
+_JOB_GROUP = re.compile(r"\sNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+
+
 def parse_show_jobs(stdout: str) -> dict[str, JobDetail]:
+    """`scontrol -o show job -d`: id, name, state, user and, per node set, the GPU indices held."""
     jobs = {}
     for line in stdout.splitlines():
-        pairs = parse_pairs(line)
-        head = dict(pairs[:8])
-        job_id = head.get("JobId")
-        if not job_id:
+        m = _JOB_ID.match(line)
+        if m is None:
             continue
-        first = {}
-        for k, v in pairs:
-            first.setdefault(k, v)
+        name = _JOB_NAME.search(line)
+        user = _JOB_USER.search(line)
+        state = _JOB_STATE.search(line)
         gpus: dict[str, tuple[int, ...]] = {}
-        nodes: list[str] = []
-        for k, v in pairs:
-            if k == "Nodes":
-                nodes = expand_hostlist(v)
-            elif k == "GRES" and nodes:
-                _, idx = gpu_gres(v)
-                for n in nodes:
-                    gpus[n] = tuple(sorted(set(gpus.get(n, ())) | set(idx or ())))
-                nodes = []
-        user = first.get("UserId", "").split("(")[0]
-        jobs[job_id] = JobDetail(job_id, first.get("JobName", ""), first.get("JobState", ""), user, gpus)
+        for group in _JOB_GROUP.finditer(line):
+            _, idx = gpu_gres(group.group(2))
+            for n in expand_hostlist(group.group(1)):
+                gpus[n] = tuple(sorted(set(gpus.get(n, ())) | set(idx or ())))
+        jobs[m.group(1)] = JobDetail(m.group(1), name.group(1) if name else "", state.group(1) if state else "",
+                                     user.group(1) if user else "", gpus)
     return jobs
 
 
