@@ -271,3 +271,24 @@ def test_drained_slurm_node_is_cordoned_and_a_killed_slurmd_makes_it_unreachable
 def test_owner_names_the_jobs(catalog_dir):
     cat = load_catalog(catalog_dir, with_revision=False)
     assert job_name(catalog_owner(cat), "solo-0") == "llmrc.tests.solo-0"
+
+
+def test_slurm_not_answering_is_temporary_and_leaves_running_jobs_alone(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_model(catalog_dir, "steady", records, nodes=1)
+    first = slurm_pass(catalog_dir, pool)
+    assert first.replicas["steady-0"].phase == "Ready", first.replicas["steady-0"].message
+    job = our_jobs(cluster)["llmrc.tests.steady-0"]
+    cluster.fleet.cut("login1")  # submit_via: squeue and scontrol cannot be asked
+    try:
+        second = slurm_pass(catalog_dir, TransportPool(), history=first.memory, ready_wait_s=2)
+    finally:
+        cluster.fleet.restore("login1")
+    placed = [a.node for a in first.replicas["steady-0"].nodes]
+    assert "Slurm did not answer" in second.inventory.node(placed[0]).reason
+    assert second.replicas["steady-0"].phase == "Unknown", second.replicas["steady-0"]
+    assert not [d for d in second.decisions if d.action in ("start", "stop", "restart", "replace")], second.decisions
+    now = our_jobs(cluster)
+    assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.steady-0"] == [job["id"]]
+    assert now["llmrc.tests.steady-0"]["state"] == "RUNNING"
