@@ -24,6 +24,7 @@ from reconciler.slurm import job_name
 from reconciler.ssh import TransportPool
 from tests import slurm_cluster
 from tests.fleet import TestFleet
+from tests.test_apply_fleet import alive
 from tests.slurm_cluster import SlurmCluster
 
 SLURM_NODES = ["s1", "s2", "s3"]
@@ -156,15 +157,7 @@ def test_replicas_become_jobs_on_their_nodes_meet_at_the_head_survive_a_restart_
     assert left["llmrc.tests.pair-0"]["state"] not in ("RUNNING", "PENDING", "COMPLETING")
     assert left["llmrc.tests.solo-0"]["state"] == "RUNNING"
     assert not [r for r in engine_records(records) if r.get("nnodes") == 2 and r["state"] not in ("stopped", "failed")
-                and _alive(r["pid"])]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
+                and alive(r["pid"])]
 
 
 def test_a_foreign_job_holding_gpus_is_placed_around_and_never_touched(cluster, pool, catalog_dir, tmp_path):
