@@ -285,3 +285,35 @@ def test_slurm_not_answering_is_temporary_and_leaves_running_jobs_alone(cluster,
     now = our_jobs(cluster)
     assert [j["id"] for j in cluster.jobs() if j["name"] == "llmrc.tests.steady-0"] == [job["id"]]
     assert now["llmrc.tests.steady-0"]["state"] == "RUNNING"
+
+
+def test_a_killed_slurmd_puts_its_replica_under_the_node_loss_rules(cluster, pool, catalog_dir, tmp_path):
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_model(catalog_dir, "mobile", records, nodes=1)
+    first = slurm_pass(catalog_dir, pool)
+    assert first.replicas["mobile-0"].phase == "Ready", first.replicas["mobile-0"].message
+    lost = first.replicas["mobile-0"].nodes[0].node
+    old_job = our_jobs(cluster)["llmrc.tests.mobile-0"]["id"]
+    cluster.kill_slurmd(lost)
+    try:
+        cat = load_catalog(catalog_dir, with_revision=False)
+        deadline = time.monotonic() + 40
+        while fold_slurm(cat, pool, probe_fleet(cat.fleet, pool)).node(lost).state != "unreachable":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        # Within the grace: left alone, reported as not known.
+        held = slurm_pass(catalog_dir, pool, history=first.memory, ready_wait_s=2)
+        assert held.replicas["mobile-0"].phase == "Unknown", held.replicas["mobile-0"]
+        assert not [d for d in held.decisions if d.action in ("start", "stop", "replace")], held.decisions
+        # Past the grace: placed elsewhere, as one new job.
+        moved = run_pass(load_catalog(catalog_dir, with_revision=False), transports=pool, history=held.memory,
+                         ready_wait_s=30, now=time.time() + 301)
+        state = moved.replicas["mobile-0"]
+        assert state.phase == "Ready", state.message
+        assert state.nodes[0].node != lost
+        new_job = our_jobs(cluster)["llmrc.tests.mobile-0"]
+        assert new_job["id"] != old_job and new_job["state"] == "RUNNING"
+    finally:
+        cluster.start_slurmd(lost)
+        cluster.wait_nodes([lost], "IDLE", "MIXED")

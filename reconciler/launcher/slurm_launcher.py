@@ -206,10 +206,14 @@ class SlurmLauncher:
                 if job.live and shape.spec_hash == launch.spec_hash and shape.ranks == wanted:
                     return StartOutcome(launch.node, launch.replica, launch.rank, ok=True, already_running=True,
                                         slurm_job=job.job_id)
-                ids = ", ".join(j.job_id for j in live)
-                # Never a second job for a replica that is queued or running.
-                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
-                                    reason=f"job {name}: Slurm still has job {ids} of this replica")
+                # Never a second job for a replica that is queued or running: the Actor starts a copy
+                # only once it has given up the old one (a replace, a move off a lost node, a restart),
+                # and Slurm can cancel a job on a node that no longer answers, so the old job goes first.
+                for old in live:
+                    gone, how = self._cancel(old)
+                    if not gone:
+                        return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+                                            reason=f"job {name}: the replica's earlier Slurm job {old.job_id} {how}")
             argv = sbatch_argv(self.client.settings, self.owner, launches, self.slurm_names)
             try:
                 rc, out, err = self.client.run(argv, stdin=batch_script(launches, self.slurm_names), check=False)
@@ -287,10 +291,11 @@ class SlurmLauncher:
 
 
 class SlurmInventory:
-    def __init__(self, fleet: Fleet, client: SlurmClient, owner: str):
+    def __init__(self, fleet: Fleet, client: SlurmClient, owner: str, desired: set[str] | None = None):
         self.fleet = fleet
         self.client = client
         self.owner = owner
+        self.desired = desired
         self.slurm_nodes = [n for n in fleet.nodes if n.launcher == "slurm"]
 
     def observe(self) -> tuple[list[QueuedJob], dict[str, SlurmNode], dict[str, JobDetail]]:
@@ -308,7 +313,7 @@ class SlurmInventory:
         except SlurmUnavailable as exc:
             why = f"Slurm did not answer (on {exc.node}): {exc.reason}"
             return fold_unreachable(inventory, {n.id for n in self.slurm_nodes}, why)
-        return fold(self.fleet, self.owner, inventory, *answer)
+        return fold(self.fleet, self.owner, inventory, *answer, desired=self.desired)
 
 
 def fold_unreachable(inventory: Inventory, node_ids: set[str], why: str) -> Inventory:
@@ -319,11 +324,18 @@ def fold_unreachable(inventory: Inventory, node_ids: set[str], why: str) -> Inve
 
 
 def fold(fleet: Fleet, owner: str, inventory: Inventory, queue: Sequence[QueuedJob],
-         nodes: Mapping[str, SlurmNode], details: Mapping[str, JobDetail]) -> Inventory:
-    """The probed inventory with Slurm's facts on the `launcher: slurm` nodes (pure)."""
+         nodes: Mapping[str, SlurmNode], details: Mapping[str, JobDetail], desired: set[str] | None = None) -> Inventory:
+    """The probed inventory with Slurm's facts on the `launcher: slurm` nodes (pure).
+
+    desired: the catalog's replica ids. A job that ended counts (as a crash) only for a replica
+    still desired; one of a replica taken away is history, not a copy to stop on every pass.
+    """
     slurm_specs = {n.id: n for n in fleet.nodes if n.launcher == "slurm"}
     names = {n.id: n.slurm_node_name for n in fleet.nodes}
     jobs = OurJobs(owner, queue)
+    if desired is not None:
+        jobs.by_replica = {rid: (job, shape) for rid, (job, shape) in jobs.by_replica.items()
+                           if rid in desired or job.live or job.state in ENDING_STATES}
     ours = {job.job_id for job, _ in jobs.by_replica.values()}
     ranks_by_node: dict[str, list[RunningRank]] = {}
     for state in rank_states(jobs, details, names):
@@ -425,4 +437,5 @@ def fold_slurm(catalog, transports: Any, inventory: Inventory, *, owner: str | N
     fleet = catalog.fleet
     if not has_slurm(fleet):
         return inventory
-    return SlurmInventory(fleet, SlurmClient(fleet, transports), owner or catalog_owner(catalog)).fold(inventory)
+    desired = {rid for m in catalog.models for rid in m.replica_ids()}
+    return SlurmInventory(fleet, SlurmClient(fleet, transports), owner or catalog_owner(catalog), desired).fold(inventory)
