@@ -67,6 +67,7 @@ def real_cluster(rounds: int) -> None:
             (root / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
             model = root / "models" / "pair.yaml"
             timings: dict[str, list[float]] = {"slurm": [], "ssh": []}
+            launched: dict[str, list[float]] = {"slurm": [], "ssh": []}
             with TransportPool() as pool:
                 for _ in range(rounds):
                     for launcher, fabric in (("slurm", "ib-s"), ("ssh", "ib-h")):
@@ -79,8 +80,15 @@ def real_cluster(rounds: int) -> None:
                             n["state"] = "ready" if n.get("fabrics", {}).get(fabric) or n["id"] == "login1" else "cordoned"
                         (root / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
                         t = time.perf_counter()
-                        result = run_pass(load_catalog(root, with_revision=False), transports=pool, ready_wait_s=60)
+                        first_launch: list[float] = []
+
+                        def log(d, t=t, first_launch=first_launch):
+                            if d.action in ("start", "adopt") and not first_launch:
+                                first_launch.append(time.perf_counter() - t)
+
+                        result = run_pass(load_catalog(root, with_revision=False), transports=pool, ready_wait_s=60, log=log)
                         took = time.perf_counter() - t
+                        launched[launcher].append(first_launch[0] if first_launch else took)
                         state = result.replicas["pair-0"]
                         if state.phase != "Ready":
                             raise SystemExit(f"{launcher}: {state.phase}: {state.message}")
@@ -90,6 +98,7 @@ def real_cluster(rounds: int) -> None:
                 print("2-node fake-vLLM replica, pass start -> Ready (probe, plan, launch, rendezvous, /health 200):")
                 for launcher in ("slurm", "ssh"):
                     print(f"  launcher: {launcher:5}  {ms(timings[launcher])}")
+                    print(f"     of which probe + plan until the first rank is handed to the launcher  {ms(launched[launcher])}")
                 cat = load_catalog(root, with_revision=False)
                 inv = SlurmInventory(cat.fleet, SlurmClient(cat.fleet, pool), "bench")
                 empty = Inventory(tuple(ObservedNode(n.id) for n in cat.fleet.nodes))
