@@ -1,20 +1,35 @@
 """The exception tree. Every error says where it happened.
 
-    ReconcilerError
-    ├── UsageError            bad command line (exit 2)
-    ├── CatalogInvalid        one or more Problems in the catalog (exit 1)
-    ├── InventoryInvalid      one or more Problems in a snapshot (exit 1)
-    ├── RenderError           a launch refused: placeholder left, loopback head (names the replica)
-    ├── FleetUnreachable      no node of the fleet answered (exit 3)
-    ├── StatusWriteError      a file the reconciler writes (status/, its state) could not be written
-    └── TransportError        a node could not be reached or a command failed to run (names the node)
-        ├── HostKeyError      unknown or changed host key: permanent until an operator acts
-        ├── CommandTimeout    a command ran past its deadline (ssh.command_timeout_s)
-        └── OutputTooLarge    a node printed more than the reconciler reads for one command
+    ReconcilerError                                                              kind
+    ├── UsageError          bad command line (exit 2)                            permanent
+    ├── CatalogInvalid      one or more Problems in the catalog (exit 1)         permanent
+    ├── InventoryInvalid    one or more Problems in a snapshot (exit 1)          permanent
+    ├── RenderError         a launch refused: placeholder left, loopback head    permanent
+    ├── FleetUnreachable    no node of the fleet answered (exit 3)               temporary
+    ├── StatusWriteError    a file the reconciler writes could not be written    temporary
+    └── TransportError      a node could not be reached or run a command         temporary
+        ├── StreamClosed    (transport.py) a long-lived command on a node ended  temporary
+        ├── HostKeyError    unknown, changed or revoked host key                 permanent
+        ├── CommandTimeout  a command ran past ssh.command_timeout_s             temporary
+        └── OutputTooLarge  a node printed more than is read for one command     permanent
+
+Each names where: file:line:column, the node, or the replica.
 
 Foreign exceptions (paramiko, socket, OSError, ruamel) are translated into
 these at one boundary each, so the CLI can print a message instead of a
 traceback for anything a user or a node did.
+
+Every failure is one of three kinds (`kind_of`), and callers act on the kind,
+never on a message's wording:
+
+    temporary   retrying can help (a timeout, a refused connection, a node that
+                printed nothing): retried with capped exponential backoff and
+                jitter, per node. `temporary = True` on the class.
+    permanent   retrying cannot help until the catalog or the node changes (a
+                refused host key, an invalid catalog, a launch that cannot be
+                rendered): stalled, and said so. `temporary = False`.
+    bug         any other exception: logged with its traceback; the daemon keeps
+                running, and the next pass tries again.
 """
 
 from __future__ import annotations
@@ -35,8 +50,18 @@ class Problem:
         return f"{self.file}:{self.line}:{self.column}: {self.message}"
 
 
+TEMPORARY, PERMANENT, BUG = "temporary", "permanent", "bug"
+
+
 class ReconcilerError(Exception):
-    pass
+    temporary = False  # see the module docstring: most of these wait for the catalog or the node to change
+
+
+def kind_of(exc: BaseException) -> str:
+    """temporary, permanent or bug: what a caller does about `exc` (retry, stall, log the traceback)."""
+    if isinstance(exc, ReconcilerError):
+        return TEMPORARY if exc.temporary else PERMANENT
+    return BUG
 
 
 class UsageError(ReconcilerError):
@@ -60,7 +85,7 @@ class RenderError(ReconcilerError):
 
 
 class FleetUnreachable(ReconcilerError):
-    pass
+    temporary = True
 
 
 class StatusWriteError(ReconcilerError, OSError):
@@ -69,6 +94,8 @@ class StatusWriteError(ReconcilerError, OSError):
     A ReconcilerError, so a command says it in one line; still an OSError, so a caller
     that carries on without the file (the daemon) catches it as it catches any I/O error.
     """
+
+    temporary = True  # a full disk, a permission fixed by hand: the next pass writes again
 
     def __init__(self, path: str, reason: str):
         OSError.__init__(self, f"cannot write {path}: {reason}")
@@ -100,4 +127,8 @@ class CommandTimeout(TransportError):
 
 
 class OutputTooLarge(TransportError):
-    """A node printed more than is read for one command (a hostile or broken node): not read, not kept."""
+    """A node printed more than is read for one command (a hostile or broken node): not read, not kept.
+
+    Permanent: the same node prints the same thing next time; it is retried when rechecked."""
+
+    temporary = False

@@ -123,6 +123,7 @@ def node_from_document(d: dict) -> ObservedNode:
         weights=None if weights is None else tuple(weights),
         replicas=tuple(_rank_from_doc(r) for r in d.get("replicas") or ()),
         ports_in_use=tuple(d.get("ports_in_use") or ()),
+        failure=d.get("failure", "") or "",
     )
 
 
@@ -189,6 +190,8 @@ def node_to_document(n: ObservedNode) -> dict:
         doc["replicas"].append(rd)
     if n.ports_in_use:
         doc["ports_in_use"] = sorted(set(n.ports_in_use))
+    if n.failure:  # right after the reason it qualifies
+        doc = {k: doc[k] for k in ("id", "state", "reason")} | {"failure": n.failure} | doc
     return doc
 
 

@@ -290,6 +290,9 @@ class ObservedNode:
     replicas: tuple[RunningRank, ...] = ()
     # TCP ports something listens on (from /proc/net/tcp*), so placement never hands out a taken one
     ports_in_use: tuple[int, ...] = ()
+    # For a node not usable now, whether waiting can help: temporary (retried with backoff),
+    # permanent (stalled until the node or the catalog changes: a refused host key), bug.
+    failure: str = ""
 
 
 @dataclass(frozen=True)

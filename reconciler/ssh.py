@@ -27,6 +27,7 @@ import errno
 import getpass
 import hashlib
 import os
+import random
 import select
 import shlex
 import socket
@@ -44,6 +45,9 @@ from reconciler.transport import CommandResult, LocalTransport, StreamClosed, Tr
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 _READ_CHUNK = 1 << 16
+# A node refused for a permanent reason (its host key) is not reconnected to on every pass; it is
+# tried again when known_hosts changes, or after this long (an operator may fix the node itself).
+PERMANENT_RECHECK_S = 300.0
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -611,6 +615,7 @@ class SshTransport:
         min_backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
     ):
         if connector is None:  # standalone use; a TransportPool shares one connector among its nodes
             connector = _Connector(_Shared(None, 4))
@@ -626,9 +631,11 @@ class SshTransport:
         self._clock = clock
         self._min_backoff = min_backoff_s
         self._max_backoff = max_backoff_s
+        self._jitter = jitter
         self._failures = 0
         self._retry_at = 0.0
         self._last_error: TransportError | None = None
+        self._trust_when_failed: tuple | None = None  # known_hosts as it was when a host key was refused
         self._streams: dict[str, tuple[paramiko.Transport, _Stream]] = {}
         # Commands abandoned at their deadline, "<pid> <start time>", ended when the node answers again.
         self._abandoned: set[str] = set()
@@ -647,21 +654,39 @@ class SshTransport:
                 # noticed): end it once a new connection is up.
                 self._drop_streams()
             now = self._clock()
-            if self._last_error is not None and now < self._retry_at:
+            err = self._last_error
+            if err is not None and not err.temporary and self._trust_stamp() != self._trust_when_failed:
+                self._retry_at = now  # known_hosts was edited (a key trusted, a line removed): try now
+            if err is not None and now < self._retry_at:
                 # Broken recently: do not hammer it on every call; say why it is down.
-                err = self._last_error
                 raise type(err)(self.node_id, err.reason)
             try:
                 self._conn = self._connector.open(self.node_id, self.target, self.node.ssh)
             except TransportError as exc:
                 self._failures += 1
-                delay = min(self._max_backoff, self._min_backoff * (2 ** (self._failures - 1)))
+                if exc.temporary:
+                    # Capped exponential backoff, shortened by up to a quarter at random, so nodes
+                    # that failed together (a switch reboot) do not all come back in lockstep.
+                    delay = min(self._max_backoff, self._min_backoff * (2 ** (self._failures - 1)))
+                    delay *= 1.0 - 0.25 * self._jitter()
+                else:
+                    # Permanent (a refused host key): stalled until known_hosts or the node's
+                    # fleet.yaml entry changes (a new entry is a new transport), rechecked rarely.
+                    delay = PERMANENT_RECHECK_S
+                    self._trust_when_failed = self._trust_stamp()
                 self._retry_at = now + delay
                 self._last_error = exc
                 raise
             self._failures = 0
             self._last_error = None
             return self._conn
+
+    def _trust_stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.target.known_hosts)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     @property
     def connected(self) -> bool:

@@ -83,6 +83,7 @@ def test_cut_silent_and_dead_nodes_each_have_their_reason_are_logged_once_each_w
             by_id = {r.node.id: r.node for r in result.results}
             assert by_id["ok-a"].state == by_id["ok-b"].state == "ready"
             assert {by_id[n].state for n in ("cut", "silent", "dead")} == {"unreachable"}
+            assert {by_id[n].failure for n in ("cut", "silent", "dead")} == {"temporary"}
         for node_id in ("cut", "silent", "dead"):
             assert log.count("node.unreachable", node_id) == 1, log.events
             assert log.count("node.back", node_id) == 0
@@ -160,3 +161,14 @@ def test_a_hostile_python3_on_the_nodes_path_makes_it_unreachable_with_a_reason_
     expected = {"junk": "more than 4 MiB", "nested": "not a JSON report", "mute": f"ran past {COMMAND_TIMEOUT_S:g}s"}[kind]
     assert expected in bad.node.reason, bad.node.reason
     assert len(bad.node.reason) < 400
+
+
+def test_a_refused_host_key_is_a_permanent_failure_and_a_timeout_a_temporary_one(fleet):  # noqa: F811
+    fleet.add_node("rekeyed-p")
+    fleet.add_node("mute-p", executables={"python3": HOSTILE["mute"]})
+    fleet.rekey("rekeyed-p")  # last: adding a node rewrites known_hosts with every current key
+    with TransportPool() as pool:
+        rekeyed, mute = probe_fleet_report(quick(fleet.fleet_spec(["rekeyed-p", "mute-p"])), pool).results
+    assert rekeyed.node.state == "unreachable" and rekeyed.node.failure == "permanent"
+    assert "HOST KEY CHANGED" in rekeyed.node.reason
+    assert mute.node.state == "unreachable" and mute.node.failure == "temporary"

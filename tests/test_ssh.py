@@ -312,6 +312,61 @@ def test_a_node_that_failed_is_not_retried_before_its_backoff_and_then_is():
     assert connector.attempts == 3
 
 
+class RefusingConnector(CountingConnector):
+    """A connector seam whose node always offers a host key known_hosts does not trust."""
+
+    def open(self, node_id, target, settings):
+        from reconciler.errors import HostKeyError
+
+        self.attempts += 1
+        raise HostKeyError(node_id, "HOST KEY CHANGED for x")
+
+
+def test_a_refused_host_key_stalls_the_node_until_known_hosts_changes_instead_of_retrying_every_pass(tmp_path):
+    from reconciler.errors import HostKeyError, kind_of
+    from reconciler.model import SshSettings
+    from reconciler.ssh import SshTransport
+
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    now = [100.0]
+    connector = RefusingConnector(failures=0)
+    node = NodeSpec(id="rekeyed", address="10.0.0.9", data_address="10.0.0.9", ssh=SshSettings(known_hosts=str(known)))
+    t = SshTransport(node, connector=connector, min_backoff_s=1, max_backoff_s=8, clock=lambda: now[0])
+    with pytest.raises(HostKeyError) as caught:
+        t.run(["true"])
+    assert kind_of(caught.value) == "permanent"
+    for _ in range(5):  # passes go by, far past any temporary backoff: no new handshake
+        now[0] += 30
+        with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+            t.run(["true"])
+    assert connector.attempts == 1
+    known.write_text("10.0.0.9 ssh-ed25519 AAAA\n")  # the operator acts
+    with pytest.raises(HostKeyError):
+        t.run(["true"])
+    assert connector.attempts == 2
+
+
+def test_temporary_failures_back_off_exponentially_with_jitter_up_to_the_cap():
+    from reconciler.ssh import SshTransport
+
+    now = [0.0]
+    connector = CountingConnector(failures=100)
+    node = NodeSpec(id="flaky", address="10.0.0.9", data_address="10.0.0.9")
+    t = SshTransport(node, connector=connector, min_backoff_s=1, max_backoff_s=8, clock=lambda: now[0], jitter=lambda: 1.0)
+    attempts_at = []
+    while len(attempts_at) < 6:
+        before = connector.attempts
+        with pytest.raises(TransportError):
+            t.run(["true"])
+        if connector.attempts > before:
+            attempts_at.append(now[0])
+        now[0] += 0.125
+    waits = [b - a for a, b in zip(attempts_at, attempts_at[1:])]
+    # The largest jitter shortens each wait by a quarter: 1, 2, 4, 8, 8 (the cap) less 25%.
+    assert waits == [0.75, 1.5, 3.0, 6.0, 6.0]
+
+
 def test_keys_held_by_ssh_agent_log_in_when_no_key_file_does(nodes, tmp_path, monkeypatch):
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)

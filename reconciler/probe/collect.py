@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from reconciler.errors import CommandTimeout, OutputTooLarge, TransportError
+from reconciler.errors import BUG, PERMANENT, TEMPORARY, CommandTimeout, OutputTooLarge, TransportError, kind_of
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -93,8 +94,9 @@ def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None) -> tuple
     return [PYTHON, "-", args], _payload()
 
 
-def unreachable(spec: NodeSpec, reason: str) -> ObservedNode:
-    return ObservedNode(id=spec.id, state="unreachable", reason=reason, labels=spec.labels)
+def unreachable(spec: NodeSpec, reason: str, failure: str = TEMPORARY) -> ObservedNode:
+    """A node that did not answer, or whose answer cannot be read; `failure` says whether waiting can help."""
+    return ObservedNode(id=spec.id, state="unreachable", reason=reason, labels=spec.labels, failure=failure)
 
 
 def _no_python(rc: int, stderr: str) -> bool:
@@ -104,7 +106,7 @@ def _no_python(rc: int, stderr: str) -> bool:
 
 def unusable(spec: NodeSpec, reason: str) -> ObservedNode:
     """A node that answered with something the reconciler cannot place on (GPUs unknown, a report it cannot read)."""
-    return ObservedNode(id=spec.id, state="unusable", reason=reason, labels=spec.labels)
+    return ObservedNode(id=spec.id, state="unusable", reason=reason, labels=spec.labels, failure=PERMANENT)
 
 
 def command_timeout(spec: NodeSpec) -> float:
@@ -129,7 +131,7 @@ def _from_report(spec: NodeSpec, report: Mapping, started: float, clock) -> Node
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         # Valid JSON of the wrong shape (a probe that is not ours answering): nothing in it can be
         # trusted, its process records included, so the node counts as not answering.
-        return NodeProbe(unreachable(spec, f"probe report unreadable ({type(exc).__name__}: {str(exc)[:120]})"), (), True, clock() - started)
+        return NodeProbe(unreachable(spec, f"probe report unreadable ({type(exc).__name__}: {str(exc)[:120]})", PERMANENT), (), True, clock() - started)
     return NodeProbe(node, tuple(warnings), True, clock() - started)
 
 
@@ -162,7 +164,7 @@ def probe_node(
         except CommandTimeout:
             return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
         except OutputTooLarge as exc:
-            return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}"), (), True, clock() - started)
+            return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
         except (TransportError, ValueError):
             # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
             # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
@@ -174,19 +176,20 @@ def probe_node(
     except CommandTimeout as exc:
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (exc.reason,), True, clock() - started)
     except OutputTooLarge as exc:
-        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}"), (), True, clock() - started)
+        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
     except TransportError as exc:
-        return NodeProbe(unreachable(spec, exc.reason), (), False, clock() - started)
+        return NodeProbe(unreachable(spec, exc.reason, kind_of(exc)), (), False, clock() - started)
     elapsed = clock() - started
     stderr = result.stderr[-4096:].decode(errors="replace").strip()
     if _no_python(result.rc, stderr):
-        return NodeProbe(unreachable(spec, "python3 is not on the node's login PATH; the probe needs it"), (stderr,), True, elapsed)
+        return NodeProbe(unreachable(spec, "python3 is not on the node's login PATH; the probe needs it", PERMANENT), (stderr,), True, elapsed)
     try:
         report = _decode_report(result.stdout)
     except ValueError:
         shown = (result.stdout[:120] or result.stderr[-200:]).decode(errors="replace").strip()
         why = f"probe exited {result.rc}" if result.rc != 0 else "probe printed something that is not a JSON report"
-        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why), (stderr[-500:],) if stderr else (), True, elapsed)
+        # A node whose python3 is something else says the same next time: stalled until it changes.
+        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why, PERMANENT), (stderr[-500:],) if stderr else (), True, elapsed)
     return _from_report(spec, report, started, clock)
 
 
@@ -221,7 +224,7 @@ def _probe_one(spec: NodeSpec, pool: TransportSource, sources, timeout: float | 
     try:
         transport = pool.transport_for(spec)
     except TransportError as exc:
-        return NodeProbe(unreachable(spec, exc.reason), (), False)
+        return NodeProbe(unreachable(spec, exc.reason, kind_of(exc)), (), False)
     return probe_node(spec, transport, sources=sources, timeout=timeout)
 
 
@@ -255,6 +258,7 @@ class FleetProber:
         self._lock = threading.Lock()
         self._inflight: dict[str, _InFlight] = {}
         self._down: dict[str, tuple[float, str]] = {}  # node id -> (epoch seconds since, reason)
+        self._last_failure: dict[str, str] = {}  # node id -> kind of its last failure
 
     def down(self) -> dict[str, tuple[float, str]]:
         with self._lock:
@@ -269,7 +273,9 @@ class FleetProber:
             try:
                 job.result = _probe_one(spec, pool, sources, None)
             except Exception as exc:  # noqa: BLE001  a bug in the probe: that node unreachable, the daemon goes on
-                job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}"), (), False)
+                job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}", BUG), (), False)
+                if log is not None:
+                    log("probe.error", node=spec.id, error=f"{type(exc).__name__}: {exc}", msg=traceback.format_exc())
             finally:
                 self._settle(job, log)
                 job.done.set()
@@ -285,6 +291,8 @@ class FleetProber:
             if self._inflight.get(node_id) is job:
                 del self._inflight[node_id]
             was = self._down.get(node_id)
+            if r is not None and r.node.failure:
+                self._last_failure[node_id] = r.node.failure
             if r is not None and r.node.state in ("unreachable", "unusable"):
                 if was is None:
                     self._down[node_id] = (self._wall(), r.node.reason)
@@ -338,11 +346,12 @@ class FleetProber:
                 continue
             with self._lock:
                 since, reason = self._down.get(spec.id, (None, ""))
+            held = self._last_failure.get(spec.id, TEMPORARY)
             waited = self._clock() - job.started
             why = f"no answer yet (probe running for {waited:.0f}s)"
             if reason:
                 why = f"{reason}; {why}"
-            results.append(NodeProbe(unreachable(spec, why), (), False, waited))
+            results.append(NodeProbe(unreachable(spec, why, held), (), False, waited))
         return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
 
@@ -461,6 +470,7 @@ def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode,
         id=spec.id,
         state=state,
         reason=reason,
+        failure=PERMANENT if gpu_error else "",
         labels=spec.labels,
         memory_total_mb=report.get("memory_total_mb") if isinstance(report.get("memory_total_mb"), int) else None,
         engines=None if not isinstance(engines, dict) else frozen_map({str(k): str(v or "") for k, v in sorted(engines.items())}),
