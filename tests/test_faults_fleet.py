@@ -172,3 +172,15 @@ def test_a_refused_host_key_is_a_permanent_failure_and_a_timeout_a_temporary_one
     assert rekeyed.node.state == "unreachable" and rekeyed.node.failure == "permanent"
     assert "HOST KEY CHANGED" in rekeyed.node.reason
     assert mute.node.state == "unreachable" and mute.node.failure == "temporary"
+
+
+def test_a_hung_or_garbled_nvidia_smi_on_the_nodes_path_makes_it_unusable_within_the_deadline(fleet):  # noqa: F811
+    fleet.add_node("smi-hangs", gpus=["H100"], executables={"nvidia-smi": "#!/bin/sh\nexec sleep 300\n"})
+    fleet.add_node("smi-junk", gpus=["H100"], executables={"nvidia-smi": "#!/bin/sh\nhead -c 3000000 /dev/urandom\n"})
+    with TransportPool() as pool:
+        hangs, junk = probe_fleet_report(quick(fleet.fleet_spec(["smi-hangs", "smi-junk"])), pool).results
+    for r in (hangs, junk):
+        assert r.node.state == "unusable" and r.node.failure == "permanent" and r.node.gpus == ()
+        assert r.node.reason.startswith("GPUs unknown: ") and len(r.node.reason) < 400
+        assert r.node.memory_total_mb  # the rest of the report was read
+    assert "ran past" in hangs.node.reason

@@ -225,10 +225,16 @@ class NvidiaSmi:
     def __init__(self, binary, timeout, cache=None):
         self.binary = binary
         self.timeout = timeout
+        # One deadline for every query: waited for one after another, their timeouts would add up
+        # past the probe's own deadline, and a hung nvidia-smi would take the whole node with it.
+        self.deadline = _now() + timeout
         self.cache = cache
         self.gpus = _start([binary, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"])
         self.apps = _start([binary, "--query-compute-apps=" + APPS_QUERY, "--format=csv,noheader,nounits"])
         self.topo = _start([binary, "topo", "-m"]) if cache is None else None
+
+    def _left(self):
+        return max(0.1, self.deadline - _now())
 
     def _peers(self, gpus, warnings):
         key = tuple(g["uuid"] for g in gpus)
@@ -238,7 +244,7 @@ class NvidiaSmi:
                 return held[1]
         if self.topo is None:
             self.topo = _start([self.binary, "topo", "-m"])
-        out, why = _finish(self.topo, self.timeout, "nvidia-smi topo -m")
+        out, why = _finish(self.topo, self._left(), "nvidia-smi topo -m")
         if why:
             warnings.append(why + " (NVLink peers unknown)")
             return {}
@@ -255,8 +261,8 @@ class NvidiaSmi:
         """The GPUs, or None with a warning; `self.error` says why when nvidia-smi answered
         unusably (garbage, a hang): GPUs unknown, which is not the same as no GPUs."""
         self.error = None
-        gpus_out, why = _finish(self.gpus, self.timeout, "nvidia-smi --query-gpu")
-        apps_out, apps_why = _finish(self.apps, self.timeout, "nvidia-smi --query-compute-apps")
+        gpus_out, why = _finish(self.gpus, self._left(), "nvidia-smi --query-gpu")
+        apps_out, apps_why = _finish(self.apps, self._left(), "nvidia-smi --query-compute-apps")
         if why:
             self._drop_topo()
             warnings.append(why)
@@ -295,7 +301,7 @@ class NvidiaSmi:
 
     def _drop_topo(self):
         if self.topo is not None:
-            _finish(self.topo, self.timeout, "nvidia-smi topo -m")
+            _finish(self.topo, self._left(), "nvidia-smi topo -m")
 
 
 # --------------------------------------------------------------------------
@@ -542,6 +548,7 @@ def collect(args, cache=None):
         if which(binary):
             engines[engine] = ""
     records = replica_records(args.get("state_dir") or "~/.local/state/llm-reconciler", warnings)
+    owner = args.get("owner")
     report["replicas"] = records
     report["ports_in_use"] = listening_ports(warnings)
 
@@ -553,7 +560,8 @@ def collect(args, cache=None):
     if gpus is None:
         gpus = []
         report.setdefault("gpu_source", "none")
-    exclude_managed(gpus, records)
+    # Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign.
+    exclude_managed(gpus, [r for r in records if owner is None or r.get("owner") in (None, owner)])
     report["gpus"] = gpus
     if sglang_fresh:
         sglang_installed, notes = held[1], held[2]
