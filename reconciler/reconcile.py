@@ -29,6 +29,7 @@ from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, remember
 from reconciler.model import Catalog, Inventory
+from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
 from reconciler.plan import Plan, WaitKind, plan as make_plan
 from reconciler.probe import probe_fleet
@@ -42,7 +43,9 @@ ProbeFn = Callable[[Catalog, FleetTransports], Inventory]
 
 
 def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    inventory = probe_fleet(catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}))
+    inventory = probe_fleet(
+        catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}), owner=catalog_owner(catalog)
+    )
     # GPUs, engines, fabrics and weights come from the probe; node states, other jobs' GPUs and our jobs from Slurm.
     return fold_slurm(catalog, transports, inventory)
 
@@ -85,7 +88,8 @@ def run_pass(
     now = time.time() if now is None else now
     memory = history or PassMemory()
     fleet_transports = FleetTransports(transports, catalog.fleet)
-    launcher = launcher or fleet_launcher(catalog, fleet_transports, SshLauncher.for_fleet(catalog.fleet, fleet_transports))
+    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
+    launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is.
     inventory = (probe or default_probe)(catalog, fleet_transports)

@@ -36,9 +36,11 @@ def probe_fleet(catalog: Catalog) -> Inventory:
     from reconciler.probe import probe_fleet_report
     from reconciler.ssh import TransportPool
 
+    from reconciler.owner import catalog_owner
+
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
-        result = probe_fleet_report(catalog.fleet, pool, sources=sources)
+        result = probe_fleet_report(catalog.fleet, pool, sources=sources, owner=catalog_owner(catalog))
         inventory = fold_slurm(catalog, pool, result.inventory)
     print_probe_warnings(result)
     if catalog.fleet.nodes and result.reached == 0:

@@ -16,6 +16,7 @@ from reconciler.commands._observe import print_probe_warnings
 from reconciler.inventory import inventory_to_document
 from reconciler.launcher.slurm_launcher import fold_slurm
 from reconciler.model import ObservedNode
+from reconciler.owner import catalog_owner
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
 from reconciler.status import status_snapshot, write_nodes_status
@@ -28,7 +29,7 @@ def main(args) -> int:
     catalog = load_catalog(args.catalog, with_revision=False)
     sources = sorted({m.source for m in catalog.models})
     with TransportPool() as pool:
-        result = _probe(catalog.fleet, pool, sources)
+        result = _probe(catalog.fleet, pool, sources, catalog_owner(catalog))
         # Slurm's node states and other jobs' GPUs, on `launcher: slurm` nodes.
         result = replace(result, inventory=fold_slurm(catalog, pool, result.inventory))
     # What is printed is what status/nodes.yaml holds, so either can feed `plan --inventory`.
@@ -46,9 +47,9 @@ def main(args) -> int:
     return 0
 
 
-def _probe(fleet, pool, sources) -> FleetProbe:
+def _probe(fleet, pool, sources, owner) -> FleetProbe:
     if not sys.stderr.isatty() or not fleet.nodes:
-        return probe_fleet_report(fleet, pool, sources=sources)
+        return probe_fleet_report(fleet, pool, sources=sources, owner=owner)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -58,7 +59,7 @@ def _probe(fleet, pool, sources) -> FleetProbe:
     ) as progress:
         task = progress.add_task("probe", total=len(fleet.nodes), last="")
         return probe_fleet_report(
-            fleet, pool, sources=sources, on_result=lambda r: progress.update(task, advance=1, last=r.node.id)
+            fleet, pool, sources=sources, owner=owner, on_result=lambda r: progress.update(task, advance=1, last=r.node.id)
         )
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from reconciler.reconcile import run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
+from reconciler.launcher.slurm_launcher import fold_slurm
+from reconciler.owner import catalog_owner
 from reconciler.probe import FleetProber
 from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
@@ -53,7 +55,9 @@ class ProbeFleet:
 
     def __call__(self, catalog, transports):
         sources = sorted({m.source for m in catalog.models})
-        return self.prober(catalog.fleet, transports, sources=sources, log=self.log).inventory
+        inventory = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log).inventory
+        # As the one-shot pass's probe does: Slurm's node states and jobs on `launcher: slurm` nodes.
+        return fold_slurm(catalog, transports, inventory)
 
 
 class ReusedInventory:

@@ -170,8 +170,27 @@ def state_paths(state_dir):
     return root, os.path.join(root, "replicas"), os.path.join(root, "logs")
 
 
-def record_name(replica, rank):
-    return "%s.rank%d" % (replica, rank)
+_OWNER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def owner_of(req):
+    """The catalog this request acts for (fleet.yaml `owner:`, or derived), or None (one with no owner)."""
+    owner = req.get("owner")
+    if isinstance(owner, str) and owner and set(owner) <= _OWNER_CHARS:
+        return owner
+    return None
+
+
+def record_name(replica, rank, owner=None):
+    # The owner is part of the name: two catalogs sharing a node may both have a replica `llama-0`.
+    base = "%s.rank%d" % (replica, rank)
+    return "%s.%s" % (owner, base) if owner else base
+
+
+def is_mine(rec, owner):
+    """Another owner's records are never stopped, adopted or reported as ours. A record with no
+    owner predates ownership: it belongs to whichever catalog runs that replica."""
+    return owner is None or rec.get("owner") in (None, owner)
 
 
 def read_record(path):
@@ -195,8 +214,8 @@ def write_atomically(path, data):
     os.replace(tmp, path)
 
 
-def records(records_dir, replica=None):
-    """(path, record) of every readable record, optionally of one replica, in name order."""
+def records(records_dir, replica=None, owner=None):
+    """(path, record) of every readable record of `owner`, optionally of one replica, in name order."""
     try:
         names = sorted(os.listdir(records_dir))
     except FileNotFoundError:
@@ -207,7 +226,7 @@ def records(records_dir, replica=None):
             continue
         path = os.path.join(records_dir, name)
         rec = read_record(path)
-        if rec is None or (replica is not None and rec.get("id") != replica):
+        if rec is None or (replica is not None and rec.get("id") != replica) or not is_mine(rec, owner):
             continue
         found.append((path, rec))
     return found
@@ -249,7 +268,7 @@ def op_start(req):
     for d in (records_dir, logs_dir):
         # Private: records hold argv (which may carry secrets) and logs what engines print.
         os.makedirs(d, mode=0o700, exist_ok=True)
-    name = record_name(req["replica"], int(req["rank"]))
+    name = record_name(req["replica"], int(req["rank"]), owner_of(req))
     lock = rank_lock(records_dir, name)
     try:
         return start_locked(req, records_dir, logs_dir)
@@ -260,11 +279,17 @@ def op_start(req):
 def start_locked(req, records_dir, logs_dir):
     import subprocess
     replica, rank, port = req["replica"], int(req["rank"]), int(req["port"])
-    name = record_name(replica, rank)
+    owner = owner_of(req)
+    name = record_name(replica, rank, owner)
     record_path = os.path.join(records_dir, name + ".json")
     log_path = os.path.join(logs_dir, name + ".log")
 
     existing = read_record(record_path)
+    if existing is None and owner is not None:
+        # A rank started before records carried an owner is still this replica's rank.
+        legacy = read_record(os.path.join(records_dir, record_name(replica, rank) + ".json"))
+        if legacy is not None and is_mine(legacy, owner):
+            existing = legacy
     if existing is not None and rank_alive(existing):
         if existing.get("spec_hash") == req["spec_hash"] and existing.get("port") == port:
             # Launched before (a retried pass, a restarted reconciler): never launch twice.
@@ -323,6 +348,8 @@ def start_locked(req, records_dir, logs_dir):
         "log": log_path,
         "managed_by": MANAGED_BY,
     }
+    if owner is not None:
+        record["owner"] = owner
     # Written before answering: if the connection drops now, the next probe still finds this rank.
     write_atomically(record_path, json.dumps(record, sort_keys=True, indent=1))
     return {"ok": True, "already_running": False, "pid": proc.pid, "pgid": proc.pid, "log": log_path,
@@ -364,10 +391,11 @@ def op_stop(req):
     rank = req.get("rank")
     results = []
     ok = True
-    for path, rec in records(records_dir, req["replica"]):
+    owner = owner_of(req)
+    for path, rec in records(records_dir, req["replica"], owner):
         if rank is not None and rec.get("rank") != rank:
             continue
-        lock = rank_lock(records_dir, record_name(req["replica"], int(rec.get("rank", 0))))
+        lock = rank_lock(records_dir, record_name(req["replica"], int(rec.get("rank", 0)), rec.get("owner")))
         try:
             current = read_record(path)  # re-read under the lock: a racing start may have replaced it
             if current is None:
@@ -389,7 +417,7 @@ def op_status(req):
     _, records_dir, _ = state_paths(req["state_dir"])
     lines = int(req.get("log_lines", 0))
     ranks = []
-    for _, rec in records(records_dir, req.get("replica")):
+    for _, rec in records(records_dir, req.get("replica"), owner_of(req)):
         rec = dict(rec)
         rec["alive"] = rank_alive(rec)
         rec["log_tail"] = tail(rec.get("log", ""), lines)
@@ -399,7 +427,9 @@ def op_status(req):
 
 def op_logs(req):
     _, _, logs_dir = state_paths(req["state_dir"])
-    path = os.path.join(logs_dir, record_name(req["replica"], int(req["rank"])) + ".log")
+    path = os.path.join(logs_dir, record_name(req["replica"], int(req["rank"]), owner_of(req)) + ".log")
+    if not os.path.exists(path):  # a rank started before records carried an owner
+        path = os.path.join(logs_dir, record_name(req["replica"], int(req["rank"])) + ".log")
     return {"ok": True, "log": path, "lines": tail(path, int(req.get("lines", 50)))}
 
 
@@ -411,9 +441,20 @@ def op_port(req):
 OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs, "port": op_port}
 
 
+_TERM_REQUESTED = []
+
+
+def _defer_term(signum, frame):
+    _TERM_REQUESTED.append(signum)
+
+
 def main(argv):
     # A dropped SSH connection must not kill the agent between launching and recording.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Nor must the reconciler ending an agent it gave up on (its deadline passed): SIGTERM is
+    # taken once the operation is done, so a launched engine always has its record. A caught
+    # signal is reset by exec, so engines still get SIGTERM's default action.
+    signal.signal(signal.SIGTERM, _defer_term)
     encoded = globals().get("REQUEST_B64")
     if encoded is not None:
         req = json.loads(binascii.a2b_base64(encoded))
@@ -427,6 +468,8 @@ def main(argv):
         sys.stderr.write("unknown op %r\n" % req.get("op"))
         return 2
     answer = op(req)
+    if _TERM_REQUESTED:
+        return 143  # the reconciler gave up on this answer
     try:
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()

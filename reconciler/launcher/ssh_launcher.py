@@ -49,7 +49,11 @@ class SshLauncher:
         python: str = "python3",
         stop_grace_s: float = 10.0,
         timeout_s: float | None = None,
+        owner: str | None = None,
     ):
+        """owner: the catalog's owner (reconciler.owner); its records carry it and only its
+        own ranks are started, stopped, reported or adopted (None: records without an owner)."""
+        self.owner = owner
         self.transports = transports
         self.state_dirs = dict(state_dirs or {})
         self.python = python
@@ -71,6 +75,8 @@ class SshLauncher:
         if transport is None:
             raise TransportError(node, "no transport for this node")
         request = {**request, "state_dir": self.state_dirs.get(node, DEFAULT_STATE_DIR)}
+        if self.owner is not None:
+            request["owner"] = self.owner
         # -I -S: the agent needs nothing but the stdlib, so skip site-packages and PYTHON* variables
         # (a third of the interpreter's start-up, and immune to a node's stray PYTHONPATH).
         # The argv is constant; the request rides on stdin, where `ps` on the node cannot read its secrets.

@@ -7,7 +7,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -71,12 +71,20 @@ def _payload() -> bytes:
         return _build_payload()
 
 
-def probe_args(spec: NodeSpec, sources: Iterable[str] | None) -> dict:
-    return {
+def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> dict:
+    args = {
         "model_dirs": list(spec.model_dirs),
         "sources": None if sources is None else sorted(set(sources)),
         "state_dir": spec.state_dir,
     }
+    if owner is not None:
+        args["owner"] = owner
+    # The node's own waits end well inside the command's deadline, so a hung nvidia-smi or
+    # `import sglang` is reported as such (GPUs unknown) instead of the whole node timing out.
+    inner = round(max(1.0, min(20.0, float(spec.ssh.command_timeout_s) / 2)), 1)
+    if inner < 20.0:
+        args["nvidia_smi_timeout_s"] = args["sglang_timeout_s"] = inner
+    return args
 
 
 SESSION_KEY = "llm-reconciler-probe"
@@ -88,9 +96,9 @@ def session_command() -> tuple[list[str], bytes]:
     return [PYTHON, "-c", BOOTSTRAP, "--serve"], str(len(body)).encode() + b"\n" + body
 
 
-def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None) -> tuple[list[str], bytes]:
+def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None, owner: str | None = None) -> tuple[list[str], bytes]:
     """The argv and stdin that probe `spec`: `python3 - '<json>'` with the script on stdin."""
-    args = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":"))
+    args = json.dumps(probe_args(spec, sources, owner), sort_keys=True, separators=(",", ":"))
     return [PYTHON, "-", args], _payload()
 
 
@@ -125,9 +133,9 @@ def _decode_report(data: bytes):
     return report
 
 
-def _from_report(spec: NodeSpec, report: Mapping, started: float, clock) -> NodeProbe:
+def _from_report(spec: NodeSpec, report: Mapping, started: float, clock, owner: str | None = None) -> NodeProbe:
     try:
-        node, warnings = observed_from_report(spec, report)
+        node, warnings = observed_from_report(spec, report, owner=owner)
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         # Valid JSON of the wrong shape (a probe that is not ours answering): nothing in it can be
         # trusted, its process records included, so the node counts as not answering.
@@ -142,8 +150,12 @@ def probe_node(
     sources: Iterable[str] | None = None,
     timeout: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    owner: str | None = None,
 ) -> NodeProbe:
     """Probe one node within `timeout` (default: the node's ssh.command_timeout_s).
+
+    owner: the catalog's owner; another owner's process records are not this catalog's
+    replicas, and the GPUs and ports they hold are reported taken (None: every record is ours).
 
     Never raises for anything the node or the network did: see NodeProbe.
     """
@@ -155,12 +167,12 @@ def probe_node(
         # Anything odd about it falls through to the one-shot probe below, whose
         # exit code and output say what is wrong with the node.
         argv, preamble = session_command()
-        request = json.dumps(probe_args(spec, sources), sort_keys=True, separators=(",", ":")).encode()
+        request = json.dumps(probe_args(spec, sources, owner), sort_keys=True, separators=(",", ":")).encode()
         try:
             line = open_stream(SESSION_KEY, argv, preamble=preamble, timeout=timeout).request(request, timeout=timeout)
             report = _decode_report(line)
             if "error" not in report:
-                return _from_report(spec, report, started, clock)
+                return _from_report(spec, report, started, clock, owner)
         except CommandTimeout:
             return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
         except OutputTooLarge as exc:
@@ -169,7 +181,7 @@ def probe_node(
             # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
             # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
             pass
-    argv, stdin = probe_command(spec, sources)
+    argv, stdin = probe_command(spec, sources, owner)
     left = max(1.0, timeout - (clock() - started))
     try:
         result = transport.run(argv, stdin=stdin, timeout=left)
@@ -190,7 +202,7 @@ def probe_node(
         why = f"probe exited {result.rc}" if result.rc != 0 else "probe printed something that is not a JSON report"
         # A node whose python3 is something else says the same next time: stalled until it changes.
         return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why, PERMANENT), (stderr[-500:],) if stderr else (), True, elapsed)
-    return _from_report(spec, report, started, clock)
+    return _from_report(spec, report, started, clock, owner)
 
 
 def probe_fleet_report(
@@ -201,13 +213,14 @@ def probe_fleet_report(
     timeout: float | None = None,
     max_workers: int = 64,
     on_result: Callable[[NodeProbe], None] | None = None,
+    owner: str | None = None,
 ) -> FleetProbe:
     """Probe every node of the fleet concurrently (one thread and one round trip per node),
     each within its own deadline (`timeout`, default each node's ssh.command_timeout_s)."""
     src = None if sources is None else sorted(set(sources))
 
     def one(spec: NodeSpec) -> NodeProbe:
-        r = _probe_one(spec, pool, src, timeout)
+        r = _probe_one(spec, pool, src, timeout, owner)
         if on_result is not None:
             on_result(r)
         return r
@@ -220,12 +233,12 @@ def probe_fleet_report(
     return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
 
-def _probe_one(spec: NodeSpec, pool: TransportSource, sources, timeout: float | None) -> NodeProbe:
+def _probe_one(spec: NodeSpec, pool: TransportSource, sources, timeout: float | None, owner: str | None = None) -> NodeProbe:
     try:
         transport = pool.transport_for(spec)
     except TransportError as exc:
         return NodeProbe(unreachable(spec, exc.reason, kind_of(exc)), (), False)
-    return probe_node(spec, transport, sources=sources, timeout=timeout)
+    return probe_node(spec, transport, sources=sources, timeout=timeout, owner=owner)
 
 
 def probe_fleet(fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None, **kw) -> Inventory:
@@ -264,14 +277,14 @@ class FleetProber:
         with self._lock:
             return dict(self._down)
 
-    def _start(self, spec: NodeSpec, pool: TransportSource, sources, log) -> _InFlight:
+    def _start(self, spec: NodeSpec, pool: TransportSource, sources, owner, log) -> _InFlight:
         job = _InFlight(spec, self._clock())
         with self._lock:
             self._inflight[spec.id] = job  # before the thread starts: it removes itself when it ends
 
         def work() -> None:
             try:
-                job.result = _probe_one(spec, pool, sources, None)
+                job.result = _probe_one(spec, pool, sources, None, owner)
             except Exception as exc:  # noqa: BLE001  a bug in the probe: that node unreachable, the daemon goes on
                 job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}", BUG), (), False)
                 if log is not None:
@@ -312,7 +325,8 @@ class FleetProber:
             log("node.back", node=node_id, down_s=round(self._wall() - back[0], 1), msg="answers again")
 
     def __call__(
-        self, fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None, log=None
+        self, fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None,
+        owner: str | None = None, log=None,
     ) -> FleetProbe:
         src = None if sources is None else sorted(set(sources))
         jobs: dict[str, _InFlight] = {}
@@ -329,7 +343,7 @@ class FleetProber:
             if job is not None and job.spec == spec:
                 suspects.add(spec.id)  # its last probe has not ended yet: do not wait on it again
             else:
-                job = self._start(spec, pool, src, log)
+                job = self._start(spec, pool, src, owner, log)
                 if spec.id in down:
                     suspects.add(spec.id)
             jobs[spec.id] = job
@@ -424,8 +438,18 @@ def _rank(rec: Mapping) -> RunningRank:
     )
 
 
-def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode, list[str]]:
-    """Join one node's probe report with its fleet.yaml entry. Pure."""
+def is_own(rec: Mapping, owner: str | None) -> bool:
+    """Whether a process record is this catalog's (SPEC 7 Ownership). A record without an owner
+    predates ownership and belongs to whichever catalog runs its replica; owner None: all are."""
+    return owner is None or rec.get("owner") in (None, owner)
+
+
+def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None = None) -> tuple[ObservedNode, list[str]]:
+    """Join one node's probe report with its fleet.yaml entry. Pure.
+
+    Another owner's records are not replicas of this catalog: never stopped, adopted or
+    counted; the GPUs and the port of each of its live ranks are reported taken.
+    """
     # What a node says is kept bounded: a few dozen warnings of a few hundred characters.
     warnings = [str(w)[:500] for w in list(report.get("warnings") or ())[:50]]
     gpus = []
@@ -450,11 +474,22 @@ def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode,
         except (KeyError, TypeError, ValueError) as exc:
             warnings.append(f"unreadable GPU entry in the probe report: {exc}")
     replicas = []
+    foreign_ports: set[int] = set()
     for rec in report.get("replicas") or ():
         try:
-            replicas.append(_rank(rec))
+            rank = _rank(rec)
         except (KeyError, TypeError, ValueError) as exc:
             warnings.append(f"managed-process record {rec.get('file', '?')} lacks {exc}")
+            continue
+        if is_own(rec, owner):
+            replicas.append(rank)
+        elif rank.alive:
+            who = f"{rank.id} rank {rank.rank} of owner {str(rec.get('owner'))[:40]}"
+            for i, g in enumerate(gpus):
+                if g.index in rank.gpus and not any(p.pid == rank.pid for p in g.processes):
+                    gpus[i] = replace(g, processes=g.processes + (GpuProcess(rank.pid or 0, who, 0),))
+            if rank.port:
+                foreign_ports.add(rank.port)
     engines = report.get("engines")
     weights = report.get("weights")
     state, reason = spec.state, ""
@@ -463,7 +498,8 @@ def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode,
         # nvidia-smi is there but said nothing usable (garbage, a hang): the node's GPUs are
         # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
         # there stays (its records were read), nothing new goes there.
-        reason = f"GPUs unknown: {str(gpu_error)[:300]}"
+        said = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(gpu_error)[:300])
+        reason = f"GPUs unknown: {said}"
         if state == "ready":
             state = "unusable"
     node = ObservedNode(
@@ -481,6 +517,6 @@ def observed_from_report(spec: NodeSpec, report: Mapping) -> tuple[ObservedNode,
         ),
         weights=None if weights is None else tuple(sorted(str(w) for w in weights)),
         replicas=tuple(sorted(replicas, key=lambda r: (r.id, r.rank))),
-        ports_in_use=tuple(sorted(set(int(p) for p in report.get("ports_in_use") or ()))),
+        ports_in_use=tuple(sorted(set(int(p) for p in report.get("ports_in_use") or ()) | foreign_ports)),
     )
     return node, warnings
