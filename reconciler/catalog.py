@@ -434,7 +434,8 @@ def build_fleet(data: dict) -> Fleet:
             extra_args=tuple(str(a) for a in slurm.get("extra_args") or ()),
             command_timeout_s=float(slurm.get("command_timeout_s", 30)),
         )
-    return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"))
+    return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"),
+                 unreachable_grace_s=float(data.get("unreachable_grace_s", Fleet.unreachable_grace_s)))
 
 
 def build_profile(p: dict) -> Profile:

@@ -113,6 +113,9 @@ class Fleet:
     ssh: SshSettings = SshSettings()
     slurm: SlurmSettings | None = None
     owner: str | None = None  # fleet.yaml `owner:`; None: derived from the catalog (reconciler.owner)
+    # fleet.yaml `unreachable_grace_s`: how long replicas on a node that does not answer are left
+    # alone before they are placed elsewhere (SPEC 7, Node loss)
+    unreachable_grace_s: float = 300.0
     _by_id: Mapping[str, NodeSpec] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -54,8 +54,6 @@ BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 300.0
 # A replica that has run without a crash this long starts its backoff from the bottom again.
 BACKOFF_RESET_S = 600.0
-# A node unreachable for longer than this has its replicas placed elsewhere.
-UNREACHABLE_GRACE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -299,7 +297,7 @@ def plan(
     now: float = 0.0,
     history: Mapping[str, ReplicaHistory] | None = None,
     unreachable_since: Mapping[str, float] | None = None,
-    grace_s: float = UNREACHABLE_GRACE_S,
+    grace_s: float | None = None,
     last_seen: Inventory | None = None,
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
@@ -312,12 +310,14 @@ def plan(
     history            per replica restart bookkeeping from the previous pass (Plan.history).
     unreachable_since  per node, when it was first seen unreachable; a node missing here
                        counts as unreachable since `now` (within grace).
-    grace_s            how long replicas on an unreachable node are left alone.
+    grace_s            how long replicas on an unreachable node are left alone
+                       (default: fleet.yaml unreachable_grace_s).
     last_seen          the previous snapshot: records of nodes unreachable now.
     explain            model names whose placed replicas keep the rejections of skipped profiles.
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     """
+    grace_s = catalog.fleet.unreachable_grace_s if grace_s is None else grace_s
     diff = _Diff(catalog, inventory, now=now, history=dict(history or {}), unreachable_since=unreachable_since or {},
                  grace_s=grace_s, explain=frozenset(explain))
     placed_on = placed_on or {}
@@ -431,11 +431,13 @@ class _Diff:
         self.outcomes[rid] = Outcome(rid, model.name, current, kept=True)
         self.new_history[rid] = hist
         first = min(since.get(n, now) for n in lost)
+        lost_text = f"node {', '.join(lost)} unreachable"
         if any(n in since for n in lost):
+            lost_text += f" since {_iso(first)}"
             when = f"after {_iso(first + grace_s)} (grace {int(grace_s)} s)"
         else:
             when = f"if it stays unreachable for {int(grace_s)} s"
-        self.waiting.append(Waiting(rid, model.name, f"node {', '.join(lost)} unreachable; replaced elsewhere {when}",
+        self.waiting.append(Waiting(rid, model.name, f"{lost_text}; replaced elsewhere {when}",
                                     first + grace_s, kind=WaitKind.NODE_UNREACHABLE, nodes=tuple(lost)))
 
     def spec_changed(self, model: Model, profile: Profile, copy: _Copy) -> bool:

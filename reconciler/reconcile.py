@@ -50,10 +50,11 @@ def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
     return fold_slurm(catalog, transports, inventory)
 
 
-def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory) -> Plan:
+def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
+    """The pass's plan; `plan` and `explain` call it too, with the memory `apply` keeps, so they predict it."""
     return make_plan(
         catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
-        last_seen=memory.last_seen, placed_on=memory.placed_on,
+        last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
     )
 
 

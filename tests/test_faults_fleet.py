@@ -10,6 +10,7 @@ node past its deadline is ended there when the node answers again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 
@@ -184,3 +185,81 @@ def test_a_hung_or_garbled_nvidia_smi_on_the_nodes_path_makes_it_unusable_within
         assert r.node.reason.startswith("GPUs unknown: ") and len(r.node.reason) < 400
         assert r.node.memory_total_mb  # the rest of the report was read
     assert "ran past" in hangs.node.reason
+
+
+def test_plan_and_dry_run_predict_what_apply_does_with_a_cut_node_through_its_grace_period(fleet, tmp_path, cli):  # noqa: F811
+    import yaml
+
+    from reconciler.catalog import load_catalog
+    from reconciler.launcher import SshLauncher
+    from reconciler.owner import catalog_owner
+
+    fleet.add_node("g1", gpus=["H100"], engines=["vllm"])
+    fleet.add_node("g2", gpus=["H100"], engines=["vllm"])
+    root = tmp_path / "catalog"
+    (root / "models").mkdir(parents=True)
+    doc = fleet.fleet_document(["g1", "g2"])
+    doc["ssh"]["command_timeout_s"] = 2
+    doc["unreachable_grace_s"] = 600
+    (root / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    records = tmp_path / "engines"
+    records.mkdir()
+    model = {"name": "llm", "source": "org/llm", "profiles": [{
+        "name": "h100", "engine": "vllm", "gpu_class": "H100-80GB", "port": 8100, "start_timeout_s": 30,
+        "env": {"FAKE_ENGINE_RECORD_DIR": str(records)}}]}
+    (root / "models" / "llm.yaml").write_text(yaml.safe_dump(model, sort_keys=False))
+    env = {"XDG_STATE_HOME": str(tmp_path / "xdg-state")}
+
+    def actions(out: str) -> list[tuple[str, str]]:
+        """(replica, action) of each decision or plan row, `would ` dropped, health checks left out."""
+        rows = []
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "llm-0":  # plan's rows: ACTION REPLICA ...
+                rows.append(("llm-0", parts[0]))
+            elif len(parts) >= 3 and parts[0] == "llm-0":  # apply's decisions: REPLICA NODE ACTION ...
+                action = parts[1] if parts[1] in ("start", "replace", "stop", "restart") else parts[2]
+                if action != "health":
+                    rows.append(("llm-0", action))
+        return rows
+
+    try:
+        first = cli("apply", str(root), env=env)
+        assert first.returncode == 0, first.stdout + first.stderr
+        where = next(line.split()[1] for line in first.stdout.splitlines() if line.startswith("llm-0") and " start " in line)
+        other = {"g1": "g2", "g2": "g1"}[where]
+        fleet.cut(where)
+
+        held = cli("apply", str(root), env=env)  # the node goes: its replica is left alone, and said so
+        assert f"node {where}: unreachable" in held.stdout and "llm-0" in held.stdout and "waiting" in held.stdout
+        assert "nothing to do" not in held.stdout and actions(held.stdout) == [("llm-0", "waiting")]
+        planned = cli("plan", str(root), env=env)
+        dry = cli("apply", str(root), "--dry-run", env=env)
+        applied = cli("apply", str(root), env=env)
+        for out in (planned.stdout, dry.stdout, applied.stdout):
+            assert f"llm-0: node {where} unreachable since " in out or f"node {where} unreachable since " in out, out
+            assert "replaced elsewhere after" in out and "(grace 600 s)" in out
+        assert actions(dry.stdout) == actions(applied.stdout) == [("llm-0", "waiting")]
+        assert "start" not in planned.stdout.split("waiting:")[0]
+
+        # The grace period passes: the node went unreachable 700 s ago, as the memory apply keeps says.
+        memory_file = next((tmp_path / "xdg-state" / "llm-reconciler" / "apply-memory").glob("*.json"))
+        state = json.loads(memory_file.read_text())
+        state["unreachable_since"][where] -= 700
+        memory_file.write_text(json.dumps(state))
+        planned = cli("plan", str(root), env=env)
+        dry = cli("apply", str(root), "--dry-run", env=env)
+        applied = cli("apply", str(root), env=env)
+        assert [r for r in actions(planned.stdout) if r[1] != "waiting"] == [("llm-0", "replace")], planned.stdout
+        assert actions(dry.stdout)[0] == ("llm-0", "replace"), dry.stdout
+        started = [line for line in applied.stdout.splitlines() if line.startswith(f"llm-0  {other}  start ")]
+        assert started and "replace" in started[0] and f"node {where} unreachable for " in started[0], applied.stdout
+    finally:
+        fleet.restore(where) if "where" in dir() else None
+        cat = load_catalog(root, with_revision=False)
+        with TransportPool() as pool:
+            launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes},
+                                             stop_grace_s=2, owner=catalog_owner(cat))
+            for node in ("g1", "g2"):
+                for rank in launcher.ranks(node):
+                    launcher.stop(node, rank.replica)

@@ -71,7 +71,28 @@ def main(args) -> int:
     for rid in unplaced:
         why = replicas[rid].message if rid in replicas else "cannot be placed"
         print(json.dumps({"replica": rid, "action": "unplaced", "reason": why}) if as_json else f"{rid}  -  unplaced  {why}")
-    if not result.decisions and not as_json and not unplaced:
+    # Replicas held back (a node that does not answer, within its grace period) and the nodes
+    # that did not answer: said by name, so a quiet pass never reads as "all is well".
+    waiting = list(result.plan.waiting) if result.plan is not None else []
+    for w in waiting:
+        phase = replicas[w.replica].phase if w.replica in replicas else None
+        nodes_of = ",".join(w.nodes) if w.nodes else "-"
+        if as_json:
+            print(json.dumps({"replica": w.replica, "node": nodes_of, "action": "waiting", "phase": phase, "reason": w.reason}))
+        else:
+            print(f"{w.replica}  {nodes_of}  waiting  {w.reason}" + (f" (phase {phase})" if phase else ""))
+    named = {w.replica for w in waiting}
+    for rid, st in sorted(replicas.items()):
+        if st.phase == "Unknown" and rid not in named:
+            print(json.dumps({"replica": rid, "action": "unknown", "reason": st.message}) if as_json
+                  else f"{rid}  -  unknown  {st.message}")
+    down = [n for n in nodes if n.state in ("unreachable", "unusable")]
+    for n in down:
+        if as_json:
+            print(json.dumps({"node": n.id, "state": n.state, "failure": n.failure or None, "reason": n.reason}))
+        else:
+            print(f"node {n.id}: {n.state}: {n.reason}" + (f" ({n.failure})" if n.failure else ""))
+    if not result.decisions and not as_json and not unplaced and not waiting and not down:
         print("nothing to do")
     if not args.dry_run:
         endpoints = result.endpoints()

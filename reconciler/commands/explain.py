@@ -8,11 +8,11 @@ import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
-from reconciler.commands.plan import where_text
+from reconciler.commands.plan import planned, where_text
 from reconciler.errors import UsageError
 from reconciler.model import Action
 from reconciler.placement import Outcome, summarize
-from reconciler.plan import Waiting, plan
+from reconciler.plan import Waiting
 
 
 def main(args) -> int:
@@ -26,7 +26,7 @@ def main(args) -> int:
         names = ", ".join(m.name for m in catalog.models) or "none"
         raise UsageError(f"model {args.model} is not in the catalog (models: {names})")
     inventory = observe(catalog, args.inventory)
-    pl = plan(catalog, inventory, now=time.time(), explain=[model.name])
+    pl = planned(catalog, inventory, now=time.time(), explain=[model.name])
     actions = {a.replica: a for a in pl.actions if a.model == model.name}
     waiting = {w.replica: w for w in pl.waiting if w.model == model.name}
     out = [f"{model.name}: {model.replicas} replica{'s' if model.replicas != 1 else ''}, "
