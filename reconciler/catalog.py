@@ -17,8 +17,10 @@ every problem in the catalog.
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +54,11 @@ FLEET_FILE = "fleet.yaml"
 MODELS_DIR = "models"
 STATUS_DIR = "status"
 YAML_SUFFIXES = (".yaml", ".yml")
+# Bounds on what one catalog file may cost to read. A 4,000-node fleet.yaml is a few MiB and a
+# few hundred thousand values; past these a file is refused, not read (a YAML alias "bomb" is a
+# few hundred bytes that expand to billions of values for whatever walks them next).
+MAX_FILE_BYTES = 32 << 20
+MAX_VALUES = 1_000_000
 
 
 
@@ -479,12 +486,70 @@ def build_model(data: dict, rel: str) -> Model:
 # --------------------------------------------------------------------------
 
 
-def _read(root: Path, path: Path, rel: str) -> tuple[_Doc | None, list[Problem]]:
+def _file_problem(root: Path, path: Path, rel: str) -> Problem | None:
+    """Why `path` is not read at all: outside the catalog (through a symlink, its own or a
+    directory's), not a regular file (a FIFO would block forever), or too large. Its content is
+    never read for this, so never printed."""
     real = path.resolve()
-    if path.is_symlink() and not real.is_relative_to(root):
-        return None, [Problem(rel, 1, 1, f"symbolic link points outside the catalog ({real}); catalog files must live in the catalog")]
+    if not real.is_relative_to(root):
+        return Problem(rel, 1, 1, f"symbolic link points outside the catalog ({real}); catalog files must live in the catalog")
     try:
-        raw = path.read_bytes()
+        st = real.stat()
+    except OSError as exc:
+        return Problem(rel, 1, 1, f"cannot read: {exc.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        return Problem(rel, 1, 1, "not a regular file; catalog files are YAML files")
+    if st.st_size > MAX_FILE_BYTES:
+        return Problem(rel, 1, 1, f"file is {st.st_size >> 20} MiB; catalog files are refused above {MAX_FILE_BYTES >> 20} MiB")
+    return None
+
+
+def _read_bounded(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)  # it may have grown since it was checked
+    if len(raw) > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_FILE_BYTES >> 20} MiB")
+    return raw
+
+
+def _too_many_values(data: Any, limit: int = MAX_VALUES) -> bool:
+    """Whether `data`, with every YAML alias expanded, holds more than `limit` values (or refers
+    to itself). Sizes are kept per shared object, so the cost is that of the file as written,
+    however much its aliases multiply."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        item, children_done = stack.pop()
+        key = id(item)
+        if key in sizes:
+            continue
+        values = list(item.values()) if isinstance(item, dict) else item if isinstance(item, list) else []
+        kids = [v for v in values if isinstance(v, (dict, list))]
+        if not children_done:
+            open_.add(key)
+            stack.append((item, True))
+            for k in kids:
+                if id(k) in open_:
+                    return True  # an alias to an enclosing value: it never ends
+                if id(k) not in sizes:
+                    stack.append((k, False))
+            continue
+        open_.discard(key)
+        sizes[key] = min(limit + 1, len(values) + sum(sizes[id(k)] for k in kids))
+    return sizes.get(id(data), 0) > limit
+
+
+_TOO_MANY_VALUES = (f"expands to more than {MAX_VALUES:,} values (YAML anchors and aliases repeated "
+                    "into each other); refused")
+
+
+def _read(root: Path, path: Path, rel: str) -> tuple[_Doc | None, list[Problem]]:
+    problem = _file_problem(root, path, rel)
+    if problem:
+        return None, [problem]
+    try:
+        raw = _read_bounded(path)
     except OSError as exc:
         return None, [Problem(rel, 1, 1, f"cannot read: {exc.strerror}")]
     text, problem = _decode(rel, raw)
@@ -497,6 +562,8 @@ def _read(root: Path, path: Path, rel: str) -> tuple[_Doc | None, list[Problem]]
         kind = "a list" if isinstance(data, list) else _describe(data)
         line, col = position(data, ())
         return None, [Problem(rel, line, col, f"expected a mapping of fields at the top of the file, found {kind}")]
+    if _too_many_values(data):
+        return None, [Problem(rel, 1, 1, _TOO_MANY_VALUES)]
     return _Doc(rel, data), []
 
 
@@ -519,7 +586,9 @@ def _stray_yaml(root: Path) -> Iterator[Path]:
 
 def _looks_like_model(path: Path) -> bool:
     try:
-        text = path.read_text(errors="replace")
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
+        text = _read_bounded(path).decode(errors="replace")
     except OSError:
         return False
     return bool(re.search(r"(?m)^profiles\s*:", text)) and bool(re.search(r"(?m)^(source|name)\s*:", text))
@@ -620,15 +689,14 @@ _FastLoader.add_implicit_resolver(
 
 def _read_fast(root: Path, path: Path, rel: str) -> tuple[_Doc | None, list[Problem]]:
     """_read without positions; any oddity is a Problem so the positioned path runs instead."""
-    real = path.resolve()
-    if path.is_symlink() and not real.is_relative_to(root):
-        return None, [Problem(rel, 1, 1, "symlink")]
+    if _file_problem(root, path, rel) is not None:
+        return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     try:
-        raw = path.read_bytes()
+        raw = _read_bounded(path)
         data = yaml.load(raw.decode("utf-8"), Loader=_FastLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
-    if not isinstance(data, dict) or any(not isinstance(k, str) for k in data):
+    if not isinstance(data, dict) or any(not isinstance(k, str) for k in data) or _too_many_values(data):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     return _Doc(rel, data), []
 
@@ -691,7 +759,7 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
     elif models_dir.exists():  # a file named models: every model it was meant to hold would be silently absent
         problems.append(Problem(MODELS_DIR, 1, 1, "not a directory; models/ holds one YAML file per model"))
     for stray in _stray_yaml(root):
-        if _looks_like_model(stray):
+        if stray.resolve().is_relative_to(root) and _looks_like_model(stray):
             rel = str(stray.relative_to(root))
             problems.append(Problem(rel, 1, 1, f"looks like a model file but is outside models/, so it would be ignored; move it to models/{stray.name}"))
 

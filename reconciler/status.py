@@ -212,13 +212,31 @@ def endpoints_document(catalog: Catalog, plan: Plan, phases: Mapping[str, str] |
     return {"models": models}
 
 
+def status_dir(catalog_root: str | os.PathLike) -> Path:
+    """<catalog>/status, refusing to write anywhere it (or status/models) leads outside the catalog.
+
+    A committed `status` symlink to /etc, or to another repository, would otherwise have the
+    reconciler rewrite files there on every pass.
+    """
+    root = Path(catalog_root)
+    real_root = root.resolve()
+    d = root / STATUS_DIR
+    for p in (d, d / "models"):
+        real = p.resolve()
+        if not real.is_relative_to(real_root):
+            link = f" (a symbolic link to {os.readlink(p)})" if p.is_symlink() else ""
+            raise StatusWriteError(str(p), f"it leads outside the catalog{link}, to {real}; refusing to write there "
+                                   "(status/ is the reconciler's own: remove the link)")
+    return d
+
+
 def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
                       messages: Mapping[str, str] | None = None) -> list[Path]:
     """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
 
     Returns the paths whose content changed.
     """
-    root = Path(catalog_root) / STATUS_DIR
+    root = status_dir(catalog_root)
     phases = predicted_phases(plan) if phases is None else phases
     changed = []
     wanted = set()
@@ -250,7 +268,7 @@ def write_nodes_status(
     """
     if models is not None:
         inventory = status_snapshot(inventory, models)
-    path = Path(catalog_root) / STATUS_DIR / "nodes.yaml"
+    path = status_dir(catalog_root) / "nodes.yaml"
     return [path] if write_document(path, inventory_to_document(inventory)) else []
 
 
