@@ -26,6 +26,19 @@ Figures on the 2-core development machine (2026-11-29):
     python bench/loop.py --pass apply --fleet 50 --commits 20 --idle-passes 10
         commit -> launch: median 144 ms, worst 182 ms; idle pass 69 ms, 0 bytes
 
+With a node cut off (issue 13): --cut 1 takes the last node's link down after the first
+launch, waits until a resync has seen it unreachable, then commits, while resync passes
+run every --interval seconds beside the commits; --hostile adds a node whose probe prints
+50 MB of junk per pass and reports the daemon's peak memory.
+
+    python bench/loop.py --pass apply --fleet 6 --commits 4 --interval 2            (all up)
+        commit -> launch: median 369 ms, worst 458 ms; peak memory 72 MiB
+    python bench/loop.py --pass apply --fleet 6 --commits 4 --interval 2 --cut 1    (one cut)
+        commit -> launch: median 431 ms, worst 468 ms (seen unreachable 32 s after the cut:
+        the first probe after it waits out ssh.command_timeout_s, later passes do not wait)
+    python bench/loop.py --pass apply --fleet 4 --commits 2 --interval 2 --hostile
+        peak memory 77 MiB (72 MiB without the hostile node: what is read is capped at 4 MiB)
+
 Most of the latency is the watcher's 50 ms quiet step and `git commit` itself.
 A pass started by a commit plans against the inventory the previous pass left
 (see reconciler/commands/run.py ApplyPass); without that it was 1.56 s at 50
@@ -169,6 +182,17 @@ class EngineLogs:
         return bool(doc) and doc.get("ready") == count
 
 
+def cut_seen(catalog: Path, nodes: list[str]) -> bool:
+    import yaml
+
+    try:
+        doc = yaml.safe_load((catalog / "status/nodes.yaml").read_text()) or {}
+    except (FileNotFoundError, yaml.YAMLError):
+        return False
+    states = {n.get("id"): n.get("state") for n in doc.get("nodes") or ()}
+    return all(states.get(n) == "unreachable" for n in nodes)
+
+
 def files_state(root: Path) -> dict[str, tuple[int, int, int]]:
     out = {}
     for dirpath, _dirs, files in os.walk(root):
@@ -224,6 +248,9 @@ def bench(args) -> int:
         test_fleet = TestFleet()
         for i in range(args.fleet):
             test_fleet.add_node(f"node-{i:02d}")
+        if args.hostile:
+            # Its python3 prints 50 MB of junk and no end of line for every probe.
+            test_fleet.add_node("hostile", executables={"python3": "#!/bin/sh\nexec head -c 50000000 /dev/zero | tr '\\0' x\n"})
         test_fleet.fleet_yaml(work / "fleet-only")
         print(f"fleet: {args.fleet} namespaced nodes with real sshd, up in {time.monotonic() - t0:.1f} s")
         make_catalog(catalog, state_dir, (work / "fleet-only/fleet.yaml").read_text(), model)
@@ -258,13 +285,30 @@ def _bench(args, work, catalog, state_dir, model, test_fleet) -> int:
         what = "a fake pass that runs the launch command itself (the daemon's own share of the loop)"
     print(f"nodes: {where}; {what}; catalog: a real git repository")
 
-    daemon = Daemon(catalog, pass_fn=pass_fn, load=load, options=DaemonOptions(interval=3600), log=log)
+    daemon = Daemon(catalog, pass_fn=pass_fn, load=load, options=DaemonOptions(interval=args.interval), log=log)
+    if args.cut:
+        print(f"cut off: {', '.join(f'node-{i:02d}' for i in range(args.fleet - args.cut, args.fleet))} "
+              f"(link down after the first launch), resync every {args.interval:g} s")
+    elif args.interval < 3600:
+        print(f"all nodes up, resync every {args.interval:g} s")
     latencies: list[float] = []
     failure: list[BaseException] = []
 
     def committer():
         try:
             waiter.wait("bench-0")
+            cut = [f"node-{i:02d}" for i in range(args.fleet - args.cut, args.fleet)]
+            for node_id in cut:
+                test_fleet.cut(node_id)  # holds nothing: bench-0 is on node-00
+            if cut:
+                # Steady state with the node cut off: once a resync has found it gone (the first
+                # probe after a cut waits out its deadline, ssh.command_timeout_s; later ones do not).
+                t_cut = time.monotonic()
+                while not cut_seen(catalog, cut):
+                    if time.monotonic() - t_cut > 120:
+                        raise TimeoutError("the daemon never saw the cut node unreachable")
+                    time.sleep(0.1)
+                print(f"the daemon saw {', '.join(cut)} unreachable {time.monotonic() - t_cut:.1f} s after the cut")
             time.sleep(0.3)  # let the watcher settle after start-up
             for i in range(1, args.commits + 1):
                 (catalog / "models/bench.yaml").write_text(model(i + 1))
@@ -291,6 +335,12 @@ def _bench(args, work, catalog, state_dir, model, test_fleet) -> int:
             f"commit -> launch command running, {len(ms)} commits: median {statistics.median(ms):.0f} ms, "
             f"p90 {ms[int(0.9 * (len(ms) - 1))]:.0f} ms, worst {ms[-1]:.0f} ms (target: median < 1000 ms)"
         )
+        import resource
+
+        print(f"daemon peak memory (max RSS of this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+              + (" with a node whose probe prints 50 MB of junk every pass" if args.hostile else ""))
+        if args.cut:
+            return 0  # an idle pass with a node cut costs what the others cost; measured with all up
         ready = (lambda: waiter.all_ready(catalog, args.commits + 1)) if args.pass_kind == "apply" else None
         bench_idle(args, catalog, pass_fn, load, log, ready)
     finally:
@@ -336,12 +386,20 @@ def main() -> int:
     parser.add_argument("--fleet", type=int, default=0, metavar="N",
                         help="with --pass apply: N namespaced nodes (tests/fleet.py; needs root) instead of one local node")
     parser.add_argument("--verbose", action="store_true", help="print the daemon's log on stderr")
+    parser.add_argument("--cut", type=int, default=0, metavar="K",
+                        help="with --fleet: cut the links of the last K nodes after the first launch")
+    parser.add_argument("--interval", type=float, default=3600.0,
+                        help="the daemon's resync interval (s); short, resync passes run beside the commits")
+    parser.add_argument("--hostile", action="store_true",
+                        help="with --fleet: one more node whose probe prints 50 MB of junk (daemon memory)")
     parser.add_argument("--pass", dest="pass_kind", choices=("fake", "apply"), default="fake")
     args = parser.parse_args()
     if args.fleet and args.pass_kind != "apply":
         parser.error("--fleet needs --pass apply")
-    if args.fleet and args.commits >= args.fleet:
-        parser.error("--fleet N holds at most N-1 bumps (one replica per node)")
+    if args.fleet and args.commits >= args.fleet - args.cut:
+        parser.error("--fleet N holds at most N-1 bumps (one replica per node), fewer the nodes cut")
+    if (args.cut or args.hostile) and not args.fleet:
+        parser.error("--cut and --hostile need --fleet")
     return bench(args)
 
 

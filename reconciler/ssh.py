@@ -513,7 +513,7 @@ class _Stream:
         self.node_id = node_id
         self._chan = chan
         self._clock = clock
-        self._buf = b""
+        self._buf = bytearray()  # grown in place: bytes += would copy the whole buffer per chunk
         self._scanned = 0  # bytes of _buf known to hold no newline
         self._stderr = b""
         self._lock = threading.Lock()
@@ -540,7 +540,9 @@ class _Stream:
         if i < 0:
             self._scanned = len(self._buf)
             return None
-        line, self._buf, self._scanned = self._buf[:i], self._buf[i + 1:], 0
+        line = bytes(self._buf[:i])
+        del self._buf[:i + 1]
+        self._scanned = 0
         return line
 
     def request(self, line: bytes, *, timeout: float) -> bytes:

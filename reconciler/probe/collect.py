@@ -362,9 +362,8 @@ class FleetProber:
                 since, reason = self._down.get(spec.id, (None, ""))
             held = self._last_failure.get(spec.id, TEMPORARY)
             waited = self._clock() - job.started
-            why = f"no answer yet (probe running for {waited:.0f}s)"
-            if reason:
-                why = f"{reason}; {why}"
+            # Its last reason as it was: a reason that counted seconds would rewrite status/nodes.yaml every pass.
+            why = reason or "no answer yet (its probe is still running)"
             results.append(NodeProbe(unreachable(spec, why, held), (), False, waited))
         return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
