@@ -301,6 +301,9 @@ class Daemon:
         if not self.root.is_dir():
             raise ReconcilerError(f"{root}: no such catalog directory")
         self.pass_fn = pass_fn
+        if hasattr(pass_fn, "pending"):
+            # A pass may ask whether work waits (a commit during a slow probe) and stop waiting early.
+            pass_fn.pending = self._pending
         self.load = load or _default_load
         self.options = options or DaemonOptions()
         self.log = log or EventLog()
@@ -322,6 +325,9 @@ class Daemon:
         with self._reasons_lock:
             self._reasons.update(reasons)
         self._wake.set()
+
+    def _pending(self) -> bool:
+        return self._wake.is_set()
 
     def stop(self, why: str) -> None:
         self._stopping = why

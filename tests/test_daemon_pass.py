@@ -109,3 +109,42 @@ def test_the_pass_memory_is_saved_after_each_pass_and_read_back_by_a_new_daemon(
     restarted = apply_pass(run, saved=saved)
     restarted(catalog("a"), print, trigger="start")
     assert run.calls[0].history == "memory-2"
+
+
+class Stuck:
+    """A node whose commands never answer until the test lets them go (a cut link)."""
+
+    def __init__(self, node_id, gate):
+        self.node_id, self.gate = node_id, gate
+
+    def run(self, argv, *, stdin=None, timeout=None):
+        from reconciler.errors import CommandTimeout
+
+        self.gate.wait()
+        raise CommandTimeout(self.node_id, "ran past its deadline")
+
+    def close(self):
+        pass
+
+
+def test_a_node_that_stops_answering_is_not_waited_on_while_a_commit_waits():
+    import threading
+
+    from reconciler.probe import FleetProber
+
+    gate = threading.Event()
+    fleet = catalog("fast", "stuck").fleet
+
+    class Pool:
+        def transport_for(self, node):
+            return Stuck(node.id, gate) if node.id == "stuck" else LocalTransport(node.id)
+
+    events = []
+    try:
+        result = FleetProber()(fleet, Pool(), interrupt=lambda: True, log=lambda e, **f: events.append((e, f.get("node"))))
+        by_id = {r.node.id: r.node for r in result.results}
+        assert by_id["fast"].state == "ready"
+        assert by_id["stuck"].state == "unreachable" and "no answer yet" in by_id["stuck"].reason
+        assert not gate.is_set()  # its probe was still running when the pass went on
+    finally:
+        gate.set()

@@ -50,12 +50,13 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
 class ProbeFleet:
     """The pass's probe: every node, through the daemon's FleetProber (a silent node is waited on once)."""
 
-    def __init__(self, prober: FleetProber, log):
-        self.prober, self.log = prober, log
+    def __init__(self, prober: FleetProber, log, pending=None):
+        self.prober, self.log, self.pending = prober, log, pending
 
     def __call__(self, catalog, transports):
         sources = sorted({m.source for m in catalog.models})
-        inventory = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log).inventory
+        inventory = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log,
+                                interrupt=self.pending).inventory
         # As the one-shot pass's probe does: Slurm's node states and jobs on `launcher: slurm` nodes.
         return fold_slurm(catalog, transports, inventory)
 
@@ -102,6 +103,8 @@ class ApplyPass:
         self._clock = clock
         self._last: tuple | None = None  # (fleet, inventory after the pass, when)
         self._prober = FleetProber()  # probes outlive a pass: a silent node is not waited on twice
+        # Set by the daemon: whether work waits for the loop (a commit arrived during this pass).
+        self.pending = lambda: False
 
     def _transports(self, catalog) -> dict:
         ids = {n.id for n in catalog.fleet.nodes}
@@ -114,7 +117,7 @@ class ApplyPass:
         if not self._memory_loaded:
             self._history = self._memory[0](catalog.root)
             self._memory_loaded = True
-        kwargs = {"probe": ProbeFleet(self._prober, log)}
+        kwargs = {"probe": ProbeFleet(self._prober, log, self.pending)}
         if trigger == "commit" and self._last is not None:
             fleet, inventory, when = self._last
             age = self._clock() - when

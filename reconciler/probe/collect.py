@@ -245,6 +245,10 @@ def probe_fleet(fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] |
     return probe_fleet_report(fleet, pool, sources=sources, **kw).inventory
 
 
+# How long a pass waits on a node that answered last time but not now, once other work is waiting.
+STRAGGLER_S = 1.0
+
+
 class _InFlight:
     __slots__ = ("spec", "started", "done", "result")
 
@@ -326,8 +330,10 @@ class FleetProber:
 
     def __call__(
         self, fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None,
-        owner: str | None = None, log=None,
+        owner: str | None = None, log=None, interrupt: Callable[[], bool] | None = None,
     ) -> FleetProbe:
+        """One pass's probe. interrupt(): whether other work waits (the daemon has a commit to
+        apply), so that a node slow to answer is not waited on past STRAGGLER_S."""
         src = None if sources is None else sorted(set(sources))
         jobs: dict[str, _InFlight] = {}
         suspects: set[str] = set()
@@ -347,11 +353,25 @@ class FleetProber:
                 if spec.id in down:
                     suspects.add(spec.id)
             jobs[spec.id] = job
-        for spec in fleet.nodes:
-            if spec.id not in suspects:
-                # Bounded by the node's own deadlines; the margin covers a reconnect within them.
+        # Wait for the nodes that answered last time, each within its own deadlines (the margin
+        # covers a reconnect within them); when other work is waiting (a commit arrived), stop
+        # waiting on a node whose probe has run past STRAGGLER_S: it is reported as not answering
+        # (its probe goes on) instead of holding the commit back until its deadline.
+        waiting = [spec for spec in fleet.nodes if spec.id not in suspects]
+        while waiting:
+            now = self._clock()
+            still = []
+            for spec in waiting:
+                job = jobs[spec.id]
                 limit = spec.ssh.connect_timeout_s + command_timeout(spec) + 5.0
-                jobs[spec.id].done.wait(max(0.0, jobs[spec.id].started + limit - self._clock()))
+                if job.done.is_set() or now - job.started >= limit:
+                    continue
+                if interrupt is not None and now - job.started >= STRAGGLER_S and interrupt():
+                    continue
+                still.append(spec)
+            waiting = still
+            if waiting:
+                jobs[waiting[0].id].done.wait(0.05)
         results = []
         for spec in fleet.nodes:
             job = jobs[spec.id]
