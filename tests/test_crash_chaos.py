@@ -82,7 +82,14 @@ def engines(records: Path) -> dict[str, list[str]]:
         if env.get("FAKE_ENGINE_RECORD_DIR") == str(records) and "LLM_RECONCILER_REPLICA" in env and live(entry):
             found.setdefault(env["LLM_RECONCILER_REPLICA"], []).append(entry)
     # The engine's own children (none here) would share the variable: count process-group leaders.
-    return {name: [p for p in pids if os.getpgid(int(p)) == int(p)] for name, pids in found.items()}
+    return {name: [p for p in pids if group_leader(p)] for name, pids in found.items()}
+
+
+def group_leader(pid: str) -> bool:
+    try:
+        return os.getpgid(int(pid)) == int(pid)
+    except ProcessLookupError:  # ended since it was listed
+        return False
 
 
 def status_files_parse(root: Path) -> None:
@@ -161,4 +168,7 @@ def test_apply_sigkilled_at_random_points_converges_without_duplicates_or_orphan
                     launcher.stop(node, rank.replica)
         for pids in engines(records).values():  # anything the agents did not know of (an orphan)
             for pid in pids:
-                os.killpg(int(pid), signal.SIGKILL)
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
