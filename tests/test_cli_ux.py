@@ -171,6 +171,19 @@ def test_nodes_table_on_a_narrow_terminal_folds_only_the_reason_column(monkeypat
     assert "python3 is not on the node's login PATH; the probe needs it" in re.sub(r"\s+", " ", words), text
 
 
+def test_nodes_shows_an_unusable_nodes_gpus_as_unknown_and_says_a_failure_is_permanent():
+    from reconciler.commands.nodes import row
+    from reconciler.model import ObservedNode
+
+    smi = ObservedNode(id="smi", state="unusable", reason="GPUs unknown: nvidia-smi printed an unexpected format",
+                       failure="permanent", memory_total_mb=1024)
+    cells = row(smi)
+    assert cells[1:3] == ["unusable", "?"]
+    assert cells[-1] == "GPUs unknown: nvidia-smi printed an unexpected format (permanent)"
+    cut = ObservedNode(id="cut", state="unreachable", reason="timed out connecting", failure="temporary")
+    assert row(cut)[-1] == "timed out connecting"
+
+
 def test_validate_in_a_directory_that_is_no_catalog_says_so_once_instead_of_walking_everything_below(cli, tmp_path):
     # A user who runs `reconciler validate` in the wrong directory (a home, /tmp) must not get a
     # "looks like a model file" line for every YAML file of every project below it.

@@ -69,7 +69,7 @@ def free_gpus(node: ObservedNode) -> set[int]:
 
 
 def gpu_summary(node: ObservedNode) -> str:
-    if node.state == "unreachable":
+    if node.state in ("unreachable", "unusable"):  # unknown, which is not the same as none
         return "?"
     if not node.gpus:
         return "-"
@@ -94,7 +94,9 @@ def row(node: ObservedNode) -> list[str]:
     if node.disks:
         d = node.disks[0]
         disk = f"{_size(d.free_bytes)} free of {_size(d.total_bytes)}"
-    return [node.id, node.state, gpu_summary(node), engines, fabrics, memory, disk, node.reason]
+    # A permanent failure says so: it stays until the node, known_hosts or the catalog changes.
+    reason = f"{node.reason} (permanent)" if node.failure == "permanent" and node.reason else node.reason
+    return [node.id, node.state, gpu_summary(node), engines, fabrics, memory, disk, reason]
 
 
 HEADERS = ["NODE", "STATE", "GPUS", "ENGINES", "FABRICS", "MEMORY", "DISK", "REASON"]
