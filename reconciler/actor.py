@@ -39,6 +39,7 @@ from reconciler.readiness import (
     judge_started,
     judge_unanswered,
     liveness_due,
+    observed_gpus,
 )
 from reconciler.snapshot import RankRecords, gpu_problems, inventory_after, ranks_by_replica, start_order
 from reconciler.status import replica_endpoint
@@ -414,8 +415,9 @@ class Actor:
         if not liveness_due(started, now=now, answered=answered, final=final):
             return None
         started.ranks_checked_at = now
-        return judge_started(base, started, answered=answered, seen=seen, liveness=self.rank_liveness(started.launches),
-                             now=now, final=final)
+        liveness = self.rank_liveness(started.launches)
+        state = judge_started(base, started, answered=answered, seen=seen, liveness=liveness, now=now, final=final)
+        return observed_gpus(state, liveness) if state is not None else None
 
     def rank_liveness(self, launches: Sequence[RankLaunch]) -> Liveness:
         """Ask every node of the replica about its ranks (one round trip per node)."""

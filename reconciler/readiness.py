@@ -108,6 +108,16 @@ def judge_started(base: ReplicaState, started: StartedReplica, *, answered: bool
     return None
 
 
+def observed_gpus(state: ReplicaState, liveness: Liveness) -> ReplicaState:
+    """Where a scheduler handed out the GPUs (Slurm sets CUDA_VISIBLE_DEVICES), status records its
+    indices, not the placement's."""
+    nodes = []
+    for a in state.nodes:
+        s = liveness.states.get((a.node, a.rank))
+        nodes.append(replace(a, gpus=tuple(s.gpus)) if s is not None and s.slurm_job and s.gpus else a)
+    return replace(state, nodes=tuple(nodes)) if tuple(nodes) != tuple(state.nodes) else state
+
+
 def failure_message(launches: Sequence[RankLaunch], states: Mapping[tuple[str, int], RankState], what: str) -> str:
     parts = []
     for l in launches:

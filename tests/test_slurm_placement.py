@@ -48,3 +48,16 @@ def test_a_node_slurm_drains_is_cordoned_whatever_fleet_yaml_says():
     result = place([model("m", profile())], f, inventory(drained))
     assert not result.placements
     assert result.unplaced[0].rejections[0].reason == "node is cordoned: Slurm drains a: disk"
+
+
+def test_status_records_the_gpus_slurm_gave_not_the_placements():
+    from reconciler.launcher import RankState
+    from reconciler.model import Assignment
+    from reconciler.outcomes import ReplicaState
+    from reconciler.readiness import Liveness, observed_gpus
+
+    state = ReplicaState("m-0", "m", "p", "Ready", "", (Assignment("a", 0, (2, 3)), Assignment("b", 1, (0, 1))), None)
+    liveness = Liveness({("a", 0): RankState("a", "m-0", 0, True, gpus=(0, 1), slurm_job="7"),
+                         ("b", 1): RankState("b", "m-0", 1, True, gpus=(5,))})  # no job: an SSH rank keeps its own
+    assert [a.gpus for a in observed_gpus(state, liveness).nodes] == [(0, 1), (0, 1)]
+    assert observed_gpus(state, Liveness({})) is state
