@@ -36,15 +36,19 @@ from reconciler.errors import CatalogInvalid, Problem
 from reconciler.model import (
     CPU_CAPABLE_ENGINES,
     DEFAULT_PORTS,
+    FETCH_PLACEHOLDERS,
     PLACEHOLDERS,
     Catalog,
+    FetchPolicy,
     Fleet,
     Model,
     NodeSpec,
     Profile,
     SlurmSettings,
     SshSettings,
+    UpdatePolicy,
     frozen_map,
+    is_path_source,
 )
 from reconciler.host import Host
 from reconciler.render import placeholders_in
@@ -338,6 +342,7 @@ def model_problems(doc: _Doc) -> list[Problem]:
         elif "command" in prof:
             problems.append(doc.at(base + ("command",), f"{where}: 'command' is only for engine: command; engine {engine} builds its own command line"))
         problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
+    problems.extend(_rollout_problems(doc))
     if str(data.get("source", "")).startswith("-"):
         # Render refuses it at launch; saying so here keeps it out of a merged catalog.
         problems.append(doc.at(("source",), f"source '{data['source']}' starts with '-', which an engine would read as a flag, not as the weights"))
@@ -345,6 +350,31 @@ def model_problems(doc: _Doc) -> list[Problem]:
         for name in placeholders_in(data["source"]):
             problems.append(doc.at(("source",), f"placeholder ${{{name}}} is not allowed in source; placeholders work only in a command profile's command and env"))
     return problems
+
+
+def _rollout_problems(doc: _Doc) -> Iterator[Problem]:
+    """update and fetch: what their schema cannot say."""
+    data = doc.data
+    update = data.get("update")
+    if update is not None and not update.get("max_surge", 0) and not update.get("max_unavailable", 0):
+        yield doc.at(("update",), "update: max_surge and max_unavailable are both 0, so a spec change could never "
+                                  "roll out; allow a surge (max_surge: 1) or an in-place replace (max_unavailable: 1)")
+    fetch = data.get("fetch")
+    if fetch is None:
+        return
+    source = str(data.get("source", ""))
+    if not is_path_source(source):
+        yield doc.at(("fetch",), f"fetch needs a path source; {source!r} is a hub id, which the engine downloads "
+                                 "itself (set source to a path under the nodes' model_dirs to fetch it)")
+    if ("from_node" in fetch) == ("command" in fetch):
+        yield doc.at(("fetch",), "fetch needs exactly one of from_node: true (copy from a fleet node that holds the "
+                                 "weights) or command: [...] (run on the node)")
+    for j, value in enumerate(fetch.get("command") or ()):
+        for name in placeholders_in(value) if "$" in value else ():
+            if name not in FETCH_PLACEHOLDERS:
+                known = ", ".join("${" + k + "}" for k in FETCH_PLACEHOLDERS)
+                yield doc.at(("fetch", "command", j), f"unknown placeholder ${{{name}}} in fetch.command; "
+                                                      f"known: {known}; write $$ for a literal $")
 
 
 def _placeholder_problems(doc: _Doc, base: tuple, prof: dict, resolvable: bool) -> Iterator[Problem]:
@@ -471,6 +501,8 @@ def build_model(data: dict, rel: str) -> Model:
     profiles = [build_profile(p) for p in data["profiles"]]
     # Stable: among equal priorities, catalog order decides.
     profiles.sort(key=lambda p: -p.priority)
+    update = data.get("update")
+    fetch = data.get("fetch")
     return Model(
         name=data["name"],
         source=data["source"],
@@ -478,6 +510,12 @@ def build_model(data: dict, rel: str) -> Model:
         spread=data.get("spread", "required"),
         profiles=tuple(profiles),
         file=rel,
+        update=None if update is None else UpdatePolicy(update.get("max_surge", 0), update.get("max_unavailable", 0)),
+        fetch=None if fetch is None else FetchPolicy(
+            from_node=bool(fetch.get("from_node", False)),
+            command=tuple(fetch["command"]) if "command" in fetch else None,
+            max_parallel=fetch.get("max_parallel", 2),
+        ),
     )
 
 

@@ -24,7 +24,7 @@ CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
 NODE_STATES = ("ready", "cordoned", "drained")
 OBSERVED_STATES = NODE_STATES + ("unreachable", "unusable")
-PHASES = ("Pending", "Starting", "Ready", "Failed", "Stopping", "Unknown")
+PHASES = ("Pending", "Fetching", "Starting", "Ready", "Failed", "Stopping", "Unknown")
 PLACEHOLDERS = (
     "MODEL_SOURCE",
     "REPLICA_ID",
@@ -152,6 +152,36 @@ class Profile:
         return self.gpu_class or "cpu"
 
 
+# Placeholders a fetch command may use: it runs once per node for the weights, not per replica or rank.
+FETCH_PLACEHOLDERS = ("MODEL_SOURCE",)
+
+
+@dataclass(frozen=True)
+class UpdatePolicy:
+    """How a spec change rolls out (SPEC section 7), counted in replicas as in Kubernetes.
+
+    max_surge        new copies that may run beside the old ones at once
+    max_unavailable  replicas that may be down at once for an in-place replace
+    """
+
+    max_surge: int = 0
+    max_unavailable: int = 0
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """How a node that lacks a path source's weights gets them (SPEC section 7)."""
+
+    from_node: bool = False
+    command: tuple[str, ...] | None = None  # run on the node; may use ${MODEL_SOURCE}
+    max_parallel: int = 2  # fleet-wide cap on copies of this model in flight
+
+
+def is_path_source(source: str) -> bool:
+    """A source that names files on a node (an absolute path), as opposed to a hub id."""
+    return source.startswith("/")
+
+
 @dataclass(frozen=True)
 class Model:
     name: str
@@ -161,6 +191,14 @@ class Model:
     # Sorted by descending priority, catalog order among equals.
     profiles: tuple[Profile, ...] = ()
     file: str = ""  # path relative to the catalog root
+    # None: the default rollout (surge into room no missing replica needs, else in place, one at a time).
+    update: UpdatePolicy | None = None
+    fetch: FetchPolicy | None = None
+
+    @property
+    def needs_weights_on_node(self) -> bool:
+        """A path source without a way to fetch it: a node known to lack the files cannot serve it."""
+        return self.fetch is None and is_path_source(self.source)
 
     def profile(self, name: str) -> Profile | None:
         for p in self.profiles:
@@ -349,6 +387,7 @@ class RejectKind(StrEnum):
     ENGINE = "engine"  # resource: the engine the profile runs, not installed on the node
     MEMORY = "memory"  # requested/available: GiB of host memory (available rounded to a tenth, as shown)
     DISK = "disk"  # requested/available: GiB free for weights the node does not hold (detail: the path)
+    WEIGHTS = "weights"  # resource: the path source a node probed without, for a model that sets no fetch
     GPUS = "gpus"  # resource: the GPU class; requested/available: GPUs per node / free (detail: other classes)
     HOSTS_MODEL = "hosts_model"  # detail: the replica of the same model already there
     REPLACED_COPY = "replaced_copy"  # the node runs the copy this replica replaces
@@ -415,6 +454,7 @@ _REASON_TEXT = {
     RejectKind.DISK: lambda r: (f"has {figure(r.available)} GiB free on {r.detail} for weights it does not hold, "
                                 f"needs {figure(r.requested)}"),
     RejectKind.GPUS: _gpus_text,
+    RejectKind.WEIGHTS: lambda r: f"does not hold the weights at {r.resource} (the model sets no fetch to copy them)",
     RejectKind.HOSTS_MODEL: lambda r: f"already hosts {r.detail} of this model",
     RejectKind.REPLACED_COPY: lambda r: "runs the copy being replaced",
     RejectKind.NO_PORT: lambda r: f"has no free port at or above {r.requested}",

@@ -137,7 +137,7 @@ def test_two_passes_with_nothing_changed_write_zero_bytes_and_leave_git_status_c
         return out
 
     before, head = snapshot(), repo.head()
-    d2 = daemon("--max-passes", "2", "--interval", "0.2", name="second")
+    d2 = daemon("--max-passes", "2", "--interval", "1", name="second")
     assert d2.wait_exit() == 0
     assert len(d2.passes()) == 2
     assert snapshot() == before
@@ -276,7 +276,7 @@ def test_git_pull_fast_forwards_to_a_commit_pushed_upstream(tmp_path, daemon):
     origin, bare, deployed = deployed_from_upstream(tmp_path)
     git(origin.path, "remote", "add", "origin", str(bare))
 
-    d = daemon("--git-pull", "--interval", "0.2", catalog=deployed.path)
+    d = daemon("--git-pull", "--interval", "1", catalog=deployed.path)
     d.wait_pass(origin.head())
 
     origin.write("models/alpha.yaml", model_yaml("alpha", 4))

@@ -71,7 +71,7 @@ class E2E:
 
     def daemon(self, *flags: str, name: str = "daemon") -> DaemonProcess:
         # XDG_STATE_HOME: the pass memory (restart counts, backoff) stays in this test's directory
-        d = DaemonProcess(self.repo.path, "--interval", "0.5", *flags, workdir=self.tmp, name=name, real=True,
+        d = DaemonProcess(self.repo.path, "--interval", "1", *flags, workdir=self.tmp, name=name, real=True,
                           env={"XDG_STATE_HOME": str(self.tmp / "xdg")})
         self.daemons.append(d)
         return d

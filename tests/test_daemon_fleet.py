@@ -58,7 +58,7 @@ class FleetCatalog:
         self.repo.write(f"models/{name}.yaml", model_doc(name, replicas, self.marker, port))
 
     def daemon(self, name: str = "daemon") -> DaemonProcess:
-        d = DaemonProcess(self.repo.path, "--interval", "0.5", workdir=self.tmp, name=name, real=True,
+        d = DaemonProcess(self.repo.path, "--interval", "1", workdir=self.tmp, name=name, real=True,
                           env={"XDG_STATE_HOME": str(self.tmp / "xdg")})
         self.daemons.append(d)
         return d

@@ -16,11 +16,16 @@ from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
 
+MIN_INTERVAL_S = 1.0
+
+
 def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=None) -> Daemon:
     if args.push and not args.commit_status:
         raise UsageError("--push pushes status commits: it needs --commit-status")
-    if args.interval <= 0:
-        raise UsageError(f"--interval must be above 0 seconds, not {args.interval:g}")
+    # Each resync probes every node: below a second the daemon would spend the fleet's SSH capacity on
+    # re-asking what it just heard (and `nan` compares false with everything, so it is refused by name).
+    if not (MIN_INTERVAL_S <= args.interval < float("inf")):
+        raise UsageError(f"--interval must be at least {MIN_INTERVAL_S:g} second (a finite number), not {args.interval:g}")
     if args.max_passes is not None and args.max_passes < 1:
         raise UsageError("--max-passes must be at least 1")
     if not Path(args.catalog).is_dir():
