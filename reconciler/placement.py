@@ -310,6 +310,8 @@ class Placer:
             for w in n.weights or ():
                 holders.setdefault(w, []).append(n.idx)
         self._holders = holders
+        # Nodes whose weights were never looked at: a path source without fetch may be there (SPEC section 7).
+        self._weights_unknown = [n.idx for n in self.nodes if n.weights is None]
 
     # ---- static filters -------------------------------------------------
 
@@ -342,6 +344,13 @@ class Placer:
         have = math.floor(node.disk_free_gib * 10) / 10
         return Reason(RejectKind.DISK, "disk", profile.min_disk_gb, have, detail=node.disk_path)
 
+    @staticmethod
+    def _weights_reason(node: _Node, model: Model) -> Reason | None:
+        """A path source without `fetch` is a hard requirement, on nodes whose weights were probed."""
+        if model.needs_weights_on_node and node.weights is not None and model.source not in node.weights:
+            return Reason(RejectKind.WEIGHTS, model.source)
+        return None
+
     def _base_list(self, profile: Profile) -> list[Reason | None]:
         """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
         base_key = _base_key(profile)
@@ -355,14 +364,25 @@ class Placer:
     def _static_list(self, model: Model, profile: Profile) -> list[Reason | None]:
         """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
         base = self._base_list(profile)
-        if not profile.min_disk_gb:
+        needs_weights = model.needs_weights_on_node
+        if not profile.min_disk_gb and not needs_weights:
             return base
-        key = _static_key(model, profile)
+        key = _static_key(model, profile) + ((model.source,) if needs_weights else ())
         lst = self._static_reasons.get(key)
         if lst is None:
-            lst = [r if r is not None else self._disk_reason(n, model, profile) for r, n in zip(base, self.nodes)]
+            lst = [r if r is not None else (self._weights_reason(n, model) or
+                                            (self._disk_reason(n, model, profile) if profile.min_disk_gb else None))
+                   for r, n in zip(base, self.nodes)]
             self._static_reasons[key] = lst
         return lst
+
+    def _candidates(self, model: Model, profile: Profile, fabric: str | None) -> tuple[_Index | None, _Index]:
+        """The indexes a replica is searched in, preferred first: the nodes holding the weights, then
+        every eligible node (or, for weights that cannot be fetched, those never probed for them)."""
+        holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
+        if model.needs_weights_on_node:
+            return holders, self._index(model, profile, fabric, ("unprobed", model.source))
+        return holders, self._index(model, profile, fabric, None)
 
     def _index(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
         fast = (id(profile), fabric, holders_of)
@@ -380,7 +400,12 @@ class Placer:
             idx = self._indexes.get(key)
             if idx is None:
                 static = self._base_list(profile)
-                pool = range(len(self.nodes)) if holders_of is None else self._holders.get(holders_of, ())
+                if holders_of is None:
+                    pool = range(len(self.nodes))
+                elif isinstance(holders_of, tuple):  # ("unprobed", source): the holders are scanned apart
+                    pool = self._weights_unknown
+                else:
+                    pool = self._holders.get(holders_of, ())
                 idx = self._indexes[key] = self._build_index(profile, fabric, (i for i in pool if static[i] is None))
             return idx
         # Disk depends on the model's weights, so a profile that needs disk gets an index per
@@ -516,16 +541,41 @@ class Placer:
         # Disk is not checked here: the index holds only nodes with room for the weights.
         return n.id not in exclude and not (avoid_hosting and model.name in n.models)
 
+    def _holder_fit(self, model: Model, profile: Profile, exclude: frozenset, avoid: bool, need: int) -> _Node | None:
+        """The bin-packing choice among the nodes holding the weights: fewest free (of the class) that
+        still fits, then node id, as the index scan would pick. The holders of one source are a few
+        nodes, so they are scanned, not indexed: an index per source costs a walk to build and a
+        re-level on every placement for each model of a fleet-wide update."""
+        static = self._base_list(profile)
+        cls = profile.gpu_class
+        best: tuple[int, int] | None = None
+        for i in self._holders.get(model.source, ()):
+            if static[i] is not None:
+                continue
+            n = self.nodes[i]
+            if cls is not None and cls not in n.total:
+                continue
+            level = n.level(cls)
+            if level < need or (best is not None and (level, i) >= best):
+                continue
+            if (avoid and model.name in n.models) or (exclude and n.id in exclude):
+                continue
+            best = (level, i)
+        return self.nodes[best[1]] if best is not None else None
+
     def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[_Node] | None:
         need = profile.gpus_per_node if profile.gpu_class else 0
-        main = self._index(model, profile, None, None)
-        holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
+        main = (self._index(model, profile, None, ("unprobed", model.source)) if model.needs_weights_on_node
+                else self._index(model, profile, None, None))
         nodes = self.nodes
         name = model.name
         # Avoiding nodes that host the model comes before the weights preference when the
         # spread is only preferred: the weights are most likely on the node already running it.
         for avoid in (True,) if model.spread != "preferred" else (True, False):
-            for ix in (holders, main):
+            held = self._holder_fit(model, profile, exclude, avoid, need) if model.source in self._holders else None
+            if held is not None:
+                return [held]  # disk is not asked of a node that holds the weights
+            for ix in (main,):
                 if ix is None:
                     continue
                 # The scan of _Index.scan, inlined: this loop is the hot path of a fleet-sized pass.
@@ -547,10 +597,9 @@ class Placer:
         descending = profile.gpu_class is not None
         passes = [True] if model.spread != "preferred" else [True, False]
         for fabric in self.fabric_names:
-            main = self._index(model, profile, fabric, None)
-            if len(main.members) < profile.nodes:
+            holders, main = self._candidates(model, profile, fabric)
+            if len(main.members) + (len(holders.members) if model.needs_weights_on_node and holders else 0) < profile.nodes:
                 continue
-            holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
             # A multi-node replica never mixes launchers: its ranks are one Slurm job, or all over SSH.
             for launcher in self.launchers:
                 chosen: list[_Node] = []
@@ -593,12 +642,15 @@ class Placer:
         self.hold(placement)
         return placement
 
-    def place(self, model: Model, rid: str, exclude: Iterable[str] = (), explain: bool = False) -> Outcome:
+    def place(self, model: Model, rid: str, exclude: Iterable[str] = (), explain: bool = False,
+              rejections_wanted: bool = True) -> Outcome:
         """Place one replica: profiles by descending priority, the first that fits wins.
 
         `exclude` names nodes the replica must not use (those of the copy it replaces,
         which keeps running until the new one is up). With `explain`, the rejections
         of higher-priority profiles that did not fit are kept even when a later one does.
+        Without `rejections_wanted` a failure carries none (a surge that is only tried: at
+        fleet scale each list is a walk of every node).
         """
         exclude = frozenset(exclude)
         rejections: list[Rejection] = []
@@ -615,11 +667,60 @@ class Placer:
             if explain:
                 # Only here, before a later profile's commit changes the state they describe.
                 rejections.extend(self.rejections_for(model, profile, exclude))
-        if not explain:
+        if not explain and rejections_wanted:
             # Nothing was committed, so the state is still the one every profile failed against.
             for profile in model.profiles:
                 rejections.extend(self.rejections_for(model, profile, exclude))
         return Outcome(rid, model.name, None, tuple(rejections), nodes_considered=len(self.nodes))
+
+    def place_on(self, model: Model, rid: str, old: Placement) -> Outcome:
+        """Place a replica again on exactly the nodes of its old copy, in the same rank order (an in-place
+        replace: the old copy is released first, by the caller). Its GPUs are reused where the profile's
+        shape allows; profiles by priority."""
+        nodes = [self.by_id.get(a.node) for a in old.nodes]
+        if any(n is None for n in nodes):
+            return Outcome(rid, model.name, None)
+        rejections: list[Rejection] = []
+        for profile in model.profiles:
+            if profile.nodes != len(nodes):
+                continue
+            fabric = old.fabric if profile.nodes > 1 else None
+            if profile.nodes > 1 and (fabric is None or any(not n.fabrics.get(fabric) for n in nodes)):
+                continue
+            static = self._static_list(model, profile)
+            # In place the replica shares its nodes with whatever it shared them with before: no spread check.
+            reasons = [(n, static[n.idx] or self._dynamic_reason(n, model, profile, frozenset(), may_share=True))
+                       for n in nodes]
+            why = next(((n, r) for n, r in reasons if r), None)
+            if why is not None:
+                rejections.append(Rejection(profile.name, pool_name(fabric, profile), why[0].id, why[1]))
+                continue
+            assignments = []
+            for rank, (n, was) in enumerate(zip(nodes, old.nodes)):
+                gpus: tuple[int, ...] = ()
+                if profile.gpu_class:
+                    free = n.free.get(profile.gpu_class, set())
+                    same = len(was.gpus) == profile.gpus_per_node and all(g in free for g in was.gpus)
+                    gpus = tuple(was.gpus) if same else self._pick_gpus(n, profile.gpu_class, profile.gpus_per_node)
+                # A port that was seen listening is never handed out, the old copy's own included: its
+                # engine may still hold it in TIME_WAIT or be slow to exit when the new one binds.
+                port = n.free_port(profile.port)
+                if port is None:
+                    break
+                hcas = n.fabrics.get(fabric, ()) if fabric else ()
+                assignments.append(Assignment(node=n.id, rank=rank, gpus=gpus, hcas=hcas, port=port))
+            if len(assignments) != len(nodes):
+                continue
+            dist_port = None
+            if len(nodes) > 1:
+                dist_port = nodes[0].free_port(DIST_PORT_BASE, also_taken=assignments[0].port)
+                if dist_port is None:
+                    continue
+            placement = Placement(replica=rid, model=model.name, profile=profile.name, fabric=fabric,
+                                  pool=pool_name(fabric, profile), nodes=tuple(assignments), dist_port=dist_port)
+            self.hold(placement)
+            return Outcome(rid, model.name, placement, tuple(rejections))
+        return Outcome(rid, model.name, None, tuple(rejections), nodes_considered=len(nodes))
 
     def place_missing(self, models: Iterable[Model], decided: dict[str, Outcome],
                       explain: frozenset[str] = frozenset()) -> list[Outcome]:
@@ -649,10 +750,11 @@ class Placer:
 
     # ---- explaining ------------------------------------------------------
 
-    def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset) -> Reason | None:
+    def _dynamic_reason(self, n: _Node, model: Model, profile: Profile, exclude: frozenset,
+                        *, may_share: bool = False) -> Reason | None:
         if n.id in exclude:
             return _REPLACED_COPY
-        if model.spread != "preferred" and model.name in n.models:
+        if model.spread != "preferred" and model.name in n.models and not may_share:
             return Reason(RejectKind.HOSTS_MODEL, detail=n.models[model.name][0])
         if profile.gpu_class is not None:
             have = n.level(profile.gpu_class)
@@ -790,6 +892,8 @@ def _group_label(why: Reason) -> tuple[str, str] | tuple[()]:
         return f"lacks engine {why.resource}", f"lack engine {why.resource}"
     if k is RejectKind.GPUS:
         return f"has too few free {why.resource} GPUs", f"have too few free {why.resource} GPUs"
+    if k is RejectKind.WEIGHTS:
+        return f"lacks the weights {why.resource} (no fetch)", f"lack the weights {why.resource} (no fetch)"
     return _GROUPS.get(k, ())
 
 

@@ -67,10 +67,10 @@ def profile(name="p", engine="vllm", gpu_class="H100-80GB", gpus_per_node=None, 
                    priority=priority, node_selector=frozen_map(sel), port=port, **kw)
 
 
-def model(name="m", *profiles, replicas=1, source=None, spread="required"):
+def model(name="m", *profiles, replicas=1, source=None, spread="required", fetch=None, update=None):
     profs = tuple(sorted(profiles or (profile(),), key=lambda p: -p.priority))
     return Model(name=name, source=source or f"/models/{name}", replicas=replicas, spread=spread, profiles=profs,
-                 file=f"models/{name}.yaml")
+                 file=f"models/{name}.yaml", fetch=fetch, update=update)
 
 
 def fleet(*specs):

@@ -75,7 +75,8 @@ def vllm_model(name: str, records: Path, *, role: str, nodes: int = 1, replicas:
     }
     if args:
         profile["args"] = list(args)
-    return {"name": name, "source": f"/models/{name}", "replicas": replicas, "profiles": [profile]}
+    # Not a path: the nodes hold no weights, and a path source without fetch must be on the node (SPEC section 7).
+    return {"name": name, "source": f"{name}-weights", "replicas": replicas, "profiles": [profile]}
 
 
 def apply_once(root: Path, pool, history=None) -> PassResult:
@@ -274,7 +275,7 @@ def test_a_killed_worker_takes_its_multi_node_replica_down_and_it_is_restarted_w
 def test_a_two_node_llama_cpp_replica_starts_its_rpc_worker_before_the_head_that_dials_it(fleet, pool, catalog_dir, tmp_path):
     records = tmp_path / "engines"
     records.mkdir()
-    write_model(catalog_dir, {"name": "gguf", "source": "/models/gguf", "profiles": [{
+    write_model(catalog_dir, {"name": "gguf", "source": "gguf-weights", "profiles": [{
         "name": "cpu-pair", "engine": "llama.cpp", "nodes": 2, "node_selector": {"role": "pair"}, "port": 8200,
         "start_timeout_s": 30, "env": {"FAKE_ENGINE_RECORD_DIR": str(records)},
     }]})

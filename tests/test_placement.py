@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.model import Placement, Assignment
+from reconciler.model import Assignment, FetchPolicy, Placement
 from reconciler.placement import Placer, place, summarize, unfittable_problems
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile
 
@@ -137,9 +137,10 @@ def test_nodes_holding_weights_come_first():
 
 
 def test_weights_are_a_preference_never_a_filter():
+    # With fetch (SPEC section 7); without it, a path source is a requirement: tests/test_placement_weights.py.
     f = fleet(node_spec("a"))
     inv = inventory(observed("a", gpu=gpus(8), weights=[]))
-    assert nodes_of(placed(place([model("m")], f, inv), "m-0")) == ["a"]
+    assert nodes_of(placed(place([model("m", fetch=FetchPolicy(from_node=True))], f, inv), "m-0")) == ["a"]
 
 
 def test_node_that_never_looked_for_weights_is_neither_preferred_nor_punished():
@@ -217,7 +218,9 @@ def test_node_is_excluded_with_a_reason_naming_the_number(name, spec_kw, obs_kw,
     f = fleet(node_spec("a1", **spec_kw))
     obs_kw = {"gpu": gpus(8), **obs_kw}
     inv = inventory(observed("a1", **obs_kw))
-    res = place([model("m", profile("p", **prof_kw))], f, inv)
+    # Disk is asked of a node that lacks the weights only when it could fetch them (SPEC section 7).
+    fetch = FetchPolicy(from_node=True) if name == "disk" else None
+    res = place([model("m", profile("p", **prof_kw), fetch=fetch)], f, inv)
     assert res.outcomes["m-0"].placement is None
     r = res.outcomes["m-0"].rejections[0]
     assert (r.profile, r.pool, r.node, r.reason) == ("p", "none/H100-80GB", "a1", expected)
