@@ -14,12 +14,14 @@ What it decides, in the order the actions come out:
 2. stop   stale copies: a replica found on more nodes than it runs on (the
           copy left on a node that came back after its replica was moved).
 3. restart a replica with a dead rank, with capped exponential backoff.
-4. replace a replica whose spec changed (one at a time per model), or that
-          sits on a drained node or on a node unreachable past the grace
-          period. The new copy is placed while the old one still holds its
-          GPUs (start new, then stop old); only when that does not fit is the
-          old copy released first (`stop_first`).
+4. replace a replica that sits on a drained node or on a node unreachable
+          past the grace period. The new copy is placed while the old one
+          still holds its GPUs (start new, then stop old); only when that does
+          not fit is the old copy released first (`stop_first`).
 5. start  desired replicas not running anywhere.
+6. replace a replica whose spec changed (reconciler/rollout.py), decided after
+          the starts so that it only ever takes room no missing replica needs:
+          surge beside the old copy, else in place on its own nodes.
 
 Stops come first so that what they free is free by the time anything starts.
 """
@@ -47,6 +49,7 @@ from reconciler.model import (
     spec_hash,
 )
 from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
+from reconciler.rollout import WAIT, SpecChange, roll_out
 
 # Restart backoff: first restart at once, then 10 s, 20 s, 40 s ... capped at 5 minutes,
 # the same curve as a kubelet's CrashLoopBackOff so operators read it the same way.
@@ -287,6 +290,7 @@ class WaitKind(str, Enum):
     NODE_UNREACHABLE = "node_unreachable"  # within the grace period of a node that does not answer
     BACKOFF = "backoff"  # crashed, waiting for its restart backoff
     ONE_AT_A_TIME = "one_at_a_time"  # spec changed, another replica of the model is being replaced first
+    UPDATE_POLICY = "update_policy"  # spec changed, the model's update policy allows no more changes this pass
 
 
 @_no_gc()
@@ -324,10 +328,12 @@ def plan(
     # 1. Every replica found in node records, one case each (see _Diff.observe).
     for rid, entries in sorted(_collect(catalog, inventory, last_seen).items()):
         diff.observe(rid, entries, tuple(placed_on.get(rid, ())))
-    # 2. Replacements, once every running copy holds its resources.
+    # 2. Moves off bad nodes, once every running copy holds its resources.
     diff.replace_all()
-    # 3. Starts: everything desired and not found running.
+    # 3. Starts: everything desired and not found running, while every old-spec copy still holds its room.
     diff.start_missing()
+    # 4. Spec changes, into the room that is left (SPEC section 7: never room a missing replica needs).
+    diff.roll_out()
     return diff.result()
 
 
@@ -361,6 +367,7 @@ class _Diff:
         self.observed: dict[str, Placement] = {}
         self.new_history: dict[str, ReplicaHistory] = {}
         self.to_replace: list[_Replacement] = []
+        self.changes: list[SpecChange] = []
 
     def state(self, node: str) -> str:
         return _effective_state(self.catalog, self.inventory, node)
@@ -483,20 +490,34 @@ class _Diff:
     # -- after every copy was looked at
 
     def replace_all(self) -> None:
-        """One spec change at a time per model; moves off bad nodes all at once."""
-        spec_busy: dict[str, str] = {}
+        """Moves off bad nodes, all at once; spec changes are set aside for roll_out (after the starts)."""
         for r in sorted(self.to_replace, key=lambda r: (r.model.name, r.ordinal)):
-            model, rid, old, why = r.model, r.old.replica, r.old, r.reason
-            if r.spec_change and model.name in spec_busy:
-                self.outcomes[rid] = Outcome(rid, model.name, old, kept=True)
-                self.new_history[rid] = self.history.get(rid, ReplicaHistory())
-                self.waiting.append(Waiting(rid, model.name, f"{why}; waiting for {spec_busy[model.name]} "
-                                            "to be replaced first (one at a time per model)",
-                                            kind=WaitKind.ONE_AT_A_TIME))
-                continue
             if r.spec_change:
-                spec_busy[model.name] = rid
+                self.changes.append(SpecChange(r.model, r.ordinal, r.old, r.reason))
+                # Kept for now, so start_missing does not take it for a replica that is not running.
+                self.outcomes[r.old.replica] = Outcome(r.old.replica, r.model.name, r.old, kept=True)
+                continue
             self.replace_one(r)
+
+    def roll_out(self) -> None:
+        """Each spec change: surge, in place, elsewhere, no fit, or wait for its turn (reconciler/rollout.py)."""
+        down: dict[str, int] = {}  # per model, desired replicas not serving after this pass
+        for o in self.outcomes.values():
+            if o.placement is None:
+                down[o.model] = down.get(o.model, 0) + 1
+        for a in self.restarts:
+            down[a.model] = down.get(a.model, 0) + 1
+        for step in roll_out(self.placer, self.changes, down=down, explain=self.explain):
+            rid, model = step.replica, step.change.model
+            self.outcomes[rid] = step.outcome
+            if step.how == WAIT:
+                self.new_history[rid] = self.history.get(rid, ReplicaHistory())
+                kind = WaitKind.ONE_AT_A_TIME if model.update is None else WaitKind.UPDATE_POLICY
+                self.waiting.append(Waiting(rid, model.name, step.reason, kind=kind))
+                continue
+            self.new_history[rid] = ReplicaHistory()
+            self.replaces.append(Action("replace", rid, model.name, step.reason, step.outcome.placement,
+                                        previous=step.change.old, stop_first=step.stop_first))
 
     def replace_one(self, r: _Replacement) -> None:
         model, rid, old, why = r.model, r.old.replica, r.old, r.reason
