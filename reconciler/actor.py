@@ -25,9 +25,21 @@ from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 from reconciler.errors import RenderError, TransportError
+from reconciler.fetch import Fetcher, choose_source, progress_message
 from reconciler.launcher import Launcher, StartOutcome
 from reconciler.model import Action, Assignment, Catalog, Fleet, Inventory, Model, Placement, Profile, RankLaunch
-from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ActionOutcome, Decision, ReplicaState
+from reconciler.outcomes import (
+    FAILED,
+    FETCHING,
+    PENDING,
+    READY,
+    STARTING,
+    STOPPING,
+    UNKNOWN,
+    ActionOutcome,
+    Decision,
+    ReplicaState,
+)
 from reconciler.readiness import (
     DEFAULT_START_TIMEOUT_S,
     LOG_LINES_IN_MESSAGE,
@@ -136,6 +148,8 @@ class Actor:
         self.taken_ports: dict[str, set[int]] = {}
         self.stopped: list[tuple[str, str, int | None]] = []
         self.pending: dict[str, StartedReplica] = {}
+        # Told when a replica's state changes mid-pass (Fetching progress, Stopping): status rewrites.
+        self.on_change: Callable[..., None] = lambda force=False: None
         self._ranks: tuple[Inventory, dict[str, RankRecords]] | None = None  # index of self.inventory
 
     # -- bookkeeping
@@ -205,6 +219,7 @@ class Actor:
     def restart(self, action: Action) -> ActionOutcome:
         # A crashed rank takes its whole replica down: ranks of a multi-node replica only rendezvous at start.
         targets = [t for t in self.old_targets(action) if self.reachable(t[0])]
+        self.stopping(action, f"restart: {action.reason}")
         if not self.stop_ranks(action.replica, targets, f"restart: {action.reason}"):
             return self.fail_action(action, "restart: the crashed copy could not be stopped")
         self.forget(action.replica, targets)
@@ -334,6 +349,14 @@ class Actor:
             ok = ok and outcome.ok
         return ok
 
+    def stopping(self, action: Action, why: str) -> None:
+        """Phase Stopping, told to status at once: a stop waits out the engine's TERM (up to the grace) before
+        the new copy starts, and for that long the replica serves nothing."""
+        where = action.previous or action.placement
+        self.states[action.replica] = ReplicaState(action.replica, action.model, where.profile if where else None,
+                                                   STOPPING, f"stopping: {why}", where.nodes if where else ())
+        self.on_change(force=True)
+
     def stop(self, action: Action) -> ActionOutcome:
         # The plan names the exact ranks (a stale copy is stopped, the current one on other nodes is not).
         if action.placement is not None and action.placement.nodes:
@@ -357,6 +380,7 @@ class Actor:
         # Starting first needs the new ranks' records to be distinct from the old ones (same replica id).
         start_first = bool(old) and not action.stop_first and not (new_slots & set(old))
         if not start_first:
+            self.stopping(action, f"replace, old copy first: {action.reason}")
             if not self.stop_ranks(action.replica, old_live, f"replace, old copy first: {action.reason}"):
                 return self.fail_action(action, "replace: the old copy could not be stopped")
             self.forget(action.replica, old_live)
@@ -401,6 +425,64 @@ class Actor:
         _, profile = self._model_profile(action)
         timeout = profile.start_timeout_s if profile is not None else APPLY_READY_WAIT_S
         return min(timeout, APPLY_READY_WAIT_S)
+
+    # -- weights, before anything starts
+
+    def weights_needed(self, actions: Sequence[Action]) -> list[tuple[Action, Model, str]]:
+        """(action, model, node) for every node a start or replace puts a replica on that was probed
+        without its weights, for models that say how to fetch them (without fetch, placement never
+        picks such a node)."""
+        needed = []
+        for a in actions:
+            if a.action not in ("start", "replace") or a.placement is None:
+                continue
+            model = self.catalog.model(a.model)
+            if model is None or model.fetch is None:
+                continue
+            for assignment in a.placement.nodes:
+                node = self.probed.node(assignment.node)
+                if node is not None and node.weights is not None and model.source not in node.weights:
+                    needed.append((a, model, assignment.node))
+        return needed
+
+    def fetch_weights(self, actions: Sequence[Action], fetcher: Fetcher) -> set[str]:
+        """Copy weights to the nodes that lack them, all at once (each model capped at its fetch.max_parallel
+        by the Fetcher). The replica is Fetching meanwhile; a failed fetch is its failed start. Returns the
+        replicas whose weights could not be fetched: their actions are not carried out."""
+        needed = self.weights_needed(actions)
+        if not needed:
+            return set()
+        totals: dict[tuple[str, str], tuple[int, int]] = {}
+
+        def one(item: tuple[Action, Model, str]):
+            action, model, node = item
+            source = choose_source(model, node, self.catalog.fleet, self.probed)
+            _, profile = self._model_profile(action)
+
+            def progress(got: int, total: int) -> None:
+                totals[(action.replica, node)] = (got, total)
+                got_all = sum(g for (r, _), (g, _) in totals.items() if r == action.replica)
+                want_all = sum(t for (r, _), (_, t) in totals.items() if r == action.replica)
+                self.states[action.replica] = ReplicaState(
+                    action.replica, action.model, profile.name if profile else None, FETCHING,
+                    progress_message(model.source, got_all, want_all), action.placement.nodes)
+                self.on_change()
+
+            self.decide(action.replica, node, "fetch", f"{model.source} from {source or 'nowhere'}: not on {node}")
+            return item, fetcher.fetch(model, node, source, progress=progress,
+                                       timeout_s=profile.start_timeout_s if profile else DEFAULT_START_TIMEOUT_S)
+
+        failed: set[str] = set()
+        with ThreadPoolExecutor(max_workers=min(16, len(needed))) as pool:
+            for (action, model, node), outcome in pool.map(one, needed):
+                self.decide(action.replica, node, "fetch", str(outcome), ok=outcome.ok)
+                if not outcome.ok:
+                    failed.add(action.replica)
+                    self.fail_action(action, f"fetch of {model.source} to {node} failed: {outcome.reason}")
+        for action, _, _ in needed:
+            if action.replica not in failed:
+                self.states.pop(action.replica, None)  # the start that follows says what it is now
+        return failed
 
     # -- readiness of what this pass started
 
@@ -450,4 +532,19 @@ class Actor:
             self.states[replica] = state
             self.decide(replica, state.nodes[0].node if state.nodes else "-", "health",
                         state.phase + (f": {state.message}" if state.message else ""), ok=state.phase != FAILED)
+            if state.start_timed_out and replica in self.pending:
+                self.end_stalled_start(replica, [(l.node, l.rank) for l in self.pending[replica].launches])
         return results
+
+    def end_stalled_start(self, replica: str, targets: Sequence[tuple[str, int]]) -> bool:
+        """A start that did not become Ready in time ends: every rank's process group is stopped, its
+        record kept, so the replica reads as crashed and the plan restarts it with backoff."""
+        targets = [t for t in targets if self.reachable(t[0])]
+        if not targets:
+            return True
+        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+            outcomes = list(pool.map(lambda t: self.launcher.stop(t[0], replica, t[1], keep_record=True), targets))
+        for (node, rank), outcome in zip(targets, outcomes):
+            self.decide(replica, node, "stop", f"rank {rank}: not Ready by its start timeout ({outcome.detail}); "
+                                               "restarted with backoff", ok=outcome.ok)
+        return all(o.ok for o in outcomes)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # typing only: memory imports plan, which this layer must not
 
 # The phases of SPEC section 2.
 PENDING, STARTING, READY, FAILED, STOPPING, UNKNOWN = "Pending", "Starting", "Ready", "Failed", "Stopping", "Unknown"
+FETCHING = "Fetching"  # SPEC section 7: the weights are on their way to a node that lacks them
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,12 @@ class ReplicaState:
     replica: str
     model: str
     profile: str | None
-    phase: str  # Pending | Starting | Ready | Failed | Stopping | Unknown
+    phase: str  # Pending | Fetching | Starting | Ready | Failed | Stopping | Unknown
     message: str = ""
     nodes: tuple[Assignment, ...] = ()
     endpoint: str | None = None  # http://<head data address>:<port>, when placed
+    # Failed because it was not Ready by its profile's start_timeout_s: its processes are to be ended.
+    start_timed_out: bool = False
 
 
 @dataclass(frozen=True)

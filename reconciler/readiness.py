@@ -102,7 +102,7 @@ def judge_started(base: ReplicaState, started: StartedReplica, *, answered: bool
     timeout = started.profile.start_timeout_s
     if now - started.started_at >= timeout:
         message = failure_message(started.launches, liveness.states, f"not Ready after {timeout:g}s: {seen}")
-        return replace(base, phase=FAILED, message=message)
+        return replace(base, phase=FAILED, message=message, start_timed_out=True)
     if final:
         return replace(base, phase=STARTING, message=f"waiting for {seen or 'all ranks'}")
     return None
@@ -162,4 +162,5 @@ def judge_unanswered(base: ReplicaState, *, seen: str, head_state: RankState | N
     if head_state is not None and head_state.started_at is not None and wall_now - head_state.started_at < timeout_s:
         return replace(base, phase=STARTING, message=f"waiting for {seen}")
     tail = " | ".join(head_state.log_tail) if head_state is not None and head_state.log_tail else "(no log)"
-    return replace(base, phase=FAILED, message=f"not Ready after {timeout_s:g}s: {seen}; last log lines: {tail}")
+    return replace(base, phase=FAILED, message=f"not Ready after {timeout_s:g}s: {seen}; last log lines: {tail}",
+                   start_timed_out=head_state is not None)

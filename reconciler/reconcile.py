@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 
 from reconciler.actor import Actor, LogFn, RenderFn, observe_replica
 from reconciler.errors import ReconcilerError
+from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, remember
@@ -36,7 +37,7 @@ from reconciler.probe import probe_fleet
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import unplaced_message, write_nodes_status, write_plan_status
+from reconciler.status import predicted_phases, unplaced_message, write_nodes_status, write_plan_status
 from reconciler.transport import FleetTransports, Transport, TransportPool
 
 ProbeFn = Callable[[Catalog, FleetTransports], Inventory]
@@ -73,6 +74,7 @@ def run_pass(
     ready_wait_s: float | None = None,
     write_status: bool = True,
     health: HealthCheck = http_health,
+    fetcher: Fetcher | None = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -103,8 +105,15 @@ def run_pass(
 
     actor = Actor(catalog, inventory, launcher, render or render_replica, log, ready_wait_s=ready_wait_s, health=health)
     try:
-        # 3. Act: every action, in the plan's order; one action's failure never stops the others.
+        # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
+        #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
+        if write_status:
+            actor.on_change = _progress_writer(catalog, plan, actor)
+        no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
+        # 3b. Act: every action, in the plan's order; one action's failure never stops the others.
         for action in plan.actions:
+            if action.replica in no_weights:
+                continue
             try:
                 actor.act(action)
             except ReconcilerError as exc:
@@ -115,6 +124,11 @@ def run_pass(
         # 5. The fleet as the pass left it, and every desired replica's state in it.
         result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports)
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
+        # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout is
+        #     stopped, every rank (this pass's own were, in wait_ready); the plan restarts it with backoff.
+        for rid, state in result.replicas.items():
+            if state.start_timed_out and rid not in actor.states:
+                actor.end_stalled_start(rid, [(a.node, a.rank) for a in state.nodes])
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
@@ -123,6 +137,29 @@ def run_pass(
         if write_status:
             result.written = write_pass_status(catalog, result)
     return result
+
+
+PROGRESS_WRITE_EVERY_S = 2.0
+
+
+def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[], None]:
+    """status/models rewritten mid-pass, so a person sees a Fetching replica's bytes done/total (at most
+    every PROGRESS_WRITE_EVERY_S) and a Stopping one (at once), during the pass, not only after it."""
+    last = [0.0]
+
+    def write(force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - last[0] < PROGRESS_WRITE_EVERY_S:
+            return
+        last[0] = now
+        phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in list(actor.states.items())}}
+        messages = {rid: st.message for rid, st in list(actor.states.items()) if st.message}
+        try:
+            write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages)
+        except ReconcilerError:
+            pass  # the pass's own write at the end reports it
+
+    return write
 
 
 def predicted_decisions(plan: Plan, log: LogFn) -> list[Decision]:
@@ -175,6 +212,9 @@ def replica_states(
             elif state is None:
                 why = unplaced_message(unplaced[rid]) if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
                 state = ReplicaState(rid, model.name, None, PENDING, why)
+            elif w is not None and w.kind in (WaitKind.ONE_AT_A_TIME, WaitKind.UPDATE_POLICY):
+                # Serving, on the spec it was started with: the message says it is the old one, and why it waits.
+                state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
             elif w is not None and state.phase in (FAILED, UNKNOWN):
                 phase = state.phase
                 if phase == FAILED and node_away and all(r.alive for _, r in records.get(rid, ())):

@@ -64,10 +64,11 @@ class Launcher(Protocol):
     def start(self, launch: RankLaunch) -> StartOutcome:
         """Start one rank, or find it already running with the same spec. Never raises for a node's failure."""
 
-    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
+    def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
         """Stop one rank (or every rank of the replica on that node) and confirm it is gone.
 
-        Stopping what is already gone succeeds."""
+        Stopping what is already gone succeeds. keep_record: end the processes but leave the rank
+        known, as a dead one (a start that timed out reads as a crash, restarted with backoff)."""
 
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         """The managed ranks on a node, with liveness; raises TransportError when the node cannot answer."""

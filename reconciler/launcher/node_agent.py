@@ -401,7 +401,9 @@ def op_stop(req):
             if current is None:
                 continue
             stopped, what = stop_rank(current, float(req.get("grace_s", 10.0)))
-            if stopped:
+            # keep_record: the rank reads as crashed afterwards (its process is gone, its record and log stay),
+            # so the next pass restarts it with backoff: how a start that never became Ready ends.
+            if stopped and not req.get("keep_record"):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:

@@ -228,7 +228,8 @@ class SlurmLauncher:
             return StartOutcome(launch.node, launch.replica, launch.rank, ok=True, slurm_job=job_id,
                                 log=f"/tmp/{name}.{job_id}.out on the job's first node")
 
-    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
+    def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
+        # keep_record has nothing to keep here: a cancelled job is one that ended, which reads as a crash.
         with self._lock:
             self._held.pop(replica, None)
         with self._replica_lock(replica):
@@ -402,8 +403,8 @@ class RoutingLauncher:
     def start(self, launch: RankLaunch) -> StartOutcome:
         return self._for(launch.node).start(launch)
 
-    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
-        return self._for(node).stop(node, replica, rank)
+    def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
+        return self._for(node).stop(node, replica, rank, keep_record=keep_record)
 
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         return self._for(node).ranks(node, replica, log_lines=log_lines)

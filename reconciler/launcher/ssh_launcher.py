@@ -128,8 +128,9 @@ class SshLauncher:
             port_in_use=answer.get("port_in_use"),
         )
 
-    def stop(self, node: str, replica: str, rank: int | None = None) -> StopOutcome:
-        request = {"op": "stop", "replica": replica, "rank": rank, "grace_s": self.stop_grace_s}
+    def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
+        request = {"op": "stop", "replica": replica, "rank": rank, "grace_s": self.stop_grace_s,
+                   "keep_record": keep_record}
         try:
             transport = self.transports.get(node)
             base = self._timeout(transport) if transport is not None else DEFAULT_COMMAND_TIMEOUT_S
