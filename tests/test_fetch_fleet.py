@@ -21,10 +21,10 @@ import pytest
 from reconciler.fetch import Fetcher, choose_source
 from reconciler.model import FetchPolicy
 from reconciler.probe import probe_fleet
-from reconciler.ssh import TransportPool
 from tests.builders import model
 from tests.conftest import REPO
 from tests.fleet import TestFleet
+from tests.test_apply_fleet import pool  # noqa: F401  (a fixture)
 
 SIZES = {"config.json": 57, "tokenizer.json": 3 * 1000 * 1000 + 7, "empty.txt": 0,
          "weights/model-00001.safetensors": 9 * 1024 * 1024 + 3, "weights/model-00002.safetensors": 5 * 1024 * 1024}
@@ -45,13 +45,6 @@ def fleet():
         yield f
     finally:
         f.close()
-
-
-@pytest.fixture
-def pool():
-    p = TransportPool()
-    yield p
-    p.close()
 
 
 def files_under(root: Path) -> dict[str, int]:

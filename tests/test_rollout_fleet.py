@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
 from reconciler.reconcile import run_pass
-from reconciler.ssh import TransportPool
 from tests.fleet import TestFleet
+from tests.test_apply_fleet import alive, catalog_dir, pool, write_model  # noqa: F401  (fixtures: pool, catalog_dir)
+from tests.test_fetch_fleet import files_under
 
 WEIGHTS = {"config.json": 123, "model.safetensors": 6 * 1024 * 1024 + 11}
 
@@ -33,30 +32,6 @@ def fleet():
         f.close()
 
 
-@pytest.fixture
-def pool():
-    p = TransportPool()
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def catalog_dir(tmp_path, fleet, pool):
-    root = tmp_path / "catalog"
-    (root / "models").mkdir(parents=True)
-    fleet.fleet_yaml(root)
-    yield root
-    cat = load_catalog(root, with_revision=False)
-    launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes}, stop_grace_s=2)
-    for node in cat.fleet.nodes:
-        for rank in launcher.ranks(node.id):
-            launcher.stop(node.id, rank.replica)
-
-
-def write_model(root: Path, doc: dict) -> None:
-    (root / "models" / f"{doc['name']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-
-
 def vllm(name, records, *, source, replicas=1, fetch=None, env=None, start_timeout_s=30, args=()):
     doc = {"name": name, "source": source, "replicas": replicas, "profiles": [{
         "name": "h100", "engine": "vllm", "gpu_class": "H100-80GB", "port": 8300, "start_timeout_s": start_timeout_s,
@@ -64,18 +39,6 @@ def vllm(name, records, *, source, replicas=1, fetch=None, env=None, start_timeo
     if fetch is not None:
         doc["fetch"] = fetch
     return doc
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
-
-
-def files_under(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_a_replica_placed_where_its_weights_are_missing_gets_them_and_serves(fleet, pool, catalog_dir, tmp_path):
