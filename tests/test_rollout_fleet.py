@@ -95,13 +95,15 @@ def test_a_start_that_never_becomes_ready_is_stopped_reported_with_its_log_and_r
     assert not alive(engine["pid"])  # stopped, not left running
     assert any(d.action == "stop" and "start timeout" in d.reason for d in log)
     # The next pass restarts it (restart 1); the one after waits out the backoff.
+    restarted_at = time.time()
     second = run_pass(load_catalog(catalog_dir, with_revision=False), transports=pool, ready_wait_s=10,
-                      history=first.memory, now=time.time())
+                      history=first.memory, now=restarted_at)
     assert [(a.action, a.replica) for a in second.plan.actions] == [("restart", "stuck-0")]
     assert second.plan.history["stuck-0"].restarts == 1
     assert second.replicas["stuck-0"].phase == "Failed"
+    # One second later by the plan's clock, well inside the 10 s backoff of a second crash, however slow the pass.
     third = run_pass(load_catalog(catalog_dir, with_revision=False), transports=pool, ready_wait_s=10,
-                     history=second.memory, now=time.time())
+                     history=second.memory, now=restarted_at + 1)
     assert third.plan.actions == ()
     assert any(w.replica == "stuck-0" and "waiting for backoff" in w.reason for w in third.plan.waiting)
     assert all(not alive(json.loads(p.read_text())["pid"]) for p in records.glob("*.json"))
