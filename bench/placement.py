@@ -145,8 +145,10 @@ def generate_fallback(nodes: int, replicas: int, models: int = 50, seed: int = 1
         picks = rnd.sample(range(len(FALLBACK_PROFILES)), 2 + mi % 2)
         profs = [{"name": f"p{k}", "priority": 30 - 10 * k, **FALLBACK_PROFILES[j]} for k, j in enumerate(picks)]
         n = per_model + (1 if mi < extra else 0)
+        # fetch: holding the weights stays a preference (without it a path source is required on the node).
         docs[f"{name}.yaml"] = {"name": name, "source": f"/models/m{rnd.randrange(200):03d}", "replicas": n,
-                                "spread": "preferred" if mi % 3 == 0 else "required", "profiles": profs}
+                                "spread": "preferred" if mi % 3 == 0 else "required", "fetch": {"from_node": True},
+                                "profiles": profs}
     return fleet_doc, docs, snapshot
 
 
