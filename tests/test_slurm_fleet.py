@@ -85,7 +85,8 @@ def write_fleet(root: Path, cluster: SlurmCluster, **slurm) -> None:
 def write_model(root: Path, name: str, records: Path, *, nodes: int = 1, gpus: int = 1, **extra) -> None:
     profile = {"name": "h100", "engine": "vllm", "gpu_class": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes,
                "port": 8100, "start_timeout_s": 30, "env": {"FAKE_ENGINE_RECORD_DIR": str(records)}, **extra}
-    doc = {"name": name, "source": f"/models/{name}", "profiles": [profile]}
+    # Not a path: the nodes hold no weights, and a path source without fetch must be on the node (SPEC section 7).
+    doc = {"name": name, "source": f"{name}-weights", "profiles": [profile]}
     (root / "models" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
