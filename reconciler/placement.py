@@ -332,6 +332,11 @@ class Placer:
         return None
 
     @staticmethod
+    def _has_room(node: _Node, profile: Profile) -> bool:
+        """Room for weights on the node's model disk (or nothing known about it)."""
+        return node.disk_free_gib is None or node.disk_free_gib >= profile.min_disk_gb
+
+    @staticmethod
     def _disk_ok(node: _Node, model: Model, profile: Profile) -> bool:
         """Room for the weights on the node's model disk, or the weights already there (or nothing known)."""
         free = node.disk_free_gib
@@ -381,7 +386,7 @@ class Placer:
         every eligible node (or, for weights that cannot be fetched, those never probed for them)."""
         holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
         if model.needs_weights_on_node:
-            return holders, self._index(model, profile, fabric, ("unprobed", model.source))
+            return holders, self._index(model, profile, fabric, ("unprobed",))
         return holders, self._index(model, profile, fabric, None)
 
     def _index(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> _Index:
@@ -402,21 +407,26 @@ class Placer:
                 static = self._base_list(profile)
                 if holders_of is None:
                     pool = range(len(self.nodes))
-                elif isinstance(holders_of, tuple):  # ("unprobed", source): the holders are scanned apart
+                elif isinstance(holders_of, tuple):  # ("unprobed",): never probed for weights; holders come apart
                     pool = self._weights_unknown
                 else:
                     pool = self._holders.get(holders_of, ())
                 idx = self._indexes[key] = self._build_index(profile, fabric, (i for i in pool if static[i] is None))
             return idx
-        # Disk depends on the model's weights, so a profile that needs disk gets an index per
-        # weights source, drawn from the members of the disk-blind one: a node without room is
-        # never scanned, instead of being passed over again by every replica of the model.
-        key = (_static_key(model, profile), profile.gpu_class, fabric, holders_of)
+        # A profile that needs disk gets an index of the nodes with room, drawn from the members of
+        # the disk-blind one: a node without room is never scanned, instead of being passed over
+        # again by every replica. A node holding the weights needs no room for them, and holders
+        # are always searched apart (first): their index needs no disk filter, and every other index
+        # asks for room only, so it is shared by every model of this shape, whatever its weights
+        # (an index per source cost a walk of the fleet per model of a fleet-wide update).
+        if isinstance(holders_of, str):
+            return self._index_slow(model, _without_disk(profile), fabric, holders_of)
+        key = (_base_key(profile), profile.min_disk_gb, profile.gpu_class, fabric, holders_of)
         idx = self._indexes.get(key)
         if idx is None:
             blind = self._index_slow(model, _without_disk(profile), fabric, holders_of)
             nodes = self.nodes
-            fits = sorted(i for i in blind.members if self._disk_ok(nodes[i], model, profile))
+            fits = sorted(i for i in blind.members if self._has_room(nodes[i], profile))
             idx = self._indexes[key] = self._build_index(profile, fabric, fits)
         return idx
 
@@ -565,7 +575,7 @@ class Placer:
 
     def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[_Node] | None:
         need = profile.gpus_per_node if profile.gpu_class else 0
-        main = (self._index(model, profile, None, ("unprobed", model.source)) if model.needs_weights_on_node
+        main = (self._index(model, profile, None, ("unprobed",)) if model.needs_weights_on_node
                 else self._index(model, profile, None, None))
         nodes = self.nodes
         name = model.name
