@@ -50,6 +50,9 @@ from reconciler.model import (
     frozen_map,
     is_path_source,
 )
+from reconciler.engines import ADAPTERS
+from reconciler.engines.flags import describe, option_uses, owned_uses
+from reconciler.engines.llamacpp import NGL, offloads_nothing
 from reconciler.host import Host
 from reconciler.render import placeholders_in
 from reconciler.schemas import is_valid, validator
@@ -342,6 +345,7 @@ def model_problems(doc: _Doc) -> list[Problem]:
         elif "command" in prof:
             problems.append(doc.at(base + ("command",), f"{where}: 'command' is only for engine: command; engine {engine} builds its own command line"))
         problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
+        problems.extend(_args_problems(doc, base, prof))
     problems.extend(_rollout_problems(doc))
     if str(data.get("source", "")).startswith("-"):
         # Render refuses it at launch; saying so here keeps it out of a merged catalog.
@@ -375,6 +379,50 @@ def _rollout_problems(doc: _Doc) -> Iterator[Problem]:
                 known = ", ".join("${" + k + "}" for k in FETCH_PLACEHOLDERS)
                 yield doc.at(("fetch", "command", j), f"unknown placeholder ${{{name}}} in fetch.command; "
                                                       f"known: {known}; write $$ for a literal $")
+
+
+def _args_problems(doc: _Doc, base: tuple, prof: dict) -> Iterator[Problem]:
+    """Args that set what the reconciler sets per rank, read the way the engine's parser reads them."""
+    engine, args = prof["engine"], [str(a) for a in prof.get("args") or ()]
+    if engine == "command" or not args:
+        return
+    adapter = ADAPTERS[engine]
+    where = f"profile {prof['name']}"
+    for use in owned_uses(engine, args, adapter.owned_flags):
+        yield doc.at(base + ("args", use.index),
+                     f"{where}: args[{use.index}] {describe(use)} is set by the reconciler for each rank; remove it")
+    if engine == "llama.cpp" and prof.get("nodes", 1) > 1:
+        for use in option_uses(engine, args, frozenset({NGL})):
+            if use.option == NGL and offloads_nothing(use.value):
+                yield doc.at(base + ("args", use.index),
+                             f"{where}: args[{use.index}] {use.token} {use.value} keeps every layer on the head, so the "
+                             f"other {prof['nodes'] - 1} rank(s) would hold no part of the model; leave -ngl out or give a count above 0")
+
+
+def llama_ipv6_problems(fleet_doc: _Doc, models: list[Model]) -> list[Problem]:
+    """An IPv6 data address on a node a multi-node llama.cpp profile may place a rank on.
+
+    ggml's RPC speaks IPv4 only: the head aborts on `--rpc [v6]:port` and the RPC server
+    exits 0 without serving on a v6 host, so such a replica could never run there.
+    """
+    problems = []
+    nodes = fleet_doc.data.get("nodes") or []
+    profiles = [(m, p) for m in models for p in m.profiles if p.engine == "llama.cpp" and p.nodes > 1]
+    for i, node in enumerate(nodes):
+        field = "data_address" if "data_address" in node else "address"
+        if not Host(str(node.get(field, ""))).is_ipv6:
+            continue
+        labels = node.get("labels") or {}
+        for model, prof in profiles:
+            if all(labels.get(k) == v for k, v in prof.node_selector.items()):
+                problems.append(fleet_doc.at(
+                    ("nodes", i, field),
+                    f"node {node['id']}: {field} {node[field]} is IPv6, and model {model.name} profile {prof.name} "
+                    f"(llama.cpp on {prof.nodes} nodes) may place a rank here; llama.cpp's RPC speaks IPv4 only: give "
+                    "the node an IPv4 data_address, or the profile a node_selector that leaves it out",
+                ))
+                break
+    return problems
 
 
 def _placeholder_problems(doc: _Doc, base: tuple, prof: dict, resolvable: bool) -> Iterator[Problem]:
@@ -743,6 +791,7 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
     problems: list[Problem] = []
 
     fleet = None
+    fleet_doc = None
     fleet_path = root / FLEET_FILE
     if not fleet_path.exists() and not (root / MODELS_DIR).exists():
         # Not a catalog at all (validate run in the wrong directory): one line that says where,
@@ -761,6 +810,7 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
             problems += errs
             if not errs:
                 fleet = build_fleet(doc.data)
+                fleet_doc = doc
 
     models: list[Model] = []
     names: dict[str, tuple[str, int, int]] = {}
@@ -801,6 +851,8 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
             rel = str(stray.relative_to(root))
             problems.append(Problem(rel, 1, 1, f"looks like a model file but is outside models/, so it would be ignored; move it to models/{stray.name}"))
 
+    if fleet_doc is not None:
+        problems += llama_ipv6_problems(fleet_doc, models)
     if problems or fleet is None:
         order = {FLEET_FILE: 0}
         problems.sort(key=lambda p: (order.get(p.file, 1), p.file, p.line, p.column))

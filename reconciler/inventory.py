@@ -24,6 +24,7 @@ from reconciler.model import (
     Gpu,
     GpuProcess,
     Inventory,
+    LlamaCppBinaries,
     ObservedNode,
     RunningRank,
     frozen_map,
@@ -124,7 +125,15 @@ def node_from_document(d: dict) -> ObservedNode:
         replicas=tuple(_rank_from_doc(r) for r in d.get("replicas") or ()),
         ports_in_use=tuple(d.get("ports_in_use") or ()),
         failure=d.get("failure", "") or "",
+        llama_cpp=_llama_cpp_from_doc(d.get("llama_cpp")),
+        cpu_count=d.get("cpu_count"),
     )
+
+
+def _llama_cpp_from_doc(d: dict | None) -> LlamaCppBinaries | None:
+    if d is None:
+        return None
+    return LlamaCppBinaries(server=bool(d.get("server", False)), rpc_server=d.get("rpc_server") or None)
 
 
 def inventory_from_document(doc: dict) -> Inventory:
@@ -190,6 +199,10 @@ def node_to_document(n: ObservedNode) -> dict:
         doc["replicas"].append(rd)
     if n.ports_in_use:
         doc["ports_in_use"] = sorted(set(n.ports_in_use))
+    if n.cpu_count:
+        doc["cpu_count"] = n.cpu_count
+    if n.llama_cpp is not None and (n.llama_cpp.server or n.llama_cpp.rpc_server):
+        doc["llama_cpp"] = {"server": n.llama_cpp.server, "rpc_server": n.llama_cpp.rpc_server}
     if n.failure:  # right after the reason it qualifies
         doc = {k: doc[k] for k in ("id", "state", "reason")} | {"failure": n.failure} | doc
     return doc

@@ -317,6 +317,17 @@ class RunningRank:
 
 
 @dataclass(frozen=True)
+class LlamaCppBinaries:
+    """Which llama.cpp roles a node can run (found on its PATH, never executed)."""
+
+    server: bool  # llama-server: the head (rank 0)
+    rpc_server: str | None  # the RPC server's name (ggml-rpc-server, or rpc-server in older builds): ranks above 0
+
+    def can_run_rank(self, rank: int) -> bool:
+        return self.server if rank == 0 else self.rpc_server is not None
+
+
+@dataclass(frozen=True)
 class ObservedNode:
     id: str
     state: str = "ready"  # ready | cordoned | drained | unreachable | unusable (answered; GPUs unknown)
@@ -334,6 +345,9 @@ class ObservedNode:
     # For a node not usable now, whether waiting can help: temporary (retried with backoff),
     # permanent (stalled until the node or the catalog changes: a refused host key), bug.
     failure: str = ""
+    # None: not probed for (an older snapshot); then every role is assumed, as for engines: None
+    llama_cpp: LlamaCppBinaries | None = None
+    cpu_count: int | None = None  # CPUs the probe may run on (its affinity), None: unknown
 
 
 @dataclass(frozen=True)
@@ -400,6 +414,12 @@ class RejectKind(StrEnum):
     # resource: the fabric; requested: nodes per replica; available: most of one launcher; detail: count per launcher
     MIXED_LAUNCHERS = "mixed_launchers"
     NO_FABRICS = "no_fabrics"  # requested: nodes per replica; no node of the fleet is on a fabric
+    # llama.cpp: resource: the binary the rank needs; requested: "head" (rank 0) or "worker" (ranks above 0)
+    LLAMA_BINARY = "llama_binary"
+    IPV6_RPC = "ipv6_rpc"  # a multi-node llama.cpp replica, a node whose data address is IPv6 (ggml RPC: IPv4 only)
+    # Pool line: resource: the fabric; requested: nodes per replica; available: nodes qualifying;
+    # detail: how many of them have llama-server and how many the RPC server
+    LLAMA_ROLES = "llama_roles"
 
 
 def figure(x: float) -> str:
@@ -465,6 +485,12 @@ _REASON_TEXT = {
     RejectKind.MIXED_LAUNCHERS: lambda r: (f"needs {r.requested} nodes on {r.resource} with one launcher (a multi-node "
                                            f"replica never mixes slurm and ssh nodes); {r.detail} qualify"),
     RejectKind.NO_FABRICS: lambda r: f"needs {r.requested} nodes on one fabric, but no node is attached to a fabric",
+    RejectKind.LLAMA_BINARY: lambda r: (f"has no {r.resource}, which a llama.cpp head (rank 0) runs" if r.requested == "head"
+                                        else f"has no llama.cpp RPC server ({r.resource}), which ranks above 0 run"),
+    RejectKind.IPV6_RPC: lambda r: "has an IPv6 data address, and llama.cpp's RPC between ranks speaks IPv4 only",
+    RejectKind.LLAMA_ROLES: lambda r: (f"needs {r.requested} nodes on {r.resource}: a head with llama-server and "
+                                       f"{int(r.requested) - 1} more with the RPC server (ggml-rpc-server or rpc-server); "
+                                       f"of the {r.available} that qualify, {r.detail}"),
 }
 
 

@@ -65,6 +65,7 @@ _SCHEDULABLE = "ready"
 _REPLACED_COPY = Reason(RejectKind.REPLACED_COPY)
 _INCOMPLETE = Reason(RejectKind.INCOMPLETE)
 _NO_FABRIC = Reason(RejectKind.NO_FABRIC)
+_IPV6_RPC = Reason(RejectKind.IPV6_RPC)
 
 
 def pool_name(fabric: str | None, profile: Profile) -> str:
@@ -95,6 +96,7 @@ class _Node:
         "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
         "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
         "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked", "launcher", "held",
+        "llama_cpp", "data_ipv6",
     )
 
     def __init__(self, idx: int, spec, obs: ObservedNode | None):
@@ -114,6 +116,8 @@ class _Node:
         self.launcher = getattr(spec, "launcher", "ssh")
         self.labels = spec.labels
         self.engines = obs.engines if obs is not None else None
+        self.llama_cpp = obs.llama_cpp if obs is not None else None
+        self.data_ipv6 = spec.data_host.is_ipv6
         self.memory_gib = obs.memory_total_mb / 1024 if obs is not None and obs.memory_total_mb else None
         self.disk_path = None
         self.disk_free_gib = None
@@ -275,7 +279,35 @@ def _selector_key(profile: Profile) -> tuple:
 
 def _base_key(profile: Profile) -> tuple:
     engine = None if profile.engine == "command" else profile.engine
-    return (engine, _selector_key(profile), profile.min_memory_gb or 0)
+    # llama.cpp's filter differs by shape: one node must run llama-server; a multi-node
+    # replica takes nodes with either role (the ranks are matched to roles when choosing).
+    shape = (profile.nodes > 1) if profile.engine == LLAMA_CPP else None
+    return (engine, _selector_key(profile), profile.min_memory_gb or 0, shape)
+
+
+LLAMA_CPP = "llama.cpp"
+RPC_SERVER_NAMES = "ggml-rpc-server or rpc-server"
+
+
+def llama_rank_reason(binaries, rank: int) -> Reason | None:
+    """Why a node cannot run this rank of a llama.cpp replica (its binaries), or None."""
+    if binaries is None or binaries.can_run_rank(rank):
+        return None
+    if rank == 0:
+        return Reason(RejectKind.LLAMA_BINARY, "llama-server", "head")
+    return Reason(RejectKind.LLAMA_BINARY, RPC_SERVER_NAMES, "worker")
+
+
+def _assign_llama_roles(candidates: list, count: int) -> list | None:
+    """Rank order for a multi-node llama.cpp replica: a head that has llama-server, then
+    count-1 nodes that have the RPC server; candidates in preference order; None if impossible."""
+    for head in candidates:
+        if llama_rank_reason(head.llama_cpp, 0) is not None:
+            continue
+        workers = [c for c in candidates if c is not head and llama_rank_reason(c.llama_cpp, 1) is None]
+        if len(workers) >= count - 1:
+            return [head] + workers[: count - 1]
+    return None
 
 
 def _static_key(model: Model, profile: Profile) -> tuple:
@@ -325,6 +357,13 @@ class Placer:
                 return Reason(RejectKind.LABEL, key, want, have)
         if profile.engine != "command" and node.engines is not None and profile.engine not in node.engines:
             return Reason(RejectKind.ENGINE, profile.engine)
+        if profile.engine == LLAMA_CPP:
+            if profile.nodes <= 1:
+                reason = llama_rank_reason(node.llama_cpp, 0)
+                if reason is not None:
+                    return reason
+            elif node.data_ipv6:
+                return _IPV6_RPC
         if profile.min_memory_gb and node.memory_gib is not None and node.memory_gib < profile.min_memory_gb:
             return Reason(RejectKind.MEMORY, "memory", profile.min_memory_gb, round(node.memory_gib, 1))
         if profile.min_disk_gb:
@@ -627,7 +666,13 @@ class Placer:
                             if self._ok(n, model, exclude, avoid):
                                 chosen.append(n)
                                 taken.add(i)
-                                if len(chosen) == profile.nodes:
+                                if profile.engine == LLAMA_CPP:
+                                    # Every rank needs its binary: the head llama-server, the others the RPC server.
+                                    ranked = (_assign_llama_roles(chosen, profile.nodes)
+                                              if len(chosen) >= profile.nodes else None)
+                                    if ranked is not None:
+                                        return fabric, ranked
+                                elif len(chosen) == profile.nodes:
                                     return fabric, chosen
         return None
 
@@ -797,6 +842,7 @@ class Placer:
         for fabric in self.fabric_names:
             pool = pool_name(fabric, profile)
             qualify = 0
+            qualified: list[_Node] = []
             by_launcher: dict[str, int] = {}
             for n in self.nodes:
                 if fabric not in n.fabrics:
@@ -808,6 +854,7 @@ class Placer:
                     reason = self._dynamic_reason(n, model, profile, exclude)
                 if reason is None:
                     qualify += 1
+                    qualified.append(n)
                     by_launcher[n.launcher] = by_launcher.get(n.launcher, 0) + 1
                 else:
                     out.append(Rejection(profile.name, pool, n.id, reason))
@@ -815,6 +862,13 @@ class Placer:
                 counts = ", ".join(f"{c} {l}" for l, c in sorted(by_launcher.items()))
                 out.append(Rejection(profile.name, pool, "", Reason(RejectKind.MIXED_LAUNCHERS, fabric, profile.nodes,
                                                                     max(by_launcher.values()), detail=counts)))
+                continue
+            if profile.engine == LLAMA_CPP and qualify >= profile.nodes:
+                heads = sum(1 for n in qualified if llama_rank_reason(n.llama_cpp, 0) is None)
+                workers = sum(1 for n in qualified if llama_rank_reason(n.llama_cpp, 1) is None)
+                out.append(Rejection(profile.name, pool, "", Reason(
+                    RejectKind.LLAMA_ROLES, fabric, profile.nodes, qualify,
+                    detail=f"{heads} have llama-server and {workers} the RPC server")))
                 continue
             out.append(Rejection(profile.name, pool, "", Reason(RejectKind.FABRIC_SHORT, fabric, profile.nodes, qualify)))
         pool = pool_name(None, profile)
@@ -900,6 +954,9 @@ def _group_label(why: Reason) -> tuple[str, str] | tuple[()]:
         return f"lacks label {why.resource}={why.requested}", f"lack label {why.resource}={why.requested}"
     if k is RejectKind.ENGINE:
         return f"lacks engine {why.resource}", f"lack engine {why.resource}"
+    if k is RejectKind.LLAMA_BINARY:
+        what = "llama-server" if why.requested == "head" else "llama.cpp RPC server"
+        return f"has no {what}", f"have no {what}"
     if k is RejectKind.GPUS:
         return f"has too few free {why.resource} GPUs", f"have too few free {why.resource} GPUs"
     if k is RejectKind.WEIGHTS:
@@ -916,6 +973,8 @@ _GROUPS = {
     RejectKind.REPLACED_COPY: ("runs the copy being replaced", "run the copy being replaced"),
     RejectKind.NO_FABRIC: ("is on no fabric", "are on no fabric"),
     RejectKind.NO_ADAPTERS: ("has no adapters on the fabric", "have no adapters on the fabric"),
+    RejectKind.IPV6_RPC: ("has an IPv6 data address (llama.cpp RPC is IPv4 only)",
+                          "have an IPv6 data address (llama.cpp RPC is IPv4 only)"),
 }
 # The figures a summary shows beside each node's name, for the kinds that have them.
 _DETAIL = {

@@ -23,7 +23,8 @@ from types import MappingProxyType
 from typing import Iterator, Mapping
 
 from reconciler.engines import ADAPTERS, Peer, RankContext
-from reconciler.engines.base import owned_flags_in
+from reconciler.engines.flags import describe, owned_uses
+from reconciler.engines.llamacpp import llama_cpp_problems
 from reconciler.engines.command import placeholder_values
 from reconciler.errors import RenderError
 from reconciler.model import (
@@ -55,6 +56,9 @@ def render_replica(
     nodes = _node_specs(rid, profile, placement, fleet)
     _check_topology(rid, profile, placement, nodes)
     _check_profile(rid, model, profile, adapter.owned_flags)
+    if profile.engine == "llama.cpp":
+        for problem in llama_cpp_problems(profile, nodes, inventory):
+            raise RenderError(rid, problem)
 
     head = nodes[0]
     peers = tuple(
@@ -64,6 +68,7 @@ def render_replica(
     digest = spec_hash(model, profile)
     launches = []
     for assignment, spec in zip(placement.nodes, nodes):
+        observed = inventory.node(spec.id)
         ctx = RankContext(
             replica=rid,
             model=model,
@@ -77,6 +82,8 @@ def render_replica(
             dist_port=placement.dist_port,
             peers=peers,
             cuda_visible_devices=_cuda_visible_devices(profile, assignment, inventory),
+            rpc_server=observed.llama_cpp.rpc_server if observed is not None and observed.llama_cpp else None,
+            cpu_count=observed.cpu_count if observed is not None else None,
         )
         argv, env = _render_rank(ctx, adapter)
         launches.append(
@@ -201,10 +208,10 @@ def _check_topology(rid: str, profile: Profile, placement: Placement, nodes: lis
 
 
 def _check_profile(rid: str, model: Model, profile: Profile, owned: frozenset[str]) -> None:
-    clash = owned_flags_in(profile.args, owned)
+    clash = owned_uses(profile.engine, profile.args, owned)
     if clash:
         raise RenderError(
-            rid, f"profile {profile.name}: args set {', '.join(clash)}, which the reconciler sets for each rank"
+            rid, f"profile {profile.name}: args set {', '.join(describe(u) for u in clash)}, which the reconciler sets for each rank"
         )
     if profile.engine == "command":
         if not profile.command:

@@ -97,7 +97,7 @@ GPU_PRESETS = {
 }
 
 # Engine name in the catalog -> executables that make it installed.
-ENGINE_EXECUTABLES = {"vllm": ("vllm",), "llama.cpp": ("llama-server", "rpc-server")}
+ENGINE_EXECUTABLES = {"vllm": ("vllm",), "llama.cpp": ("llama-server", "ggml-rpc-server"), "sglang": ("sglang",)}
 
 PLACEHOLDER_ENGINE = """#!/bin/sh
 # placeholder engine installed by tests/fleet.py (tests/fakes/bin has no {name})
@@ -329,6 +329,7 @@ class TestFleet:
         processes: Sequence[Mapping] = (),
         engines: Iterable[str] = (),
         executables: Mapping[str, str] | None = None,
+        binaries: Mapping[str, str | os.PathLike] | None = None,
         python_modules: Mapping[str, str] | None = None,
         fabrics: Mapping[str, Sequence[str]] | None = None,
         hcas: Sequence[Mapping] | None = None,
@@ -347,6 +348,8 @@ class TestFleet:
         processes: foreign GPU processes [{gpu, pid, name, used_mb}] that nvidia-smi reports.
         engines: catalog engine names to install: vllm, llama.cpp, sglang.
         executables: {file name: script text} put in the engines dir (on PATH), mode 755.
+        binaries: {file name: path of a real program on this machine} linked into the engines dir
+                  (real llama.cpp, say); replaces a fake of that name.
         python_modules: {package name: __init__.py text} put on the login PYTHONPATH.
         fabrics: {fabric: [hca, ...]}: creates the HCAs (ACTIVE, InfiniBand, a GID subnet prefix per
                  fabric) and, unless declare_fabrics=False, declares them in fleet.yaml.
@@ -380,7 +383,7 @@ class TestFleet:
             login_env=dict(login_env or {}),
         )
         self.nodes[node_id] = node
-        self._install_engines(node, engines, executables or {}, python_modules or {})
+        self._install_engines(node, engines, executables or {}, python_modules or {}, binaries or {})
         for m in models:
             (d / "models" / m).mkdir(parents=True, exist_ok=True)
             (d / "models" / m / "config.json").write_text("{}\n")
@@ -401,10 +404,11 @@ class TestFleet:
     def node(self, node_id: str) -> NodeHandle:
         return self.nodes[node_id]
 
-    def _install_engines(self, node: NodeHandle, engines, executables, python_modules) -> None:
+    def _install_engines(self, node: NodeHandle, engines, executables, python_modules, binaries=None) -> None:
         bin_dir, py_dir = node.dir / "engines", node.dir / "python"
         for engine in engines:
             if engine == "sglang":
+                # The module (the probe's `import sglang`) and its `sglang` command (what is launched).
                 target = py_dir / "sglang"
                 fake = FAKES / "python" / "sglang"
                 if fake.is_dir():
@@ -412,7 +416,6 @@ class TestFleet:
                 else:
                     target.mkdir(exist_ok=True)
                     (target / "__init__.py").write_text(PLACEHOLDER_SGLANG)
-                continue
             if engine not in ENGINE_EXECUTABLES:
                 raise ValueError(f"unknown engine {engine!r}")
             for exe in ENGINE_EXECUTABLES[engine]:
@@ -423,6 +426,11 @@ class TestFleet:
                 else:
                     dest.write_text(PLACEHOLDER_ENGINE.format(name=exe))
                     dest.chmod(0o755)
+        for name, target in (binaries or {}).items():
+            dest = bin_dir / name
+            if dest.is_symlink() or dest.exists():
+                dest.unlink()
+            dest.symlink_to(Path(target).resolve())
         for name, text in executables.items():
             dest = bin_dir / name
             if dest.is_symlink() or dest.exists():

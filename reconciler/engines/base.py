@@ -9,7 +9,7 @@ then applies every check to the result, so no launch can skip them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from reconciler.host import Host
 from reconciler.model import Assignment, Model, NodeSpec, Profile
@@ -39,6 +39,9 @@ class RankContext:
     dist_port: int | None  # rendezvous port on the head, multi-node only
     peers: tuple[Peer, ...]  # every rank, rank order; peers[0] is the head
     cuda_visible_devices: str  # "" for a CPU-only rank
+    # What the node was observed to have (None: not probed): llama.cpp's RPC server name, CPU count.
+    rpc_server: str | None = None
+    cpu_count: int | None = None
 
     @property
     def is_head(self) -> bool:
@@ -55,34 +58,11 @@ class RankContext:
 
 class EngineAdapter(Protocol):
     name: str
-    # Flags the reconciler sets itself: a profile's args may not set them too,
-    # or the engine would take whichever came last and the plan would lie.
+    # Flags the reconciler sets itself, by their canonical names in the engine's parser
+    # (engines/flags.py): a profile's args may not set them too, under any spelling the
+    # engine accepts, or the engine would take whichever came last and the plan would lie.
     owned_flags: frozenset[str]
 
     def argv(self, ctx: RankContext) -> list[str]: ...
 
     def env(self, ctx: RankContext) -> dict[str, str]: ...
-
-
-def flag_name(token: str) -> str | None:
-    """The option a command-line token sets, normalised (`--tensor_parallel_size=4` -> `--tensor-parallel-size`)."""
-    if not token.startswith("-") or token == "-" or token == "--":
-        return None
-    name = token.split("=", 1)[0]
-    if name.startswith("--"):
-        # vLLM's parser accepts underscores for dashes; treat them as the same flag.
-        name = name.replace("_", "-")
-    return name
-
-
-def has_flag(args: Sequence[str], names: frozenset[str] | set[str]) -> bool:
-    return any(flag_name(a) in names for a in args)
-
-
-def owned_flags_in(args: Sequence[str], owned: frozenset[str]) -> list[str]:
-    seen: list[str] = []
-    for a in args:
-        name = flag_name(a)
-        if name in owned and name not in seen:
-            seen.append(name)
-    return seen

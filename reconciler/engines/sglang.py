@@ -1,6 +1,6 @@
-"""SGLang: `python3 -m sglang.launch_server`.
+"""SGLang: `sglang serve` (`python3 -m sglang.launch_server` is deprecated in 0.5.23).
 
-Flags checked against SGLang 0.5.23 (sglang/srt/arg_groups/fields/parallel.py).
+Flags checked against SGLang 0.5.23's own parser (tests/data/engine_parsers/sglang.json).
 Multi-node per SGLang's docs: every node runs the same command with the TOTAL
 tensor-parallel size, `--nnodes`, its `--node-rank`, and `--dist-init-addr
 HEAD:PORT` (the torch.distributed rendezvous on the head).
@@ -8,9 +8,11 @@ HEAD:PORT` (the torch.distributed rendezvous on the head).
 
 from __future__ import annotations
 
-from reconciler.engines.base import RankContext, has_flag
+from reconciler.engines.base import RankContext
+from reconciler.engines.flags import sets_option
 
-TP_FLAGS = frozenset({"--tp-size", "--tp", "--tensor-parallel-size"})
+# Canonical names in SGLang's parser; `--tp` only works there as an abbreviation of --tp-size.
+TP = frozenset({"--tp-size"})
 
 
 class SglangAdapter:
@@ -22,12 +24,12 @@ class SglangAdapter:
     def argv(self, ctx: RankContext) -> list[str]:
         p = ctx.profile
         argv = [
-            "python3", "-m", "sglang.launch_server",
+            "sglang", "serve",
             "--model-path", ctx.model.source,
             "--host", ctx.bind_host,
             "--port", str(ctx.assignment.port),
         ]
-        if p.gpus_per_node and not has_flag(p.args, TP_FLAGS):
+        if p.gpus_per_node and not sets_option(self.name, p.args, TP):
             argv += ["--tp-size", str(ctx.total_gpus)]
         if ctx.multi_node:
             argv += [

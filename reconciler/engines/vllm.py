@@ -11,10 +11,13 @@ vLLM, which is exactly the seed's bug: we always pass the head's data address.
 
 from __future__ import annotations
 
-from reconciler.engines.base import RankContext, has_flag
+from reconciler.engines.base import RankContext
+from reconciler.engines.flags import sets_option
 
-TP_FLAGS = frozenset({"--tensor-parallel-size", "-tp"})
-PP_FLAGS = frozenset({"--pipeline-parallel-size", "-pp"})
+# Canonical names (the first long spelling of each option in vLLM's parser); the profile's
+# args are matched to them as vLLM's parser reads them (`-tp`, `--tensor_parallel_size`, `--tensor-p`).
+TP = frozenset({"--tensor-parallel-size"})
+PP = frozenset({"--pipeline-parallel-size"})
 
 
 class VllmAdapter:
@@ -28,9 +31,9 @@ class VllmAdapter:
         argv = ["vllm", "serve", ctx.model.source, "--host", ctx.bind_host, "--port", str(ctx.assignment.port)]
         if p.gpus_per_node:
             # Common practice from vLLM's docs: TP inside a node (NVLink), PP across nodes.
-            if not has_flag(p.args, TP_FLAGS):
+            if not sets_option(self.name, p.args, TP):
                 argv += ["--tensor-parallel-size", str(p.gpus_per_node)]
-            if not has_flag(p.args, PP_FLAGS):
+            if not sets_option(self.name, p.args, PP):
                 argv += ["--pipeline-parallel-size", str(ctx.nnodes)]
         if ctx.multi_node:
             argv += [

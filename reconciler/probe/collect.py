@@ -19,6 +19,7 @@ from reconciler.model import (
     Gpu,
     GpuProcess,
     Inventory,
+    LlamaCppBinaries,
     NodeSpec,
     ObservedNode,
     RunningRank,
@@ -537,5 +538,14 @@ def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None =
         weights=None if weights is None else tuple(sorted(str(w) for w in weights)),
         replicas=tuple(sorted(replicas, key=lambda r: (r.id, r.rank))),
         ports_in_use=tuple(sorted(set(int(p) for p in report.get("ports_in_use") or ()) | foreign_ports)),
+        llama_cpp=_llama_cpp(report.get("llama_cpp")),
+        cpu_count=report.get("cpu_count") if isinstance(report.get("cpu_count"), int) and report["cpu_count"] > 0 else None,
     )
     return node, warnings
+
+
+def _llama_cpp(reported) -> LlamaCppBinaries | None:
+    if not isinstance(reported, dict):
+        return None
+    rpc = reported.get("rpc_server")
+    return LlamaCppBinaries(server=reported.get("server") is True, rpc_server=rpc if isinstance(rpc, str) and rpc else None)

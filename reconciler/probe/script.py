@@ -52,7 +52,13 @@ if "parse_gpu_csv" not in globals():
 PROBE_VERSION = 1
 MANAGED_BY = "llm-reconciler"
 # Engine -> the executable whose presence on PATH means the engine is installed.
-ENGINE_BINARIES = {"vllm": "vllm", "llama.cpp": "llama-server"}
+ENGINE_BINARIES = {"vllm": "vllm"}
+# llama.cpp has one binary per role: llama-server for the head (rank 0), its RPC server for
+# ranks above 0. Current builds name the RPC server ggml-rpc-server, older ones rpc-server.
+LLAMA_SERVER = "llama-server"
+LLAMA_RPC_SERVERS = ("ggml-rpc-server", "rpc-server")
+# SGLang is launched as `sglang serve`: usable when the module imports AND its command is on PATH.
+SGLANG_COMMAND = "sglang"
 _HUB_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 
@@ -80,6 +86,14 @@ def which(name, path=None):
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def llama_cpp_binaries(path=None):
+    """Which llama.cpp roles this node can run: llama-server (the head), and the RPC server's name (ranks above 0)."""
+    return {
+        "server": which(LLAMA_SERVER, path) is not None,
+        "rpc_server": next((name for name in LLAMA_RPC_SERVERS if which(name, path)), None),
+    }
 
 
 def read_text(path):
@@ -547,6 +561,14 @@ def collect(args, cache=None):
     for engine, binary in sorted(ENGINE_BINARIES.items()):
         if which(binary):
             engines[engine] = ""
+    try:
+        report["cpu_count"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        report["cpu_count"] = os.cpu_count()
+    llama_cpp = llama_cpp_binaries()
+    report["llama_cpp"] = llama_cpp
+    if llama_cpp["server"] or llama_cpp["rpc_server"]:
+        engines["llama.cpp"] = ""
     records = replica_records(args.get("state_dir") or "~/.local/state/llm-reconciler", warnings)
     owner = args.get("owner")
     report["replicas"] = records
@@ -572,7 +594,10 @@ def collect(args, cache=None):
             cache["sglang"] = (_now(), sglang_installed, notes)
     warnings.extend(notes)
     if sglang_installed:
-        engines["sglang"] = ""
+        if which(SGLANG_COMMAND):
+            engines["sglang"] = ""
+        else:
+            warnings.append("sglang imports but its `sglang` command is not on the PATH: not counted as installed")
     report["engines"] = engines
     return report
 

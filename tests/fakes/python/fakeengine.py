@@ -405,8 +405,11 @@ class Engine:
             self.peers[rank] = peers[rank]
             log(f"connected to RPC server {host}:{port}")
 
-    def serve_rpc(self) -> None:
-        """rpc-server: accept the head's connections on host:port and record where they came from."""
+    def serve_rpc(self, exit_code_on_bind_error: int | None = None) -> bool:
+        """The RPC server: accept the head's connections on host:port and record where they came from.
+
+        A bind failure ends the process with an error (or, with exit_code_on_bind_error, returns
+        False after recording it: the real ggml-rpc-server then exits 0)."""
         family = socket.AF_INET6 if ":" in (self.host or "") else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -414,12 +417,14 @@ class Engine:
             sock.bind((self.host, self.port))
         except OSError as exc:
             self.record.update(state="failed", errors=[f"bind {self.host}:{self.port}: {exc}"])
+            if exit_code_on_bind_error is not None:
+                sock.close()
+                return False
             die(f"failed to bind {self.host}:{self.port}: {exc.strerror}")
         sock.listen(8)
         sock.settimeout(0.2)
         self.servers.append(sock)
         self.record.update(rendezvous=f"{self.host}:{self.port}", state="ready", ready=True)
-        print(f"Starting RPC server on {self.host}:{self.port}", flush=True)
 
         def handle(conn: socket.socket, addr) -> None:
             try:
@@ -436,6 +441,7 @@ class Engine:
             log(f"accepted client {addr[0]}:{addr[1]}")
 
         self.accept_in_background(sock, handle)
+        return True
 
 
 # --------------------------------------------------------------------------

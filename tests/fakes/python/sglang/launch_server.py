@@ -1,4 +1,6 @@
-"""Fake `python3 -m sglang.launch_server` with SGLang's real flags.
+"""Fake SGLang server with SGLang 0.5.23's real flags, run by `sglang serve` (tests/fakes/bin/sglang)
+or by the deprecated `python3 -m sglang.launch_server`. Its parser is plain argparse, as SGLang's:
+abbreviations work (`--tp` is `--tp-size` only that way), underscores do not (`--tp_size` is an error).
 
 Multi-node as SGLang: every rank gets the total --tp-size, --nnodes, --node-rank and
 --dist-init-addr HEAD:PORT; ranks above 0 connect to the head there and serve only a
@@ -13,13 +15,13 @@ from sglang import _fakeengine as fe
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m sglang.launch_server", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="sglang serve")
     p.add_argument("--model-path", "--model", required=True)
     p.add_argument("--tokenizer-path")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", type=int, default=1)
-    p.add_argument("--dp-size", "--dp", type=int, default=1)
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
     p.add_argument("--pp-size", type=int, default=1)
     p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--nnodes", type=int, default=1)
@@ -37,7 +39,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--random-seed", type=int)
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--cuda-graph-max-bs", type=int)
     p.add_argument("--attention-backend")
     p.add_argument("--schedule-policy")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -48,8 +49,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> int:
-    args = parser().parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.nnodes > 1 and not args.dist_init_addr:
         fe.die("--dist-init-addr is required when --nnodes > 1")
     if not 0 <= args.node_rank < args.nnodes:
@@ -76,4 +77,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    print("UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the "
+          "recommended entrypoint.", file=sys.stderr)
     sys.exit(main())

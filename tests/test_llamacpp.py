@@ -1,0 +1,266 @@
+"""llama.cpp across nodes: every rank does real work, each with the binary its role needs.
+
+Rendering, placement, catalog validation and the probe's view of the binaries; the real
+engine end to end is in test_real_llamacpp.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from reconciler.catalog import load_catalog
+from reconciler.errors import CatalogInvalid, RenderError
+from reconciler.model import (
+    Assignment,
+    Fleet,
+    Inventory,
+    LlamaCppBinaries,
+    Model,
+    NodeSpec,
+    ObservedNode,
+    Placement,
+    Profile,
+)
+from reconciler.placement import place, summarize
+from reconciler.probe.script import llama_cpp_binaries
+from reconciler.render import render_replica
+from tests import builders as b
+
+HEAD = NodeSpec(id="c1", address="10.0.0.1", data_address="10.1.0.1", fabrics={"eth": ("eth0",)})
+WORKER = NodeSpec(id="c2", address="10.0.0.2", data_address="10.1.0.2", fabrics={"eth": ("eth0",)})
+FLEET = Fleet(nodes=(HEAD, WORKER))
+BOTH = LlamaCppBinaries(server=True, rpc_server="ggml-rpc-server")
+
+
+def cpu_profile(nodes: int = 2, args: tuple[str, ...] = ()) -> Profile:
+    return Profile(name="cpu", engine="llama.cpp", gpu_class=None, gpus_per_node=0, nodes=nodes, port=8080, args=args)
+
+
+def render(prof: Profile, inventory: Inventory, fleet: Fleet = FLEET) -> list:
+    model = Model(name="gemma", source="/models/gemma.gguf", profiles=(prof,))
+    ranks = tuple(Assignment(node=n.id, rank=i, port=8080 + i) for i, n in enumerate(fleet.nodes[: prof.nodes]))
+    placement = Placement(replica="gemma-0", model="gemma", profile=prof.name, fabric="eth", pool="eth/cpu", nodes=ranks)
+    return render_replica(model, prof, placement, fleet, inventory)
+
+
+# --------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------
+
+
+def test_cpu_only_two_node_head_offloads_every_layer_to_the_worker_and_the_worker_uses_every_core():
+    inv = Inventory(nodes=(ObservedNode(id="c1", llama_cpp=BOTH, cpu_count=16),
+                           ObservedNode(id="c2", llama_cpp=BOTH, cpu_count=32)))
+    head, worker = render(cpu_profile(), inv)
+    # -ngl 0 here would keep every layer on the head: the RPC device is an offload device.
+    assert head.argv == ("llama-server", "-m", "/models/gemma.gguf", "--host", "0.0.0.0", "--port", "8080",
+                         "-ngl", "99", "--rpc", "10.1.0.2:8081")
+    assert worker.argv == ("ggml-rpc-server", "-H", "10.1.0.2", "-p", "8081", "-t", "32")
+
+
+def test_worker_runs_the_rpc_server_under_the_name_its_node_has():
+    old = LlamaCppBinaries(server=False, rpc_server="rpc-server")
+    inv = Inventory(nodes=(ObservedNode(id="c1", llama_cpp=BOTH), ObservedNode(id="c2", llama_cpp=old)))
+    _, worker = render(cpu_profile(), inv)
+    assert worker.argv == ("rpc-server", "-H", "10.1.0.2", "-p", "8081")
+
+
+def test_single_node_cpu_profile_keeps_its_layers_on_the_cpu():
+    [launch] = render(cpu_profile(nodes=1), Inventory(nodes=()))
+    assert launch.argv[-2:] == ("-ngl", "0")
+
+
+@pytest.mark.parametrize("args", [("-ngl", "0"), ("--n-gpu-layers", "0"), ("--gpu_layers", "0")])
+def test_a_multi_node_profile_that_keeps_every_layer_on_the_head_is_refused(args):
+    with pytest.raises(RenderError, match=r"-ngl 0.*hold no part of the model"):
+        render(cpu_profile(args=args), Inventory(nodes=()))
+
+
+def test_a_partial_offload_is_the_profiles_choice():
+    head, _ = render(cpu_profile(args=("-ngl", "10")), Inventory(nodes=()))
+    assert "99" not in head.argv and head.argv[-2:] == ("-ngl", "10")
+
+
+def test_an_ipv6_data_address_on_a_multi_node_replica_is_refused_naming_the_node():
+    v6 = NodeSpec(id="c2", address="10.0.0.2", data_address="fd00::2", fabrics={"eth": ("eth0",)})
+    with pytest.raises(RenderError, match=r"node c2 \(rank 1\) has IPv6 data address fd00::2; llama.cpp's RPC"):
+        render(cpu_profile(), Inventory(nodes=()), fleet=Fleet(nodes=(HEAD, v6)))
+
+
+def test_a_rank_on_a_node_without_its_binary_is_refused():
+    inv = Inventory(nodes=(ObservedNode(id="c1", llama_cpp=BOTH),
+                           ObservedNode(id="c2", llama_cpp=LlamaCppBinaries(server=True, rpc_server=None))))
+    with pytest.raises(RenderError, match=r"node c2 \(rank 1\) has no llama.cpp's RPC server"):
+        render(cpu_profile(), inv)
+
+
+@pytest.mark.parametrize("arg", ["-m", "--model", "--host", "--port", "--rpc", "-hf", "--hf_repo"])
+def test_owned_llama_flags_are_recognised_as_llama_cpp_reads_them(arg):
+    with pytest.raises(RenderError, match="which the reconciler sets"):
+        render(cpu_profile(nodes=1, args=(arg, "x")), Inventory(nodes=()))
+
+
+def test_llama_cpp_takes_no_abbreviations_so_none_are_refused():
+    # llama.cpp matches names exactly: `--mod` is an invalid argument to it, not --model.
+    [launch] = render(cpu_profile(nodes=1, args=("--mod", "x")), Inventory(nodes=()))
+    assert launch.argv[-2:] == ("--mod", "x")
+
+
+# --------------------------------------------------------------------------
+# Placement: each rank on a node with its binary
+# --------------------------------------------------------------------------
+
+def _fabric_nodes(*ids: str) -> list[NodeSpec]:
+    return [b.node_spec(i, fabrics={"eth": ["eth0"]}) for i in ids]
+
+
+def _obs(node_id: str, binaries: LlamaCppBinaries | None) -> ObservedNode:
+    base = b.observed(node_id, engines=("llama.cpp",), fabrics={"eth": ["eth0"]})
+    return ObservedNode(**{**base.__dict__, "llama_cpp": binaries})
+
+
+def test_the_head_goes_to_the_node_with_llama_server_and_the_worker_to_one_with_the_rpc_server():
+    specs = _fabric_nodes("n1", "n2", "n3")
+    inv = b.inventory(
+        _obs("n1", LlamaCppBinaries(server=False, rpc_server="ggml-rpc-server")),  # worker only
+        _obs("n2", LlamaCppBinaries(server=True, rpc_server=None)),  # head only
+        _obs("n3", LlamaCppBinaries(server=False, rpc_server=None)),  # neither (engines says llama.cpp anyway)
+    )
+    m = b.model("gemma", cpu_profile())
+    result = place([m], b.fleet(*specs), inv)
+    [placement] = result.placements
+    assert [(a.node, a.rank) for a in placement.nodes] == [("n2", 0), ("n1", 1)]
+
+
+def test_no_node_with_the_rpc_server_leaves_the_replica_unplaced_with_the_reason_per_node():
+    specs = _fabric_nodes("n1", "n2")
+    inv = b.inventory(_obs("n1", LlamaCppBinaries(server=True, rpc_server=None)),
+                      _obs("n2", LlamaCppBinaries(server=True, rpc_server=None)))
+    m = b.model("gemma", cpu_profile())
+    result = place([m], b.fleet(*specs), inv)
+    [outcome] = result.unplaced
+    reasons = [r.reason for r in outcome.rejections if not r.node]
+    assert any("a head with llama-server and 1 more with the RPC server (ggml-rpc-server or rpc-server); "
+               "of the 2 that qualify, 2 have llama-server and 0 the RPC server" in r for r in reasons), reasons
+
+
+def test_a_single_node_replica_needs_llama_server():
+    specs = _fabric_nodes("n1", "n2")
+    inv = b.inventory(_obs("n1", LlamaCppBinaries(server=False, rpc_server="rpc-server")),
+                      _obs("n2", LlamaCppBinaries(server=True, rpc_server=None)))
+    m = b.model("gemma", cpu_profile(nodes=1), replicas=2)
+    result = place([m], b.fleet(*specs), inv)
+    assert [p.nodes[0].node for p in result.placements] == ["n2"]
+    [outcome] = result.unplaced
+    by_node = {r.node: r.reason for r in outcome.rejections}
+    assert by_node["n1"] == "has no llama-server, which a llama.cpp head (rank 0) runs"
+    assert "1 has no llama-server (n1)" in summarize(outcome.rejections, 2)[0]
+
+
+def test_nodes_never_probed_for_binaries_take_any_rank():
+    specs = _fabric_nodes("n1", "n2")
+    inv = b.inventory(_obs("n1", None), _obs("n2", None))
+    result = place([b.model("gemma", cpu_profile())], b.fleet(*specs), inv)
+    assert len(result.placements) == 1
+
+
+def test_an_ipv6_node_is_excluded_from_multi_node_llama_cpp_with_its_reason():
+    specs = _fabric_nodes("n1", "n2") + [b.node_spec("n3", fabrics={"eth": ["eth0"]}, data_address="fd00::3")]
+    inv = b.inventory(*(_obs(i, BOTH) for i in ("n1", "n2", "n3")))
+    m = b.model("gemma", Profile(**{**cpu_profile(nodes=3).__dict__}))
+    [outcome] = place([m], b.fleet(*specs), inv).unplaced
+    by_node = {r.node: r.reason for r in outcome.rejections}
+    assert by_node["n3"] == "has an IPv6 data address, and llama.cpp's RPC between ranks speaks IPv4 only"
+
+
+# --------------------------------------------------------------------------
+# Catalog validation: at the position of the mistake
+# --------------------------------------------------------------------------
+
+FLEET_YAML = """\
+nodes:
+  - id: c1
+    address: 10.9.0.1
+    fabrics: {eth: [eth0]}
+  - id: c2
+    address: 10.9.0.2
+    data_address: fd00::2
+    fabrics: {eth: [eth0]}
+    labels: {family: v6}
+"""
+
+
+def _catalog(tmp_path: Path, model: str, fleet: str = FLEET_YAML) -> list[str]:
+    (tmp_path / "models").mkdir(exist_ok=True)
+    (tmp_path / "fleet.yaml").write_text(fleet)
+    (tmp_path / "models" / "m.yaml").write_text(model)
+    with pytest.raises(CatalogInvalid) as info:
+        load_catalog(tmp_path, with_revision=False)
+    return [str(p) for p in info.value.problems]
+
+
+def test_an_ipv6_data_address_is_a_validation_error_at_the_node_when_a_multi_node_llama_profile_may_use_it(tmp_path):
+    model = "name: m\nsource: /m.gguf\nprofiles:\n  - name: cpu2\n    engine: llama.cpp\n    nodes: 2\n"
+    assert _catalog(tmp_path, model) == [
+        "fleet.yaml:7:19: node c2: data_address fd00::2 is IPv6, and model m profile cpu2 (llama.cpp on 2 nodes) "
+        "may place a rank here; llama.cpp's RPC speaks IPv4 only: give the node an IPv4 data_address, or the "
+        "profile a node_selector that leaves it out"
+    ]
+    # A selector that leaves the node out, or a single-node profile, is fine.
+    (tmp_path / "models" / "m.yaml").write_text(model + "    node_selector: {family: v4}\n")
+    load_catalog(tmp_path, with_revision=False)
+    (tmp_path / "models" / "m.yaml").write_text(model.replace("nodes: 2", "nodes: 1"))
+    load_catalog(tmp_path, with_revision=False)
+
+
+def test_ngl_zero_on_a_multi_node_profile_is_a_validation_error_at_its_position(tmp_path):
+    model = ("name: m\nsource: /m.gguf\nprofiles:\n  - name: cpu2\n    engine: llama.cpp\n    nodes: 2\n"
+             "    node_selector: {family: v4}\n    args: [\"-c\", \"512\", \"-ngl\", \"0\"]\n")
+    assert _catalog(tmp_path, model) == [
+        "models/m.yaml:8:25: profile cpu2: args[2] -ngl 0 keeps every layer on the head, so the other 1 rank(s) "
+        "would hold no part of the model; leave -ngl out or give a count above 0"
+    ]
+
+
+def test_an_owned_llama_flag_is_a_validation_error_at_its_position(tmp_path):
+    model = "name: m\nsource: /m.gguf\nprofiles:\n  - name: cpu\n    engine: llama.cpp\n    args: [\"-c\", \"512\", \"--port\", \"1\"]\n"
+    assert _catalog(tmp_path, model) == [
+        "models/m.yaml:6:25: profile cpu: args[2] --port is set by the reconciler for each rank; remove it"
+    ]
+
+
+# --------------------------------------------------------------------------
+# The probe: binaries found on the PATH, never run
+# --------------------------------------------------------------------------
+
+
+def _exe(d: Path, name: str) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / name
+    p.write_text("#!/bin/sh\necho ran >> \"$0.ran\"\n")
+    p.chmod(0o755)
+
+
+@pytest.mark.parametrize("names, expected", [
+    (["llama-server", "ggml-rpc-server"], {"server": True, "rpc_server": "ggml-rpc-server"}),
+    (["llama-server", "rpc-server"], {"server": True, "rpc_server": "rpc-server"}),
+    (["rpc-server"], {"server": False, "rpc_server": "rpc-server"}),
+    (["llama-server"], {"server": True, "rpc_server": None}),
+    ([], {"server": False, "rpc_server": None}),
+])
+def test_probe_reports_which_llama_roles_a_node_can_run(tmp_path, names, expected):
+    for n in names:
+        _exe(tmp_path / "bin", n)
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    assert llama_cpp_binaries(str(tmp_path / "bin") + os.pathsep + "/nonexistent") == expected
+    assert not list((tmp_path / "bin").glob("*.ran"))  # looked up, never executed
+
+
+def test_the_current_name_wins_when_a_node_has_both_in_different_path_dirs(tmp_path):
+    _exe(tmp_path / "old", "rpc-server")
+    _exe(tmp_path / "new", "ggml-rpc-server")
+    path = os.pathsep.join([str(tmp_path / "old"), str(tmp_path / "new")])
+    assert llama_cpp_binaries(path)["rpc_server"] == "ggml-rpc-server"
