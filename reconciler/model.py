@@ -549,3 +549,7 @@ class RankLaunch:
     spec_hash: str
     health_path: str | None  # set on the head only: where Ready is asked
     start_timeout_s: float = 900
+    # A rank others connect OUT to (llama.cpp's RPC servers, which the head dials once and aborts
+    # on): its start waits on the node, this long at most, until it listens on its port, and the
+    # ranks after it start only then. None: started and left to the readiness check.
+    listen_timeout_s: float | None = None

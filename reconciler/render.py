@@ -101,6 +101,7 @@ def render_replica(
                 spec_hash=digest,
                 health_path=profile.health_path if ctx.is_head else None,
                 start_timeout_s=profile.start_timeout_s,
+                listen_timeout_s=adapter.listen_timeout_s(ctx),
             )
         )
     return launches

@@ -71,10 +71,18 @@ def _jsonable(value):
 
 
 def option_table(parser: argparse.ArgumentParser) -> tuple[list[dict], list[dict]]:
+    # The strings the parser matches are those in its lookup table, which may hold more than an
+    # action's option_strings shows (vLLM's EnableDisableAction hides `--no-enable-x` from help
+    # but still accepts it): visible strings first, then the hidden ones.
+    registered: dict[int, list[str]] = {}
+    for string, action in parser._option_string_actions.items():
+        registered.setdefault(id(action), []).append(string)
     options, positionals = [], []
     for action in parser._actions:
+        visible = list(action.option_strings)
+        hidden = sorted(s for s in registered.get(id(action), []) if s not in visible)
         entry = {
-            "option_strings": list(action.option_strings),
+            "option_strings": visible + hidden,
             "dest": action.dest,
             "nargs": action.nargs if not isinstance(action.nargs, int) else action.nargs,
             "takes_value": action.nargs != 0,

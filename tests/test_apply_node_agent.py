@@ -233,3 +233,63 @@ def test_log_tail_of_a_restarted_rank_shows_only_its_latest_run(launcher, tmp_pa
     assert not rank.alive
     assert "second run crashed" in rank.log_tail
     assert not any("first run" in line for line in rank.log_tail)
+
+
+# --------------------------------------------------------------------------
+# Ranks the head dials (llama.cpp's RPC servers): started only once they listen
+# --------------------------------------------------------------------------
+
+FAKE_RPC = Path(__file__).resolve().parent / "fakes" / "bin" / "ggml-rpc-server"
+
+
+def rpc_launch(port: int, *extra: str, listen_timeout_s: float = 10.0):
+    from reconciler.model import RankLaunch
+
+    return RankLaunch(replica="g-0", model="g", profile="p", node="n1", rank=1, nnodes=2,
+                      argv=(str(FAKE_RPC), "-H", "127.0.0.1", "-p", str(port), *extra), env={}, port=port, gpus=(),
+                      spec_hash="s", health_path=None, listen_timeout_s=listen_timeout_s)
+
+
+def test_a_listening_rank_is_started_only_once_its_port_accepts_connections(launcher):
+    port = free_port()
+    outcome = launcher.start(rpc_launch(port))
+    assert outcome.ok, outcome.reason
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # listening by the time start answered: no wait, no retry
+
+
+def test_an_rpc_server_that_exits_0_on_an_unknown_flag_is_a_failed_start_with_its_log(launcher, state_dir):
+    outcome = launcher.start(rpc_launch(free_port(), "-m", "512"))
+    assert not outcome.ok
+    assert outcome.reason.startswith("exited at once (exit code 0) without listening on port")
+    assert "error: unknown argument: -m" in outcome.reason
+    assert launcher.ranks("n1") == []  # no record of a rank that never ran
+
+
+def test_an_rpc_server_on_a_taken_port_is_a_failed_start_naming_the_port(launcher):
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        # The agent's own port check sees a foreign listener first and names it.
+        outcome = launcher.start(rpc_launch(port))
+        assert not outcome.ok and f"port {port} is in use" in outcome.reason
+    finally:
+        holder.close()
+
+
+def test_a_rank_that_never_listens_is_stopped_and_reported_after_the_bounded_wait(launcher, state_dir, tmp_path):
+    from dataclasses import replace
+
+    script = tmp_path / "silent.sh"
+    pidfile = tmp_path / "pid"
+    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\necho warming up\nexec sleep 60\n")
+    script.chmod(0o755)
+    launch = replace(rpc_launch(free_port(), listen_timeout_s=0.5), argv=(str(script),))
+    outcome = launcher.start(launch)
+    assert not outcome.ok
+    assert outcome.reason.startswith(f"did not listen on port {launch.port} within 0.5s; last log lines: warming up")
+    assert launcher.ranks("n1") == []
+    assert not is_running(int(pidfile.read_text()))  # stopped, not left behind

@@ -500,7 +500,11 @@ def test_a_session_answers_a_report_per_request_and_imports_sglang_once_per_rech
     counter = tmp_path / "imports"
     (pkg / "__init__.py").write_text(f"open({str(counter)!r}, 'a').write('x')\n")
     argv, preamble = session_command()
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path / "py")}
+    bindir = tmp_path / "bin"  # `sglang serve` is what runs: its command must be on the PATH too
+    bindir.mkdir()
+    (bindir / "sglang").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "sglang").chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "py")}
     proc = subprocess.Popen([sys.executable] + argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/")
     try:
         proc.stdin.write(preamble)

@@ -176,7 +176,7 @@ def test_sglang_single_node():
     [launch] = render(profile("sglang", port=30000, args=("--mem-fraction-static", "0.8")),
                       Assignment(node="a1", rank=0, gpus=(0, 1), port=30000))
     assert launch.argv == (
-        "python3", "-m", "sglang.launch_server", "--model-path", "/models/llama",
+        "sglang", "serve", "--model-path", "/models/llama",
         "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2", "--mem-fraction-static", "0.8",
     )
     assert dict(launch.env) == {"CUDA_VISIBLE_DEVICES": "GPU-a1-0,GPU-a1-1"}
@@ -184,7 +184,7 @@ def test_sglang_single_node():
 
 def test_sglang_two_nodes_take_total_tp_and_dist_init_addr_of_head():
     head, worker = two_node(profile("sglang", nodes=2, port=30000))
-    common = ("python3", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--host", "0.0.0.0")
+    common = ("sglang", "serve", "--model-path", "/models/llama", "--host", "0.0.0.0")
     assert head.argv == common + (
         "--port", "8000", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "10.1.0.11:29500")
     assert worker.argv == common + (
@@ -229,8 +229,8 @@ def test_llamacpp_two_nodes_head_connects_to_rpc_server_on_worker_data_address()
     head, worker = two_node(profile("llama.cpp", nodes=2, port=8080), dist_port=None)
     assert head.argv == ("llama-server", "-m", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
                          "-ngl", "99", "--rpc", "10.1.0.12:8001")
-    # rpc-server is unauthenticated: it binds only the address the head reaches it on.
-    assert worker.argv == ("rpc-server", "--host", "10.1.0.12", "--port", "8001")
+    # The RPC server is unauthenticated: it binds only the address the head reaches it on.
+    assert worker.argv == ("ggml-rpc-server", "-H", "10.1.0.12", "-p", "8001")
     assert dict(worker.env) == {"CUDA_VISIBLE_DEVICES": "4,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                 "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
     assert (head.port, worker.port) == (8000, 8001)
@@ -392,8 +392,10 @@ def test_placement_that_does_not_match_the_profile_shape_is_refused():
 @pytest.mark.parametrize("engine, flag", [("vllm", "--port"), ("vllm", "--master-addr"), ("sglang", "--dist-init-addr"),
                                           ("llama.cpp", "--rpc"), ("llama.cpp", "--host")])
 def test_profile_args_may_not_set_flags_the_reconciler_sets(engine, flag):
+    # llama.cpp's parser has no `--flag=value` form (`--rpc=x` is an invalid argument to it): two tokens there.
+    args = (flag, "x") if engine == "llama.cpp" else (f"{flag}=x",)
     with pytest.raises(RenderError, match=f"args set {flag}, which the reconciler sets"):
-        render(profile(engine, args=(f"{flag}=x",)), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000))
+        render(profile(engine, args=args), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000))
 
 
 def test_profile_env_may_not_contradict_the_gpus_placement_chose():

@@ -66,3 +66,6 @@ class EngineAdapter(Protocol):
     def argv(self, ctx: RankContext) -> list[str]: ...
 
     def env(self, ctx: RankContext) -> dict[str, str]: ...
+
+    def listen_timeout_s(self, ctx: RankContext) -> float | None:
+        """How long a rank's start may wait for it to listen before the next rank starts (None: no wait)."""

@@ -32,6 +32,9 @@ class CommandAdapter:
         # Unresolved here on purpose: render substitutes with placeholder_values().
         return list(ctx.profile.command or ())
 
+    def listen_timeout_s(self, ctx: RankContext) -> float | None:
+        return None  # the other ranks connect to the head, which starts last
+
     def env(self, ctx: RankContext) -> dict[str, str]:
         return {}
 

@@ -43,6 +43,10 @@ LLAMA_SERVER_OPTIONS = (
 NGL = "--gpu-layers"
 # Offload every layer: llama.cpp clamps to the model's layer count.
 ALL_LAYERS = "99"
+# The head dials every RPC server once at start and aborts if one does not answer, so a worker
+# must listen before the head starts; an RPC server listens within a second (a GPU node's
+# device set-up takes a few more).
+RPC_LISTEN_TIMEOUT_S = 30.0
 # What a rank above 0 runs when the node's binaries were never probed: the current name.
 DEFAULT_RPC_SERVER = "ggml-rpc-server"
 
@@ -109,6 +113,9 @@ class LlamaCppAdapter:
         if ctx.multi_node:
             argv += ["--rpc", ",".join(peer.address.with_port(peer.port) for peer in ctx.peers[1:])]
         return argv + list(p.args)
+
+    def listen_timeout_s(self, ctx: RankContext) -> float | None:
+        return None if ctx.is_head else min(RPC_LISTEN_TIMEOUT_S, ctx.profile.start_timeout_s)
 
     def env(self, ctx: RankContext) -> dict[str, str]:
         return {}

@@ -18,7 +18,7 @@ TP = frozenset({"--tp-size"})
 class SglangAdapter:
     name = "sglang"
     owned_flags = frozenset(
-        {"--model-path", "--model", "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"}
+        {"--model-path", "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr"}
     )
 
     def argv(self, ctx: RankContext) -> list[str]:
@@ -38,6 +38,9 @@ class SglangAdapter:
                 "--dist-init-addr", ctx.head_address.with_port(ctx.dist_port or 0),
             ]
         return argv + list(p.args)
+
+    def listen_timeout_s(self, ctx: RankContext) -> float | None:
+        return None  # the other ranks connect to the head, which starts last
 
     def env(self, ctx: RankContext) -> dict[str, str]:
         return {}

@@ -46,6 +46,9 @@ class VllmAdapter:
                 argv.append("--headless")
         return argv + list(p.args)
 
+    def listen_timeout_s(self, ctx: RankContext) -> float | None:
+        return None  # the other ranks connect to the head, which starts last
+
     def env(self, ctx: RankContext) -> dict[str, str]:
         # The address this rank advertises to the others; without it vLLM guesses
         # from the default route, which on a multi-homed GPU node is often the

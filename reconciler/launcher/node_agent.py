@@ -352,8 +352,64 @@ def start_locked(req, records_dir, logs_dir):
         record["owner"] = owner
     # Written before answering: if the connection drops now, the next probe still finds this rank.
     write_atomically(record_path, json.dumps(record, sort_keys=True, indent=1))
+    if req.get("listen_timeout_s"):
+        problem = await_listening(proc, port, float(req["listen_timeout_s"]), log_path, int(req.get("log_lines", 16)))
+        if problem is not None:
+            if proc.poll() is None:
+                stop_rank(record, 5.0)
+            proc.poll()
+            try:
+                os.unlink(record_path)  # it did not start; its log stays for `logs`
+            except OSError:
+                pass
+            return {"ok": False, "reason": problem}
     return {"ok": True, "already_running": False, "pid": proc.pid, "pgid": proc.pid, "log": log_path,
             "start_time": record["start_time"]}
+
+
+def group_listens(pgid, port):
+    """Whether a process of group `pgid` holds a socket LISTENing on `port`."""
+    wanted = {"socket:[%s]" % i for i in listening_inodes(port)}
+    if not wanted:
+        return False
+    for pid in group_members(pgid):
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd_dir + "/" + fd) in wanted:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _log_tail(log_path, lines):
+    return " | ".join(line.strip() for line in tail(log_path, lines) if line.strip()) or "(no log)"
+
+
+def await_listening(proc, port, timeout_s, log_path, log_lines):
+    """None once the started rank listens on its port; else why not: it exited first (whatever its
+    exit code: llama.cpp's RPC server exits 0 on a taken port or a flag it does not know), or time
+    ran out."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.01
+    while True:
+        code = proc.poll()
+        if code is not None:
+            how = "killed by signal %d" % -code if code < 0 else "exit code %d" % code
+            return "exited at once (%s) without listening on port %d; last log lines: %s" % (
+                how, port, _log_tail(log_path, log_lines))
+        if group_listens(proc.pid, port):
+            return None
+        if time.monotonic() >= deadline:
+            return "did not listen on port %d within %gs; last log lines: %s" % (
+                port, timeout_s, _log_tail(log_path, log_lines))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def stop_rank(record, grace_s):

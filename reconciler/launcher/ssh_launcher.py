@@ -15,6 +15,7 @@ from reconciler.transport import Transport
 
 DEFAULT_STATE_DIR = "~/.local/state/llm-reconciler"
 DEFAULT_COMMAND_TIMEOUT_S = SshSettings.command_timeout_s
+LOG_LINES_ON_FAILURE = 16  # of a rank that exited at once: enough to reach an error above a usage text
 
 
 @lru_cache(maxsize=1)
@@ -111,9 +112,13 @@ class SshLauncher:
             "env": dict(launch.env),
             "port": launch.port,
             "gpus": list(launch.gpus),
+            "listen_timeout_s": launch.listen_timeout_s,
+            "log_lines": LOG_LINES_ON_FAILURE,
         }
         try:
-            answer = self._call(launch.node, request)
+            transport = self.transports.get(launch.node)
+            base = self._timeout(transport) if transport is not None else DEFAULT_COMMAND_TIMEOUT_S
+            answer = self._call(launch.node, request, timeout=base + (launch.listen_timeout_s or 0))
         except TransportError as exc:
             return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=exc.reason, uncertain=True)
         return StartOutcome(
