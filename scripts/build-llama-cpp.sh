@@ -65,10 +65,18 @@ verify() { echo "$SDIST_SHA256  $1" | sha256sum --check --status; }
 if ! { [ -f "$sdist" ] && verify "$sdist"; }; then
     log "downloading $SDIST_NAME==$SDIST_VERSION sdist"
     dl=$(mktemp -d "$cache_root/downloads/tmp.XXXXXX")
-    # pip is the registry's ordinary client; --no-build-isolation keeps it from installing the
-    # sdist's build backend just to read metadata we do not need.
-    python3 -m pip download -q --no-binary :all: --no-deps --no-build-isolation \
-        "$SDIST_NAME==$SDIST_VERSION" -d "$dl" >&2 ||
+    # The file named by PyPI's simple index (its JSON form); pip download as the fallback
+    # (it also prepares the sdist's metadata, minutes of work we do not need).
+    python3 - "$SDIST_NAME" "$SDIST_FILE" "$dl" <<'PY' >&2 ||
+import json, sys, urllib.request
+name, filename, dest = sys.argv[1:]
+req = urllib.request.Request(f"https://pypi.org/simple/{name}/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+with urllib.request.urlopen(req, timeout=60) as r:
+    files = json.load(r)["files"]
+url = next(f["url"] for f in files if f["filename"] == filename)
+urllib.request.urlretrieve(url, f"{dest}/{filename}")
+PY
         python3 -m pip download -q --no-binary :all: --no-deps "$SDIST_NAME==$SDIST_VERSION" -d "$dl" >&2
     if ! verify "$dl/$SDIST_FILE"; then
         log "sha256 mismatch for $SDIST_FILE: refusing to build"

@@ -14,6 +14,10 @@ command -v git >/dev/null 2>&1 || need+=(git)
 [ -x /usr/sbin/slurmd ] || need+=(slurmd)
 command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 [ -x /usr/sbin/munged ] || need+=(munge)
+# Real llama.cpp is built from source for the real-engine tests (scripts/build-llama-cpp.sh).
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v make >/dev/null 2>&1 || need+=(make)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
@@ -21,4 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 python3 -m pip install -q -e '.[test]'
+# llama-server and ggml-rpc-server, built once per sdist hash and flags, then reused.
+LLMFLEET_LLAMA_BIN=$(bash scripts/build-llama-cpp.sh)
+export LLMFLEET_LLAMA_BIN
 exec python3 -m pytest -q "$@"

@@ -287,6 +287,6 @@ def test_a_two_node_llama_cpp_replica_starts_its_rpc_worker_before_the_head_that
     head_node, worker_node = [a.node for a in state.nodes]
     assert [(d.node, d.action) for d in log if d.action == "start"] == [(worker_node, "start"), (head_node, "start")]
     engines = {r["name"]: r for r in engine_records(records)}
-    server, rpc = engines["llama-server"], engines["rpc-server"]
+    server, rpc = engines["llama-server"], engines["ggml-rpc-server"]  # the RPC server under its current name
     assert [p["address"] for p in server["peers"]] == [fleet.node(worker_node).address]
     assert [p["address"] for p in rpc["peers"]] == [fleet.node(head_node).address]

@@ -86,7 +86,7 @@ def test_profiles_are_ordered_by_descending_priority_stably(tmp_path):
 
 
 def test_bundled_catalogs_are_valid():
-    for rel in ("catalog", "examples/single-machine", "examples/multi-node", "examples/slurm"):
+    for rel in ("catalog", "examples/single-machine", "examples/multi-node", "examples/slurm", "examples/real-llama-cpp"):
         load_catalog(REPO / rel)
 
 

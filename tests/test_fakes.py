@@ -123,6 +123,14 @@ def wait_listening(port: int, proc: subprocess.Popen) -> int:
     return wait_for(f"port {port} to answer", lambda: health(port), proc)
 
 
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def wait_ready(port: int, proc: subprocess.Popen) -> bool:
     return wait_for(f"port {port} Ready", lambda: health(port) == 200, proc)
 
@@ -188,7 +196,8 @@ def test_fake_sglang_is_importable_with_a_version():
     ([sys.executable, "-m", "sglang.launch_server", "--model-path", "m", "--bogus", "1"], 2,
      "unrecognized arguments: --bogus 1"),
     ([FAKE_BIN / "llama-server", "-m", "m", "--bogus"], 1, "error: invalid argument: --bogus"),
-    ([FAKE_BIN / "rpc-server", "--bogus"], 1, "error: invalid argument: --bogus"),
+    # llama.cpp's RPC server prints its usage and exits 0 on a flag it does not know.
+    ([FAKE_BIN / "ggml-rpc-server", "--bogus"], 0, "error: unknown argument: --bogus"),
 ])
 def test_fakes_reject_unknown_flags_like_the_real_cli(argv, rc, message):
     out = subprocess.run([str(a) for a in argv], env={"PYTHONPATH": str(FAKE_PY), "PATH": os.environ["PATH"]},
@@ -228,7 +237,7 @@ def test_rendered_single_node_launch_runs_answers_health_and_records_argv_and_en
     assert status == 200 and json.loads(body)["data"][0]["id"] == "/models/m"
     record = procs.record(name, proc)
     assert record["pid"] == proc.pid
-    assert record["args"] == list(launch.argv[3:] if engine == "sglang" else launch.argv[1:])
+    assert record["args"] == list(launch.argv[1:])  # `sglang serve ...` too: the command is `sglang`
     assert {k: record["env"][k] for k in launch.env} == dict(launch.env)
     assert (record["host"], record["port"], record["role"], record["ready"]) == ("127.0.0.1", port, "single", True)
 
@@ -284,16 +293,19 @@ def test_two_node_head_is_ready_only_after_the_worker_connects_to_the_address_it
 def test_llamacpp_head_is_ready_only_after_it_connects_to_every_rpc_server(procs):
     head_port, rpc_port = free_port(), free_port()
     head_launch, worker_launch = rendered("llama.cpp", head_port, rpc_port)
-    assert worker_launch.argv[0] == "rpc-server"
-    head = procs.start(command_of(to_loopback(head_launch.argv)), env=dict(head_launch.env))
-    assert wait_listening(head_port, head) == 503
+    assert worker_launch.argv[0] == "ggml-rpc-server"
+    # As the real head: an RPC server not listening yet aborts it; it does not wait.
+    early = procs.start(command_of(to_loopback(head_launch.argv)), env=dict(head_launch.env))
+    assert early.wait(timeout=DEADLINE_S) == -signal.SIGABRT
 
     rpc = procs.start(command_of(to_loopback(worker_launch.argv)), env=dict(worker_launch.env))
+    wait_for("RPC server listening", lambda: _accepts(rpc_port), rpc)
+    head = procs.start(command_of(to_loopback(head_launch.argv)), env=dict(head_launch.env))
     wait_for("head Ready", lambda: health(head_port) == 200, head)
 
     [peer] = procs.record("llama-server", head)["peers"]
     assert (peer["rank"], peer["address"], peer["port"], peer["pid"]) == (1, "127.0.0.1", rpc_port, rpc.pid)
-    [client] = procs.record("rpc-server", rpc)["peers"]
+    [client] = procs.record("ggml-rpc-server", rpc)["peers"]
     assert (client["address"], client["pid"]) == ("127.0.0.1", head.pid)
     assert procs.stop(head) == 0 and procs.stop(rpc) == 0
 

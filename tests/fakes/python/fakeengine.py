@@ -391,8 +391,15 @@ class Engine:
     # -- llama.cpp: the head connects out to every rpc-server ----------------
 
     def connect_rpc_servers(self, endpoints: list[tuple[str, int]]) -> None:
+        """The head dials every RPC server once, as llama.cpp does while loading: one not
+        listening aborts the head (SIGABRT), so the RPC servers must be up first."""
         for rank, (host, port) in enumerate(endpoints, start=1):
-            conn = self._connect_retrying(host, port)
+            try:
+                conn = socket.create_connection((host, port), timeout=2)
+            except OSError as exc:
+                self.record.update(state="failed", errors=[f"could not reach RPC server {host}:{port}: {exc}"])
+                print(f"failed to connect to RPC server at {host}:{port}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+                os.abort()
             conn.sendall(json.dumps({"engine": self.name, "pid": os.getpid()}).encode() + b"\n")
             reply = json.loads(conn.makefile("rb").readline() or b"{}")
             if not reply.get("ok"):
