@@ -43,7 +43,7 @@ def apply(root: Path, state: Path) -> None:
 
 
 def endpoint(root: Path, model: str) -> str:
-    return yaml.safe_load((root / "status" / "endpoints.yaml").read_text())[model][0]
+    return yaml.safe_load((root / "status" / "endpoints.yaml").read_text())["models"][model][0]
 
 
 def tokens_per_second(url: str, tokens: int, requests: int) -> tuple[float, float]:

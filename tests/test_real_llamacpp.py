@@ -2,8 +2,8 @@
 real llama-server and ggml-rpc-server (built from the llama-cpp-python 0.3.36 sdist by
 scripts/build-llama-cpp.sh), the real Gemma 3 270M model, real completions.
 
-Every rank does real work: the 2-node replica's worker holds layers of the model (its
-RSS, and the head's own log of what it put in the RPC device's buffers).
+Every rank does real work: the 2-node replica's worker holds the model's layers (its RSS
+against the model's size; an idle RPC server is a few MiB).
 """
 
 from __future__ import annotations
@@ -93,7 +93,13 @@ def replica_status(root: Path, model: str, replica: str) -> dict:
 
 
 def endpoints(root: Path) -> dict:
-    return yaml.safe_load((root / "status" / "endpoints.yaml").read_text()) or {}
+    """status/endpoints.yaml: model -> URLs of its Ready replicas."""
+    return (yaml.safe_load((root / "status" / "endpoints.yaml").read_text()) or {}).get("models") or {}
+
+
+def endpoint_of(state: dict) -> str:
+    """The replica's URL: the head's (rank 0) endpoint in its status entry."""
+    return next(n["endpoint"] for n in state["nodes"] if n["rank"] == 0)
 
 
 def state_dir(fleet: TestFleet, node: str) -> Path:
@@ -117,14 +123,6 @@ def assert_completes(endpoint: str) -> dict:
     return answer
 
 
-def rpc_buffer_mib(head_log: str, worker: str) -> float:
-    """What the head's llama.cpp put in the worker's RPC device: its `RPC0[host:port] model buffer size` line."""
-    sizes = [float(m.group(1)) for m in re.finditer(
-        rf"RPC\d*\[{re.escape(worker)}\] model buffer size\s*=\s*([\d.]+) MiB", head_log)]
-    assert sizes, f"no model buffer on the RPC device {worker} in the head's log:\n{head_log[-3000:]}"
-    return sum(sizes)
-
-
 # --------------------------------------------------------------------------
 # Serving
 # --------------------------------------------------------------------------
@@ -138,8 +136,8 @@ def test_a_single_node_replica_is_ready_and_answers_completions(fleet, real, cat
     state = replica_status(catalog, "gemma-solo", "gemma-solo-0")
     assert state["phase"] == "Ready", state
     assert [n["node"] for n in state["nodes"]] == ["c1"]
-    assert endpoints(catalog)["gemma-solo"] == [state["endpoint"]]
-    assert_completes(state["endpoint"])
+    assert endpoints(catalog)["gemma-solo"] == [endpoint_of(state)]
+    assert_completes(endpoint_of(state))
 
 
 def test_a_two_node_replica_offloads_to_its_worker_which_holds_part_of_the_model(fleet, real, catalog, tmp_path):
@@ -159,10 +157,11 @@ def test_a_two_node_replica_offloads_to_its_worker_which_holds_part_of_the_model
     assert head["argv"][head["argv"].index("--rpc") + 1] == worker_at
     assert head["argv"][head["argv"].index("-ngl") + 1] == "99"  # a CPU-only head still offloads
 
-    assert_completes(state["endpoint"])
-    offloaded = rpc_buffer_mib(Path(head["log"]).read_text(), worker_at)  # the node's home is a host path
-    assert offloaded > 100, offloaded  # most of the 241 MiB model's weights went to the worker
-    assert rss_mib(worker["pid"]) > offloaded * 0.8  # and the worker really holds them
+    assert_completes(endpoint_of(state))
+    # The worker holds the layers: an idle RPC server is a few MiB; this one has most of the
+    # model's weights in its memory (the head's log does not say it at the default verbosity).
+    model_mib = model.stat().st_size / 2**20
+    assert rss_mib(worker["pid"]) > 0.5 * model_mib, (rss_mib(worker["pid"]), model_mib)
 
     # The worker dies: the replica is not Ready until it is whole again, then it serves again.
     os.kill(worker["pid"], signal.SIGKILL)
@@ -174,7 +173,7 @@ def test_a_two_node_replica_offloads_to_its_worker_which_holds_part_of_the_model
     state = replica_status(catalog, "gemma-pair", "gemma-pair-0")
     assert state["phase"] == "Ready" and state["restarts"] >= 1, state
     assert record(fleet, "c2", "gemma-pair-0", 1)["pid"] != worker["pid"]
-    assert_completes(state["endpoint"])
+    assert_completes(endpoint_of(state))
 
 
 def test_a_worker_whose_rpc_server_has_the_older_name_runs_it_under_that_name(fleet, real, catalog, tmp_path):
@@ -186,7 +185,7 @@ def test_a_worker_whose_rpc_server_has_the_older_name_runs_it_under_that_name(fl
     state = replica_status(catalog, "gemma-old", "gemma-old-0")
     assert state["phase"] == "Ready", state
     assert record(fleet, "c3", "gemma-old-0", 1)["argv"][0] == "rpc-server"
-    assert_completes(state["endpoint"])
+    assert_completes(endpoint_of(state))
 
 
 # --------------------------------------------------------------------------
@@ -213,7 +212,7 @@ def test_an_rpc_server_that_exits_at_once_is_a_failed_start_naming_worker_and_lo
         assert state["message"].startswith("rank 1 on c2 did not start: exited at once (exit code 0) without "
                                            f"listening on port {PORT}"), state["message"]
         assert "error: unknown argument: --no-such-flag" in state["message"]
-        assert "gemma-bad" not in endpoints(catalog)
+        assert endpoints(catalog).get("gemma-bad", []) == []  # nothing served
         assert not list((state_dir(fleet, "c1") / "replicas").glob("gemma-bad-0.*"))  # the head never started
     finally:
         wrapper.unlink()

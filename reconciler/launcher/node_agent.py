@@ -100,28 +100,29 @@ def listening_inodes(port):
     return inodes
 
 
+def holds_socket(pid, wanted):
+    """Whether process `pid` has an fd open on one of these `socket:[inode]` links."""
+    fd_dir = "/proc/%d/fd" % pid
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd_dir + "/" + fd) in wanted:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def socket_holders(inodes):
     """(pid, command name) of processes holding any of these socket inodes, where /proc lets us see."""
     wanted = {"socket:[%s]" % i for i in inodes}
-    holders = []
     if not wanted:
-        return holders
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fd_dir = "/proc/%s/fd" % name
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd_dir + "/" + fd) in wanted:
-                    holders.append((int(name), read_comm(int(name))))
-                    break
-            except OSError:
-                continue
-    return sorted(holders)
+        return []
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return sorted((pid, read_comm(pid)) for pid in pids if holds_socket(pid, wanted))
 
 
 def read_comm(pid):
@@ -370,21 +371,7 @@ def start_locked(req, records_dir, logs_dir):
 def group_listens(pgid, port):
     """Whether a process of group `pgid` holds a socket LISTENing on `port`."""
     wanted = {"socket:[%s]" % i for i in listening_inodes(port)}
-    if not wanted:
-        return False
-    for pid in group_members(pgid):
-        fd_dir = "/proc/%d/fd" % pid
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd_dir + "/" + fd) in wanted:
-                    return True
-            except OSError:
-                continue
-    return False
+    return bool(wanted) and any(holds_socket(pid, wanted) for pid in group_members(pgid))
 
 
 def _log_tail(log_path, lines):

@@ -398,7 +398,8 @@ class Engine:
                 conn = socket.create_connection((host, port), timeout=2)
             except OSError as exc:
                 self.record.update(state="failed", errors=[f"could not reach RPC server {host}:{port}: {exc}"])
-                print(f"failed to connect to RPC server at {host}:{port}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+                # ggml-rpc.cpp: GGML_ABORT("Failed to connect to %s\n", endpoint)
+                print(f"ggml-rpc.cpp: Failed to connect to {host}:{port}", file=sys.stderr, flush=True)
                 os.abort()
             conn.sendall(json.dumps({"engine": self.name, "pid": os.getpid()}).encode() + b"\n")
             reply = json.loads(conn.makefile("rb").readline() or b"{}")
