@@ -107,7 +107,10 @@ def state_dir(fleet: TestFleet, node: str) -> Path:
 
 
 def record(fleet: TestFleet, node: str, replica: str, rank: int) -> dict:
-    return json.loads((state_dir(fleet, node) / "replicas" / f"{replica}.rank{rank}.json").read_text())
+    """The node agent's record of a rank (its file name may start with the catalog's owner tag)."""
+    [path] = [p for p in (state_dir(fleet, node) / "replicas").glob(f"*{replica}.rank{rank}.json")
+              if p.name in (f"{replica}.rank{rank}.json",) or p.name.endswith(f".{replica}.rank{rank}.json")]
+    return json.loads(path.read_text())
 
 
 def rss_mib(pid: int) -> float:
@@ -213,7 +216,7 @@ def test_an_rpc_server_that_exits_at_once_is_a_failed_start_naming_worker_and_lo
                                            f"listening on port {PORT}"), state["message"]
         assert "error: unknown argument: --no-such-flag" in state["message"]
         assert endpoints(catalog).get("gemma-bad", []) == []  # nothing served
-        assert not list((state_dir(fleet, "c1") / "replicas").glob("gemma-bad-0.*"))  # the head never started
+        assert not list((state_dir(fleet, "c1") / "replicas").glob("*gemma-bad-0.*"))  # the head never started
     finally:
         wrapper.unlink()
         wrapper.symlink_to(original)
@@ -264,4 +267,4 @@ def test_an_ipv6_data_address_is_refused_before_anything_runs(fleet, real, catal
     assert re.match(r"fleet\.yaml:\d+:\d+: node c2: data_address fd00:213::2 is IPv6, and model gemma-v6 profile cpu "
                     r"\(llama.cpp on 2 nodes\) may place a rank here; llama.cpp's RPC speaks IPv4 only", line), line
     assert "Traceback" not in done.stderr
-    assert not list((state_dir(fleet, "c2") / "replicas").glob("gemma-v6-0.*"))
+    assert not list((state_dir(fleet, "c2") / "replicas").glob("*gemma-v6-0.*"))
