@@ -59,8 +59,8 @@ def tokens_per_second(url: str, tokens: int, requests: int) -> tuple[float, floa
     return statistics.median(rates), statistics.median(server) if server else float("nan")
 
 
-def model_doc(name: str, source: Path, nodes: int, port: int) -> dict:
-    return {"name": name, "source": str(source), "profiles": [{
+def model_doc(name: str, source: str, nodes: int, port: int) -> dict:
+    return {"name": name, "source": source, "profiles": [{
         "name": "cpu", "engine": "llama.cpp", "nodes": nodes, "port": port, "start_timeout_s": 600,
         "args": ["-c", "1024", "-np", "1"]}]}
 
@@ -79,13 +79,16 @@ def main() -> int:
         binaries = {"llama-server": bindir / "llama-server", "ggml-rpc-server": bindir / "ggml-rpc-server"}
         fleet.add_node("b1", binaries=binaries, fabrics=lan)
         fleet.add_node("b2", binaries=binaries, fabrics=lan)
+        for node in fleet.nodes.values():  # a path source must be on the node (only the head reads it)
+            (node.dir / "models" / model.name).symlink_to(model)
+        source = f"{fleet.models_dir}/{model.name}"
         root = work / "catalog"
         (root / "models").mkdir(parents=True)
         fleet.fleet_yaml(root)
         print(f"llama.cpp {bindir}, model {model.name} ({model.stat().st_size / 2**20:.0f} MiB), 2 namespaced nodes, "
               f"{os.cpu_count()} CPUs on this machine")
 
-        (root / "models" / "pair.yaml").write_text(yaml.safe_dump(model_doc("pair", model, 2, 8090), sort_keys=False))
+        (root / "models" / "pair.yaml").write_text(yaml.safe_dump(model_doc("pair", source, 2, 8090), sort_keys=False))
         t0 = time.perf_counter()
         apply(root, work / "state")
         t_ready = time.perf_counter() - t0
@@ -97,7 +100,7 @@ def main() -> int:
         pair_rate, pair_server = tokens_per_second(pair, args.tokens, args.requests)
 
         (root / "models" / "pair.yaml").unlink()
-        (root / "models" / "solo.yaml").write_text(yaml.safe_dump(model_doc("solo", model, 1, 8091), sort_keys=False))
+        (root / "models" / "solo.yaml").write_text(yaml.safe_dump(model_doc("solo", source, 1, 8091), sort_keys=False))
         t0 = time.perf_counter()
         apply(root, work / "state")
         solo = endpoint(root, "solo")

@@ -28,8 +28,15 @@ PORT = 8080
 
 @pytest.fixture(scope="module")
 def real():
-    """(bin dir, model path): in CI scripts/test.sh built them; elsewhere the cache or a build now."""
+    """(bin dir, model file in the cache): in CI scripts/test.sh built them; elsewhere the cache or a build now."""
     return llama_bin(), gemma_model()
+
+
+def place_weights(f: TestFleet, cached: Path) -> None:
+    """The model in every node's model dir (a path source without fetch must be on the node;
+    only the head reads it, the workers get their layers over RPC)."""
+    for node in f.nodes.values():
+        (node.dir / "models" / cached.name).symlink_to(cached)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +51,7 @@ def fleet(real):
         f.add_node("c1", binaries={"llama-server": server, "ggml-rpc-server": rpc}, fabrics=lan, labels={"role": "head"})
         f.add_node("c2", binaries={"ggml-rpc-server": rpc}, fabrics=lan, labels={"role": "worker"})
         f.add_node("c3", binaries={"rpc-server": rpc}, fabrics=lan, labels={"role": "old-worker"})
+        place_weights(f, real[1])
         yield f
     finally:
         f.close()
@@ -67,13 +75,18 @@ def only_nodes(fleet: TestFleet, root: Path, *nodes: str) -> None:
     (root / "fleet.yaml").write_text(yaml.safe_dump(fleet.fleet_document(list(nodes)), sort_keys=False))
 
 
-def model_doc(name: str, source: Path, *, nodes: int = 1, selector: dict | None = None, args=()) -> dict:
+def served(fleet: TestFleet, cached: Path) -> str:
+    """The model's path as the nodes see it (under their model dir)."""
+    return f"{fleet.models_dir}/{cached.name}"
+
+
+def model_doc(name: str, source: str, *, nodes: int = 1, selector: dict | None = None, args=()) -> dict:
     profile = {"name": "cpu", "engine": "llama.cpp", "nodes": nodes, "port": PORT, "start_timeout_s": 180,
                # a small context keeps every rank's memory small; one slot, as a 2-core test fleet serves
                "args": ["-c", "512", "-np", "1", *args]}
     if selector:
         profile["node_selector"] = selector
-    return {"name": name, "source": str(source), "profiles": [profile]}
+    return {"name": name, "source": source, "profiles": [profile]}
 
 
 def write_model(root: Path, doc: dict) -> None:
@@ -133,7 +146,7 @@ def assert_completes(endpoint: str) -> dict:
 
 def test_a_single_node_replica_is_ready_and_answers_completions(fleet, real, catalog, tmp_path):
     _, model = real
-    write_model(catalog, model_doc("gemma-solo", model, selector={"role": "head"}))
+    write_model(catalog, model_doc("gemma-solo", served(fleet, model), selector={"role": "head"}))
     done = apply(catalog, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     state = replica_status(catalog, "gemma-solo", "gemma-solo-0")
@@ -146,7 +159,7 @@ def test_a_single_node_replica_is_ready_and_answers_completions(fleet, real, cat
 def test_a_two_node_replica_offloads_to_its_worker_which_holds_part_of_the_model(fleet, real, catalog, tmp_path):
     _, model = real
     only_nodes(fleet, catalog, "c1", "c2")  # the worker with the RPC server's current name
-    write_model(catalog, model_doc("gemma-pair", model, nodes=2))
+    write_model(catalog, model_doc("gemma-pair", served(fleet, model), nodes=2))
     done = apply(catalog, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     state = replica_status(catalog, "gemma-pair", "gemma-pair-0")
@@ -182,7 +195,7 @@ def test_a_two_node_replica_offloads_to_its_worker_which_holds_part_of_the_model
 def test_a_worker_whose_rpc_server_has_the_older_name_runs_it_under_that_name(fleet, real, catalog, tmp_path):
     _, model = real
     only_nodes(fleet, catalog, "c1", "c3")
-    write_model(catalog, model_doc("gemma-old", model, nodes=2))
+    write_model(catalog, model_doc("gemma-old", served(fleet, model), nodes=2))
     done = apply(catalog, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     state = replica_status(catalog, "gemma-old", "gemma-old-0")
@@ -207,7 +220,7 @@ def test_an_rpc_server_that_exits_at_once_is_a_failed_start_naming_worker_and_lo
     wrapper.chmod(0o755)
     try:
         only_nodes(fleet, catalog, "c1", "c2")
-        write_model(catalog, model_doc("gemma-bad", model, nodes=2))
+        write_model(catalog, model_doc("gemma-bad", served(fleet, model), nodes=2))
         done = apply(catalog, tmp_path)
         assert done.returncode == 1, done.stdout + done.stderr
         state = replica_status(catalog, "gemma-bad", "gemma-bad-0")
@@ -232,7 +245,7 @@ def test_a_taken_worker_port_is_a_failed_start_naming_node_port_and_replica(flee
     try:
         assert holder.stdout.readline().strip() == "bound"
         only_nodes(fleet, catalog, "c1", "c2")
-        write_model(catalog, model_doc("gemma-port", model, nodes=2))
+        write_model(catalog, model_doc("gemma-port", served(fleet, model), nodes=2))
         done = apply(catalog, tmp_path)
         assert done.returncode == 1, done.stdout + done.stderr
         state = replica_status(catalog, "gemma-port", "gemma-port-0")
@@ -246,7 +259,7 @@ def test_a_taken_worker_port_is_a_failed_start_naming_node_port_and_replica(flee
 
 def test_a_llama_server_that_crashes_at_once_fails_the_replica_with_its_log(fleet, real, catalog, tmp_path):
     _, model = real
-    write_model(catalog, model_doc("gemma-crash", model, selector={"role": "head"}, args=("--no-such-flag",)))
+    write_model(catalog, model_doc("gemma-crash", served(fleet, model), selector={"role": "head"}, args=("--no-such-flag",)))
     done = apply(catalog, tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     state = replica_status(catalog, "gemma-crash", "gemma-crash-0")
@@ -260,7 +273,7 @@ def test_an_ipv6_data_address_is_refused_before_anything_runs(fleet, real, catal
     doc = fleet.fleet_document(["c1", "c2"])
     doc["nodes"][1]["data_address"] = "fd00:213::2"
     (catalog / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    write_model(catalog, model_doc("gemma-v6", model, nodes=2))
+    write_model(catalog, model_doc("gemma-v6", served(fleet, model), nodes=2))
     done = apply(catalog, tmp_path)
     assert done.returncode != 0
     line = next(line for line in done.stderr.splitlines() if "IPv6" in line)
