@@ -21,7 +21,6 @@ import errno
 import os
 import re
 import stat
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -32,6 +31,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from reconciler.constants import STATUS_DIR
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.model import (
     CPU_CAPABLE_ENGINES,
@@ -59,7 +59,6 @@ from reconciler.schemas import is_valid, validator
 
 FLEET_FILE = "fleet.yaml"
 MODELS_DIR = "models"
-STATUS_DIR = "status"
 YAML_SUFFIXES = (".yaml", ".yml")
 # Bounds on what one catalog file may cost to read. A 4,000-node fleet.yaml is a few MiB and a
 # few hundred thousand values; past these a file is refused, not read (a YAML alias "bomb" is a
@@ -713,13 +712,10 @@ def field_locator(root: str | os.PathLike):
 
 
 def git_revision(root: Path) -> str | None:
-    if not (root / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    """The catalog's revision as the daemon names it (gitrev.catalog_revision_of), or None outside git."""
+    from reconciler.gitrev import catalog_revision_of  # git runs only when a revision is asked for
+
+    return catalog_revision_of(root)
 
 
 def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_revision: bool = True) -> Catalog:

@@ -13,16 +13,15 @@ import importlib
 import os
 import sys
 
+from reconciler.constants import Exit
 from reconciler.errors import CatalogInvalid, FleetUnreachable, ReconcilerError, UsageError
-
-EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse exits 2 on usage errors; keep that, with our prefix
         self.print_usage(sys.stderr)
         print(f"reconciler: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        sys.exit(Exit.USAGE)
 
 
 def _catalog_arg(p: argparse.ArgumentParser) -> None:
@@ -91,20 +90,20 @@ def main(argv: list[str] | None = None) -> int:
             print(problem, file=sys.stderr)
         n = len(exc.problems)
         print(f"{n} problem{'s' if n != 1 else ''} found", file=sys.stderr)
-        return EXIT_INVALID
+        return Exit.FAILED
     except FleetUnreachable as exc:
         print(f"reconciler: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return Exit.UNREACHABLE
     except UsageError as exc:
         print(f"reconciler: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     except ReconcilerError as exc:
         print(f"reconciler: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return Exit.FAILED
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:
         # `reconciler nodes --format json | head`: the reader left; say nothing more, and keep
         # the interpreter from complaining while it flushes stdout on the way out.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return Exit.BROKEN_PIPE

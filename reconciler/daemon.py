@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable, TextIO
 
 from reconciler import status as status_files
 from reconciler.errors import CatalogInvalid, Problem, ReconcilerError
-from reconciler.gitrev import STATUS_DIR, GitCatalog, GitError, PullOutcome
+from reconciler.constants import STATUS_DIR, Exit
+from reconciler.gitrev import GitCatalog, GitError, PullOutcome
 from reconciler.metrics import Metrics, MetricsServer, count_by
 from reconciler.model import OBSERVED_STATES, PHASES, Catalog
 from reconciler.outcomes import Decision, PassResult
@@ -394,7 +395,7 @@ class Daemon:
                 else:
                     self.refresh_status()
             self.log("daemon.stopped", reason=self._stopping, msg="engines left running")
-            return 0
+            return Exit.OK
         finally:
             if watcher is not None:
                 watcher.stop()

@@ -6,7 +6,9 @@ private snapshot under the repository's git directory and loads that, so an
 uncommitted edit or a file half-written when the watcher fires is never applied.
 
 The revision of the catalog is the last commit that changed anything in the
-catalog other than `status/`. Status commits (`--commit-status`) move HEAD but
+catalog other than `status/`: the one definition `plan`, `apply`, the daemon
+and `status` all use (catalog_revision_of), because it is the commit a person
+means when they ask "what runs": the last change to what they declared. Status commits (`--commit-status`) move HEAD but
 change nothing desired, so they leave the revision alone: status that names
 the revision does not change, the next status commit never happens, and the
 loop "status commit -> new HEAD -> pass -> status names new HEAD -> commit"
@@ -27,9 +29,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reconciler.constants import STATUS_DIR
 from reconciler.errors import ReconcilerError
 
-STATUS_DIR = "status"
 STATUS_TRAILER = "Reconciler-Status-For"
 # Identity used for status commits only when the repository has none configured.
 BOT_NAME, BOT_EMAIL = "llm-reconciler", "llm-reconciler@localhost"
@@ -66,6 +68,19 @@ def git(cwd: str | os.PathLike, *args: str, check: bool = True, timeout: float =
         proc.stdout = proc.stdout.decode(errors="replace")
         proc.stderr = proc.stderr.decode(errors="replace")
     return proc
+
+
+def catalog_revision_of(root: str | os.PathLike) -> str | None:
+    """The catalog's revision (see the module docstring) for the catalog directory `root`.
+
+    None when `root` is not in a git working tree, has no commit touching it, or git cannot run:
+    a plan of a plain directory has no revision, it is not an error.
+    """
+    try:
+        repo = GitCatalog.open(root)
+        return repo.catalog_revision() if repo is not None else None
+    except GitError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from reconciler.constants import STATUS_DIR
 from reconciler.errors import StatusWriteError
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
@@ -41,7 +42,6 @@ def _represent_list(dumper: yaml.BaseDumper, data: list) -> yaml.Node:
 _StatusDumper.add_representer(list, _represent_list)
 
 
-STATUS_DIR = "status"  # under the catalog root
 
 
 def dump_yaml(doc: Any) -> str:

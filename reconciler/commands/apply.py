@@ -11,11 +11,10 @@ from pathlib import Path
 from reconciler.memory import PassMemory, memory_from_document, memory_to_document
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
+from reconciler.constants import Exit
 from reconciler.errors import StatusWriteError
 from reconciler.ssh import TransportPool
 from reconciler.status import write_if_changed
-
-EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 3
 
 
 def memory_path(catalog_root: str) -> Path:
@@ -63,7 +62,7 @@ def main(args) -> int:
     if nodes and all(n.state == "unreachable" for n in nodes):
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return Exit.UNREACHABLE
     # Replicas that could not be placed get no decision line; without these a user sees
     # "nothing to do" and no reason why the model does not serve.
     replicas = result.replicas or {}
@@ -106,5 +105,5 @@ def main(args) -> int:
     failed = [d for d in result.decisions if not d.ok]
     if failed:
         print(f"reconciler: {len(failed)} decision{'s' if len(failed) != 1 else ''} failed", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+        return Exit.FAILED
+    return Exit.OK

@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 
 from reconciler.catalog import load_catalog
+from reconciler.constants import Exit
 from reconciler.errors import TransportError, UsageError
 from reconciler.ssh import TransportPool
 
-EXIT_UNREACHABLE = 3
 # The argv that asks each engine for its version: fixed strings, nothing from the catalog.
 VERSION_ARGV = {
     "vllm": ["vllm", "--version"],
@@ -40,9 +40,9 @@ def main(args) -> int:
         except TransportError as exc:
             if node.transport == "local":  # this machine is always reached: the engine could not run here
                 print(f"{node.id}: {args.engine}: {exc.reason}", file=sys.stderr)
-                return 1
+                return Exit.FAILED
             print(f"reconciler: {exc}", file=sys.stderr)
-            return EXIT_UNREACHABLE
+            return Exit.UNREACHABLE
     out = result.stdout.decode(errors="replace").strip()
     err = result.stderr.decode(errors="replace").strip()
     shown = " ".join(argv)
@@ -50,6 +50,6 @@ def main(args) -> int:
         print(f"{node.id}: {args.engine}: `{shown}` exited {result.rc}", file=sys.stderr)
         if err or out:
             print(err or out, file=sys.stderr)
-        return 1
+        return Exit.FAILED
     print(f"{node.id}: {args.engine}: {out or err or '(printed nothing)'}")
-    return 0
+    return Exit.OK

@@ -9,6 +9,7 @@ import time
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
 from reconciler.commands.plan import planned, where_text
+from reconciler.constants import Exit
 from reconciler.errors import UsageError
 from reconciler.model import Action
 from reconciler.placement import Outcome, summarize
@@ -41,7 +42,7 @@ def main(args) -> int:
         else:
             out += _unplaced_lines(rid, o, a, args.all)
     sys.stdout.write("\n".join(out) + "\n")
-    return 0
+    return Exit.OK
 
 
 def _placed_lines(rid: str, o: Outcome, a: Action | None, waiting: Waiting | None, fleet_size: int,

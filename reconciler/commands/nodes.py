@@ -13,6 +13,7 @@ from collections import Counter
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import print_probe_warnings
+from reconciler.constants import Exit
 from reconciler.inventory import inventory_to_document
 from reconciler.launcher.slurm_launcher import fold_slurm
 from reconciler.model import ObservedNode
@@ -21,7 +22,6 @@ from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
 from reconciler.status import status_snapshot, write_nodes_status
 
-EXIT_UNREACHABLE = 3
 GIB = 1 << 30
 
 
@@ -43,8 +43,8 @@ def main(args) -> int:
         print_table(result)
     if catalog.fleet.nodes and result.reached == 0:
         print("reconciler: no node of the fleet could be reached", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    return 0
+        return Exit.UNREACHABLE
+    return Exit.OK
 
 
 def _probe(fleet, pool, sources, owner) -> FleetProbe:

@@ -9,12 +9,11 @@ import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
+from reconciler.constants import Exit
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.status import rejection_document, write_plan_status
-
-EXIT_UNPLACED = 1
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -156,5 +155,5 @@ def main(args) -> int:
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)
-        return EXIT_UNPLACED
-    return 0
+        return Exit.FAILED
+    return Exit.OK
