@@ -486,10 +486,12 @@ def _read_snapshot(path: Path, fast: bool = True) -> Any:
         raise InventoryInvalid([Problem(str(path), 1, 1, "not valid YAML or JSON: not UTF-8 text")]) from None
 
 
-def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_nodes: str = "error") -> Inventory:
+def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_nodes: str = "error",
+                   dropped: list[str] | None = None) -> Inventory:
     """Read and check a snapshot (YAML or JSON); InventoryInvalid lists every problem.
 
-    Nodes not in the fleet are dropped when unknown_nodes == "ignore".
+    Nodes not in the fleet are dropped when unknown_nodes == "ignore", and their ids
+    appended to `dropped` when it is given (so the caller can say which).
     """
     path = Path(path)
     doc = _read_snapshot(path)
@@ -505,5 +507,7 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
     inv = inventory_from_document(doc)
     if fleet is not None and unknown_nodes == "ignore":
         known = {n.id for n in fleet.nodes}
+        if dropped is not None:
+            dropped.extend(n.id for n in inv.nodes if n.id not in known)
         inv = Inventory(tuple(n for n in inv.nodes if n.id in known))
     return inv

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_tracked
 
 SNAPSHOT = REPO / "catalog" / "status" / "nodes.yaml"
 
@@ -24,7 +24,7 @@ def git(cwd, *args):
 def repo(tmp_path):
     """The bundled example catalog, committed to a fresh git repository."""
     root = tmp_path / "catalog"
-    shutil.copytree(REPO / "catalog", root)
+    copy_tracked(REPO / "catalog", root)
     shutil.copytree(REPO / "schema", tmp_path / "schema")  # the files' $schema comments point here
     git(root, "init", "-q")
     git(root, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "add", "-A")
@@ -58,9 +58,21 @@ def test_plan_json_has_the_spec_shape_and_the_git_revision(cli, repo):
             "reason": "has 0 free H100-80GB GPUs, needs 8"} in unplaced["rejections"]
 
 
+def test_plan_names_the_revision_the_daemon_applies_not_a_later_status_commit(cli, repo):
+    from reconciler.gitrev import GitCatalog
+
+    desired = git(repo, "rev-parse", "HEAD")
+    (repo / "status" / "catalog.yaml").write_text("last_applied_revision: x\n")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "status")
+    assert git(repo, "rev-parse", "HEAD") != desired
+    r = cli("plan", str(repo), "--inventory", str(SNAPSHOT), "--format", "json")
+    assert json.loads(r.stdout)["revision"] == desired == GitCatalog.open(repo).catalog_revision()
+
+
 def test_plan_without_git_has_null_revision(cli, tmp_path):
     root = tmp_path / "cat"
-    shutil.copytree(REPO / "catalog", root)
+    copy_tracked(REPO / "catalog", root)
     r = cli("plan", str(root), "--inventory", str(SNAPSHOT), "--format", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["revision"] is None
@@ -146,8 +158,6 @@ BAD = [
      "node a100-b1: replicas[1].gpus[0]: GPU 0 is held by two replicas: x-0 and y-0"),
     ("nvlink peer missing", lambda d: d["nodes"][0]["gpus"][2].__setitem__("nvlink_peers", [9]),
      "node a100-b1: gpus[2].nvlink_peers[0]: NVLink peer 9 does not exist (GPU indices: 0-7)"),
-    ("node not in fleet", lambda d: d["nodes"][0].__setitem__("id", "zz-9"),
-     "node zz-9: id: node zz-9 is not in fleet.yaml"),
     ("wrong type", lambda d: d["nodes"][1].__setitem__("memory_total_mb", "lots"),
      "node a100-b2: memory_total_mb: must be an integer or null, not the string 'lots'"),
     ("bad state", lambda d: d["nodes"][1].__setitem__("state", "sleepy"),
@@ -168,6 +178,23 @@ def test_inconsistent_snapshot_is_refused_naming_node_and_field(cli, repo, tmp_p
     line = next(l for l in r.stderr.splitlines() if message in l)
     assert line.startswith(f"{snap}:")
     assert int(line.split(":")[1]) > 1  # a real line, near the node
+
+
+def test_a_node_retired_from_fleet_yaml_but_still_in_the_snapshot_is_ignored_with_one_warning(cli, repo):
+    fleet = repo / "fleet.yaml"
+    text = fleet.read_text()
+    block = text[text.index("  - id: l40s-c2"):text.index("  - id: cpu-d1")]
+    fleet.write_text(text.replace(block, ""))  # the pull request that retires l40s-c2
+    before = cli("plan", str(repo), "--inventory", str(SNAPSHOT), "--format", "json")
+    assert before.returncode == 0, before.stderr
+    assert before.stderr.splitlines() == [
+        f"reconciler: warning: {SNAPSHOT}: node l40s-c2 is not in fleet.yaml: ignored"]
+    doc = json.loads(before.stdout)
+    assert all(n["node"] != "l40s-c2" for a in doc["actions"] for n in a["nodes"])
+    assert all(r["node"] != "l40s-c2" for u in doc["unplaced"] for r in u.get("rejections", []))
+    for command in (("validate", "--inventory"), ("explain", "qwen2.5-7b", "--inventory")):
+        r = cli(*command[:-1], str(repo), command[-1], str(SNAPSHOT))
+        assert "l40s-c2 is not in fleet.yaml: ignored" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_snapshot_that_is_not_yaml_is_refused_with_position(cli, repo, tmp_path):

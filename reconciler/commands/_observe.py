@@ -18,8 +18,23 @@ from reconciler.model import Catalog, Inventory
 def observe(catalog: Catalog, inventory_path: str | None) -> Inventory:
     if inventory_path is not None:
         check_inventory_path(inventory_path)
-        return load_inventory(inventory_path, catalog.fleet, unknown_nodes="error")
+        return load_snapshot(inventory_path, catalog)
     return probe_fleet(catalog)
+
+
+def load_snapshot(inventory_path: str, catalog: Catalog) -> Inventory:
+    """The snapshot, less the nodes fleet.yaml no longer has (SPEC section 3).
+
+    A pull request that retires a node removes it from fleet.yaml while the committed
+    snapshot still lists it: that is ignored, said once on stderr, exit code unchanged.
+    """
+    dropped: list[str] = []
+    inventory = load_inventory(inventory_path, catalog.fleet, unknown_nodes="ignore", dropped=dropped)
+    if dropped:
+        names = ", ".join(dropped)
+        print(f"reconciler: warning: {inventory_path}: node{'s' * (len(dropped) != 1)} {names} "
+              f"{'are' if len(dropped) != 1 else 'is'} not in fleet.yaml: ignored", file=sys.stderr)
+    return inventory
 
 
 def check_inventory_path(inventory_path: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from reconciler.catalog import field_locator, load_catalog
+from reconciler.constants import Exit
 from reconciler.errors import CatalogInvalid
 
 
@@ -11,16 +12,15 @@ def main(args) -> int:
     if args.inventory:
         # Models that no profile could ever fit on this fleet, even empty: better said
         # now than left Pending forever.
-        from reconciler.commands._observe import check_inventory_path
-        from reconciler.inventory import load_inventory
+        from reconciler.commands._observe import check_inventory_path, load_snapshot
         from reconciler.placement import unfittable_problems
 
         check_inventory_path(args.inventory)
-        inventory = load_inventory(args.inventory, catalog.fleet)
+        inventory = load_snapshot(args.inventory, catalog)
         problems = unfittable_problems(catalog, inventory, locate=field_locator(catalog.root))
         if problems:
             raise CatalogInvalid(problems)
     nodes, models = len(catalog.fleet.nodes), len(catalog.models)
     replicas = sum(m.replicas for m in catalog.models)
     print(f"catalog is valid: {nodes} node{'s' * (nodes != 1)}, {models} model{'s' * (models != 1)}, {replicas} replica{'s' * (replicas != 1)}")
-    return 0
+    return Exit.OK
