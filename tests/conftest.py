@@ -23,3 +23,27 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None =
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def copy_tracked(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Copy the files of `src` that this repository tracks, and nothing else.
+
+    A bundled example is also what a person runs by hand (the README's first command
+    writes examples/single-machine/status/): a test that copied the directory whole
+    would start from whatever the last command left there. Outside a git checkout
+    (an unpacked release) there is nothing to tell apart, and everything but status/
+    is copied.
+    """
+    src, dest = Path(src), Path(dest)
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=src, capture_output=True, timeout=60)
+    names = [n for n in listed.stdout.decode().split("\0") if n] if listed.returncode == 0 else []
+    if not names:
+        import shutil
+
+        shutil.copytree(src, dest, ignore=lambda d, _: ["status"] if Path(d) == src else [])
+        return dest
+    for name in names:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((src / name).read_bytes())
+    return dest

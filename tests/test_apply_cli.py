@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import os
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 
 from reconciler.readiness import http_health
 from tests.apply_support.local import free_port, is_running, wait_for
+from tests.conftest import copy_tracked
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def private_state(root: Path) -> dict:
 def example(tmp_path):
     """The bundled single-machine example, with its own state dir and a free port."""
     root = tmp_path / "catalog"
-    shutil.copytree(REPO / "examples" / "single-machine", root)
+    copy_tracked(REPO / "examples" / "single-machine", root)
     fleet = yaml.safe_load((root / "fleet.yaml").read_text())
     fleet["state_dir"] = str(tmp_path / "state")
     (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
@@ -131,3 +131,36 @@ def test_one_shot_apply_remembers_restarts_between_runs(cli, example):
 def test_a_health_check_of_a_host_name_python_cannot_encode_is_an_answer_not_a_traceback():
     ok, why = http_health("n" * 64 + ".invalid", 8000, "/health")  # refused before any lookup
     assert not ok and "did not answer: UnicodeError" in why
+
+
+def test_the_readme_says_how_to_stop_what_its_first_command_started(cli, example):
+    import re
+    import subprocess
+
+    root, model, state = example
+    assert cli("apply", str(root), env=private_state(root)).returncode == 0
+    [record] = (state / "replicas").glob("*.json")
+    pid = json.loads(record.read_text())["pid"]
+    readme = (REPO / "README.md").read_text()
+    [stop] = re.findall(r"(?m)^kill -TERM .*$", readme)
+    fleet = yaml.safe_load((REPO / "examples" / "single-machine" / "fleet.yaml").read_text())
+    assert fleet["state_dir"] in stop  # the line names the example's own state dir ...
+    done = subprocess.run(["bash", "-c", stop.replace(fleet["state_dir"], str(state))],  # ... here this test's
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: not is_running(pid), what="the example's server to stop")
+
+
+def test_a_copied_example_leaves_behind_what_a_previous_command_wrote(tmp_path):
+    import subprocess
+
+    src = tmp_path / "repo" / "examples" / "single-machine"
+    (src / "models").mkdir(parents=True)
+    (src / "fleet.yaml").write_text("nodes: []\n")
+    (src / "models" / "m.yaml").write_text("name: m\n")
+    subprocess.run(["git", "init", "-q"], cwd=src.parent.parent, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=src.parent.parent, check=True)
+    (src / "status" / "models").mkdir(parents=True)  # what `reconciler apply` leaves
+    (src / "status" / "models" / "m.yaml").write_text("phase: Ready\n")
+    copied = copy_tracked(src, tmp_path / "copy")
+    assert sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if p.is_file()) == ["fleet.yaml", "models/m.yaml"]

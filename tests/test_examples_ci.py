@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from reconciler.cli import build_parser
+from tests.conftest import copy_tracked
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -67,10 +68,9 @@ def test_systemd_unit_runs_the_daemon_and_keeps_engines_on_stop():
 
 def test_the_pull_request_job_passes_when_everything_fits_and_fails_with_the_reasons_when_not(tmp_path, cli):
     import re
-    import shutil
 
     catalog = tmp_path / "catalog"
-    shutil.copytree(EXAMPLES.parent / "catalog", catalog)
+    copy_tracked(EXAMPLES.parent / "catalog", catalog)
     (catalog / "models/deepseek-v3.yaml").unlink()  # the one model the bundled inventory cannot hold
     commands = reconciler_commands((EXAMPLES / "ci/github-actions.yml").read_text())
     assert [c[0] for c in commands] == ["validate", "plan"]
