@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="compute what a reconcile would do")
     _catalog_arg(p)
     p.add_argument("--inventory", metavar="FILE", help="plan from this snapshot (YAML or JSON): no SSH at all")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                   help="markdown: the plan as a pull-request comment")
     p.add_argument("--write-status", action="store_true", help="write the predicted status files into CATALOG/status")
     p.add_argument("--fail-on-unplaced", action="store_true", help="exit 1 when a replica could not be placed")
     p.add_argument("--all", action="store_true", help="name every node in rejection summaries")
@@ -66,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("nodes", help="probe the fleet, show it, write status/nodes.yaml")
     _catalog_arg(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("status", help="what runs now, from status/ (no SSH): one row per replica")
+    _catalog_arg(p)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("logs", help="an engine's own log (stdout and stderr), from the node it runs on")
+    p.add_argument("replica", metavar="REPLICA")
+    _catalog_arg(p)
+    p.add_argument("--rank", type=int, default=0, metavar="N", help="which rank's log (default 0, the head)")
+    p.add_argument("--tail", type=int, default=None, metavar="N", help="the last N lines (default 100)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing what the engine writes, until Ctrl-C")
 
     p = sub.add_parser("explain", help="where each replica of MODEL went, or why it could not go anywhere")
     p.add_argument("model", metavar="MODEL")

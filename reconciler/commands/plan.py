@@ -76,8 +76,17 @@ def where_text(p: Placement | None) -> str:
     return " ".join(f"{a.node}{_gpus(a.gpus)}:{a.port}" for a in p.nodes)
 
 
-def _span(replicas: list[str]) -> str:
+def span(replicas: list[str]) -> str:
     return replicas[0] if len(replicas) == 1 else f"{replicas[0]} .. {replicas[-1]}"
+
+
+def same_rejections(pl: Plan) -> dict[str, list[str]]:
+    """Per unplaced replica that carries rejections, the other unplaced replicas that failed the same way."""
+    same: dict[str, list[str]] = {}
+    for o in pl.unplaced:
+        if o.rejections_same_as:
+            same.setdefault(o.rejections_same_as, []).append(o.replica)
+    return same
 
 
 def render_text(pl: Plan, show_all: bool = False) -> str:
@@ -101,16 +110,13 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
     if pl.unplaced:
         out.append("")
         out.append("unplaced:")
-        same: dict[str, list[str]] = {}
-        for o in pl.unplaced:
-            if o.rejections_same_as:
-                same.setdefault(o.rejections_same_as, []).append(o.replica)
+        same = same_rejections(pl)
         for o in pl.unplaced:
             if o.rejections_same_as:
                 continue
             others = same.get(o.replica, [])
             more = f" (and {len(others)} more replica{'s' if len(others) != 1 else ''} of {o.model}: " \
-                   f"{_span(others)}, same rejections)" if others else ""
+                   f"{span(others)}, same rejections)" if others else ""
             out.append(f"  {o.replica}{more}:")
             for line in summarize(o.rejections, o.nodes_considered, show_all):
                 out.append(f"    {line}")
@@ -148,6 +154,10 @@ def main(args) -> int:
     pl = planned(catalog, inventory, now=time.time())
     if args.format == "json":
         sys.stdout.write(json.dumps(plan_document(pl, args.all), separators=(",", ":")) + "\n")
+    elif args.format == "markdown":
+        from reconciler.commands.plan_markdown import render_markdown  # it imports this module
+
+        sys.stdout.write(render_markdown(pl, args.all))
     else:
         sys.stdout.write(render_text(pl, args.all))
     if args.write_status:

@@ -60,6 +60,16 @@ class RankState:
     waiting: str = ""  # queued, not started yet: the scheduler's reason
 
 
+@dataclass(frozen=True)
+class LogChunk:
+    """Part of a rank's log as its node has it. `offset`: where the next read starts."""
+
+    exists: bool  # False: the rank was never started on that node (no log file)
+    lines: tuple[str, ...] = ()
+    offset: int = 0
+    path: str = ""
+
+
 class Launcher(Protocol):
     def start(self, launch: RankLaunch) -> StartOutcome:
         """Start one rank, or find it already running with the same spec. Never raises for a node's failure."""
@@ -76,4 +86,4 @@ class Launcher(Protocol):
 
 from reconciler.launcher.ssh_launcher import SshLauncher  # noqa: E402  (re-export)
 
-__all__ = ["Launcher", "RankState", "SshLauncher", "StartOutcome", "StopOutcome"]
+__all__ = ["Launcher", "LogChunk", "RankState", "SshLauncher", "StartOutcome", "StopOutcome"]

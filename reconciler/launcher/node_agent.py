@@ -471,11 +471,30 @@ def op_status(req):
 
 
 def op_logs(req):
+    """A rank's log: its last `lines` lines (of the latest run), or with `offset` what was
+    appended since that byte offset (`reconciler logs --follow` polls with it)."""
     _, _, logs_dir = state_paths(req["state_dir"])
     path = os.path.join(logs_dir, record_name(req["replica"], int(req["rank"]), owner_of(req)) + ".log")
     if not os.path.exists(path):  # a rank started before records carried an owner
         path = os.path.join(logs_dir, record_name(req["replica"], int(req["rank"])) + ".log")
-    return {"ok": True, "log": path, "lines": tail(path, int(req.get("lines", 50)))}
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return {"ok": True, "log": path, "exists": False, "lines": [], "offset": 0}
+    offset = req.get("offset")
+    if offset is None:
+        return {"ok": True, "log": path, "exists": True, "lines": tail(path, int(req.get("lines", 50))), "offset": size}
+    start = int(offset)
+    if start > size:
+        start = 0  # rotated (or truncated) since the last call: the new file from its start
+    start = max(start, size - TAIL_BYTES)  # far behind: the recent part, not megabytes at once
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(size - start)
+    # Only whole lines: a line still being written comes whole with the next call.
+    end = data.rfind(b"\n") + 1
+    return {"ok": True, "log": path, "exists": True, "offset": start + end,
+            "lines": data[:end].decode("utf-8", "replace").splitlines()}
 
 
 def op_port(req):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Mapping
 
 from reconciler.errors import TransportError
-from reconciler.launcher import RankState, StartOutcome, StopOutcome
+from reconciler.launcher import LogChunk, RankState, StartOutcome, StopOutcome
 from reconciler.model import RankLaunch, SshSettings
 from reconciler.transport import Transport
 
@@ -166,6 +166,17 @@ class SshLauncher:
             for r in answer.get("ranks", [])
         ]
 
-    def log_tail(self, node: str, replica: str, rank: int, lines: int = 20) -> list[str]:
-        answer = self._call(node, {"op": "logs", "replica": replica, "rank": rank, "lines": lines})
-        return list(answer.get("lines") or [])
+    def logs(self, node: str, replica: str, rank: int, *, lines: int = 100, offset: int | None = None) -> LogChunk:
+        """A rank's log on its node: the last `lines` lines, or what came after `offset`.
+
+        Raises TransportError when the node cannot answer."""
+        request = {"op": "logs", "replica": replica, "rank": rank, "lines": lines}
+        if offset is not None:
+            request["offset"] = offset
+        answer = self._call(node, request)
+        return LogChunk(
+            exists=bool(answer.get("exists", True)),
+            lines=tuple(str(line) for line in answer.get("lines") or ()),
+            offset=int(answer.get("offset") or 0),
+            path=str(answer.get("log") or ""),
+        )

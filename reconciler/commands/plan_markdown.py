@@ -1,0 +1,103 @@
+"""`plan --format markdown`: the plan as a pull-request comment (GitHub-flavoured Markdown).
+
+A summary line; a table of actions; each unplaced replica's rejections grouped
+by reason inside a <details> block (a 4,000-node fleet's rejections would
+otherwise bury the comment). The first line is an HTML comment the CI example
+finds the comment by, so a push updates it instead of adding another.
+
+Everything from the catalog or a node is escaped for a table cell and stripped
+of control characters: no terminal escapes, no HTML that a catalog value could
+smuggle into a reviewer's page.
+"""
+
+from __future__ import annotations
+
+import re
+
+from reconciler.commands.plan import same_rejections, span, where_text
+from reconciler.plan import Plan
+
+MARKER = "<!-- llm-reconciler plan -->"
+MAX_NAMES = 20  # nodes named per reason; --all names every one
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ACTION_KINDS = ("start", "stop", "replace", "restart")
+
+
+def cell(text: object) -> str:
+    """Text safe inside a GFM table cell (and anywhere in the comment)."""
+    s = _CONTROL.sub(" ", str(text))
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def code(text: object) -> str:
+    """An inline code span; a value holding a backquote falls back to escaped text."""
+    s = _CONTROL.sub(" ", str(text))
+    return f"`{s}`" if "`" not in s and "|" not in s else cell(s)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def summary_line(pl: Plan) -> str:
+    counts = {k: 0 for k in ACTION_KINDS}
+    for a in pl.actions:
+        counts[a.action] = counts.get(a.action, 0) + 1
+    revision = f"revision {code(pl.revision[:12])}" if pl.revision else "the working tree (no git revision)"
+    parts = ", ".join(f"{counts[k]} to {k}" for k in ACTION_KINDS)
+    unplaced = f"**{_plural(len(pl.unplaced), 'replica')} cannot be placed**" if pl.unplaced else "every replica placed"
+    waiting = f"; {len(pl.waiting)} waiting" if pl.waiting else ""
+    return f"**reconciler plan** for {revision}: {parts}; {unplaced}{waiting}"
+
+
+def _reason_groups(rejections) -> list[tuple[str, list[tuple[str, list[str]]]]]:
+    """Per profile (in the order tried), its rejections grouped by reason, most nodes first."""
+    by_profile: dict[str, dict[str, list[str]]] = {}
+    for r in rejections:
+        by_profile.setdefault(r.profile, {}).setdefault(r.reason, [])
+        if r.node and r.node not in by_profile[r.profile][r.reason]:
+            by_profile[r.profile][r.reason].append(r.node)
+    return [(profile, sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+            for profile, groups in by_profile.items()]
+
+
+def render_markdown(pl: Plan, show_all: bool = False) -> str:
+    out = [MARKER, summary_line(pl), ""]
+    if pl.actions:
+        out += ["| Action | Replica | Profile | Nodes | Reason |", "|---|---|---|---|---|"]
+        for a in pl.actions:
+            profile = a.placement.profile if a.placement is not None else "-"
+            out.append(f"| {a.action} | {code(a.replica)} | {cell(profile)} | {cell(where_text(a.placement))} | {cell(a.reason)} |")
+        out.append("")
+    else:
+        out += ["No action to take." if pl.unplaced or pl.waiting else "Nothing to do: every replica runs where it should.", ""]
+    if pl.unplaced:
+        out += ["### Unplaced", ""]
+        same = same_rejections(pl)
+        for o in pl.unplaced:
+            if o.rejections_same_as:
+                continue
+            groups_by_profile = _reason_groups(o.rejections)
+            fits = "; ".join(
+                f"{max(o.nodes_considered - len({n for _, nodes in groups for n in nodes}), 0)}/{o.nodes_considered} "
+                f"nodes fit profile {cell(profile)}" for profile, groups in groups_by_profile)
+            out += [f"<details><summary><code>{cell(o.replica)}</code> cannot be placed: {fits}</summary>", ""]
+            others = same.get(o.replica, [])
+            if others:
+                out += [f"The same rejections hold for {_plural(len(others), 'more replica')} of "
+                        f"{code(o.model)}: {cell(span(others))}.", ""]
+            for profile, groups in groups_by_profile:
+                out += [f"**profile {cell(profile)}**", "", "| Reason | Nodes |", "|---|---|"]
+                for reason, nodes in groups:
+                    shown = nodes if show_all or len(nodes) <= MAX_NAMES else nodes[:MAX_NAMES] + [
+                        f"... {len(nodes) - MAX_NAMES} more"]
+                    who = ", ".join(shown) if nodes else "(the pool as a whole)"
+                    count = f" ({len(nodes)})" if len(nodes) > 1 else ""
+                    out.append(f"| {cell(reason)}{count} | {cell(who)} |")
+                out.append("")
+            out += ["</details>", ""]
+    if pl.waiting:
+        out += ["### Waiting", ""]
+        out += [f"- {code(w.replica)}: {cell(w.reason)}" for w in pl.waiting]
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"

@@ -1,0 +1,103 @@
+"""`reconciler status [CATALOG] [--format text|json]`: what runs now, from status/ alone (no SSH).
+
+One row per replica: MODEL REPLICA PHASE NODES ENDPOINT RESTARTS MESSAGE. The
+phase is coloured on a terminal and plain when piped, so `| grep Failed` works.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from reconciler.commands._status_files import CatalogStatus, read_catalog_status
+from reconciler.constants import Exit
+
+HEADERS = ["MODEL", "REPLICA", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "MESSAGE"]
+PHASE_STYLE = {"Ready": "green", "Failed": "red", "Unknown": "magenta"}  # the rest (in progress): yellow
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def nodes_text(replica: dict) -> str:
+    """`a1[0,1]:8000 a2[0,1]:8000`: node, GPUs and port of every rank, head first."""
+    parts = []
+    for n in sorted(replica.get("nodes") or [], key=lambda n: n.get("rank", 0)):
+        gpus = n.get("gpus") or []
+        parts.append(f"{n.get('node')}{'[' + ','.join(map(str, gpus)) + ']' if gpus else ''}:{n.get('port')}")
+    return " ".join(parts) or "-"
+
+
+def endpoint_text(replica: dict) -> str:
+    head = next((n for n in replica.get("nodes") or [] if n.get("rank") == 0), None)
+    return (head or {}).get("endpoint") or "-"
+
+
+def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
+    out = []
+    for model in status.models:
+        for r in model["replicas"]:
+            out.append((model["name"], r, [
+                model["name"], r["id"], str(r.get("phase") or "Unknown"), nodes_text(r), endpoint_text(r),
+                str(r.get("restarts") or 0), " ".join(str(r.get("message") or "").split()),
+            ]))
+    return out
+
+
+def summary(status: CatalogStatus) -> str:
+    replicas = [r for m in status.models for r in m["replicas"]]
+    ready = sum(1 for r in replicas if r.get("phase") == "Ready")
+    return (f"{_plural(len(status.models), 'model')}, {ready} of {_plural(len(replicas), 'replica')} Ready"
+            if replicas else f"{_plural(len(status.models), 'model')}, no replicas")
+
+
+def print_text(status: CatalogStatus) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    tty = sys.stdout.isatty()
+    console = Console(file=sys.stdout, width=None if tty else 100_000, no_color=not tty, highlight=False,
+                      markup=False, emoji=False)
+    if status.revision:
+        console.print(f"revision {status.revision}")
+    elif status.message:
+        console.print(status.message)
+    for warning in status.warnings:
+        console.print(f"warning: {warning}")
+    table_rows = rows(status)
+    if not table_rows:
+        console.print("no replicas")
+        return
+    table = Table(box=box.SIMPLE_HEAD if tty else None, show_edge=False, pad_edge=False)
+    for i, h in enumerate(HEADERS):
+        if h == "MESSAGE":  # free text takes what the terminal has left and folds; the rest stays whole
+            table.add_column(h, overflow="fold", ratio=1)
+        else:
+            table.add_column(h, no_wrap=True, min_width=max([len(h)] + [len(c[i]) for _, _, c in table_rows]))
+    for _, replica, cells in table_rows:
+        phase = cells[2]
+        styled = Text(phase, style=PHASE_STYLE.get(phase, "yellow"))
+        table.add_row(*cells[:2], styled, *cells[3:])
+    console.print(table)
+    console.print(summary(status))
+
+
+def json_document(status: CatalogStatus) -> dict:
+    """SPEC section 6: {"revision", "models": [{"name", "desired", "ready", "replicas": [...]}]}."""
+    return {"revision": status.revision, "models": [dict(m) for m in status.models]}
+
+
+def main(args) -> int:
+    status = read_catalog_status(args.catalog)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(json_document(status), indent=2) + "\n")
+        return Exit.OK
+    if not status.written:
+        print(f"no status yet under {status.root / 'status'}: run `reconciler apply` (or the daemon, "
+              "`reconciler run`) on this catalog first")
+        return Exit.OK
+    print_text(status)
+    return Exit.OK
