@@ -47,6 +47,7 @@ from reconciler.model import (
     SlurmSettings,
     SshSettings,
     UpdatePolicy,
+    SecretRef,
     frozen_map,
     is_path_source,
 )
@@ -222,8 +223,16 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
         elif kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "above", "exclusiveMaximum": "below"}
             msg = f"{field}: {err.instance} is out of range; must be {words[kind]} {err.validator_value}"
+        elif kind == "pattern" and err.validator_value == "^/" and field == "from_file":
+            msg = (f"env {_field_name(path[:-1])}: from_file {err.instance!r} must be an absolute path (it is read "
+                   "on the node, at launch, where there is no catalog directory to be relative to)")
         elif kind == "pattern" and err.validator_value == "^/":
             msg = f"{field}: {err.instance!r} must start with / (an absolute path)"
+        elif kind == "pattern" and field == "from_env":
+            msg = (f"env {_field_name(path[:-1])}: from_env {err.instance!r} is not a valid environment "
+                   "variable name (letters, digits and _, not starting with a digit)")
+        elif kind in ("minProperties", "maxProperties") and len(path) >= 2 and path[-2] == "env":
+            msg = f"env {field}: a secret reference names exactly one of from_file or from_env"
         elif kind == "pattern":
             msg = f"{field}: {_describe(err.instance)} does not match the required form {err.validator_value}"
         elif kind in ("minLength", "minItems"):
@@ -536,11 +545,19 @@ def build_profile(p: dict) -> Profile:
         min_disk_gb=p.get("min_disk_gb", 0),
         port=p.get("port", DEFAULT_PORTS.get(p["engine"], 0)),
         args=tuple(p.get("args") or ()),
-        env=frozen_map(p.get("env")),
+        env=frozen_map({k: _env_value(v) for k, v in (p.get("env") or {}).items()}),
         health_path=p.get("health_path", "/health"),
         start_timeout_s=float(p.get("start_timeout_s", 900)),
         command=tuple(p["command"]) if "command" in p else None,
     )
+
+
+def _env_value(value: Any) -> "str | SecretRef":
+    """A string, or (the schema allows exactly one key) a reference to a secret."""
+    if isinstance(value, dict):
+        [(kind, name)] = value.items()
+        return SecretRef(kind, name)
+    return value
 
 
 def build_model(data: dict, rel: str) -> Model:

@@ -126,6 +126,26 @@ class Fleet:
 
 
 @dataclass(frozen=True)
+class SecretRef:
+    """An env value that names where a secret is, never the secret (SPEC section 7).
+
+    from_file: an absolute path read on the node, by the node agent, at launch.
+    from_env: a variable of the reconciler's own environment, read at launch.
+    The value reaches the engine's environment and nowhere else; what is hashed,
+    printed and written anywhere is this reference.
+    """
+
+    kind: str  # "from_file" | "from_env"
+    name: str  # the path, or the variable's name
+
+    def document(self) -> dict[str, str]:
+        return {self.kind: self.name}
+
+    def __str__(self) -> str:
+        return f"{{{self.kind}: {self.name}}}"
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     engine: str
@@ -138,7 +158,7 @@ class Profile:
     min_disk_gb: float = 0
     port: int = 8000
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = _empty()
+    env: Mapping[str, "str | SecretRef"] = _empty()  # a SecretRef where the catalog gave a reference
     health_path: str = "/health"
     start_timeout_s: float = 900
     command: tuple[str, ...] | None = None  # engine: command only
@@ -251,7 +271,8 @@ def spec_hash(model: Model, profile: Profile) -> str:
         "gpus_per_node": profile.gpus_per_node,
         "nodes": profile.nodes,
         "args": list(profile.args),
-        "env": dict(sorted(profile.env.items())),
+        # A secret counts by its reference: rotating the value is no spec change, renaming the file is.
+        "env": {k: v.document() if isinstance(v, SecretRef) else v for k, v in sorted(profile.env.items())},
         "command": list(profile.command) if profile.command is not None else None,
         "health_path": profile.health_path,
     }
@@ -534,6 +555,8 @@ class RankLaunch:
 
     argv and env hold final strings: no placeholder is left (render refuses
     otherwise). Transports quote argv once; nothing re-interprets it.
+    secret_env holds the references whose values the launcher resolves at launch
+    (from_env here, from_file on the node), so no value is ever in a RankLaunch.
     """
 
     replica: str
@@ -553,3 +576,4 @@ class RankLaunch:
     # on): its start waits on the node, this long at most, until it listens on its port, and the
     # ranks after it start only then. None: started and left to the readiness check.
     listen_timeout_s: float | None = None
+    secret_env: Mapping[str, SecretRef] = _empty()

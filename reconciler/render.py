@@ -36,6 +36,7 @@ from reconciler.model import (
     Placement,
     Profile,
     RankLaunch,
+    SecretRef,
     spec_hash,
 )
 
@@ -85,7 +86,7 @@ def render_replica(
             rpc_server=observed.llama_cpp.rpc_server if observed is not None and observed.llama_cpp else None,
             cpu_count=observed.cpu_count if observed is not None else None,
         )
-        argv, env = _render_rank(ctx, adapter)
+        argv, env, secrets = _render_rank(ctx, adapter)
         launches.append(
             RankLaunch(
                 replica=rid,
@@ -102,6 +103,7 @@ def render_replica(
                 health_path=profile.health_path if ctx.is_head else None,
                 start_timeout_s=profile.start_timeout_s,
                 listen_timeout_s=adapter.listen_timeout_s(ctx),
+                secret_env=MappingProxyType(secrets),
             )
         )
     return launches
@@ -256,13 +258,22 @@ def _base_env(ctx: RankContext) -> dict[str, str]:
     return env
 
 
-def _render_rank(ctx: RankContext, adapter) -> tuple[list[str], dict[str, str]]:
+def _render_rank(ctx: RankContext, adapter) -> tuple[list[str], dict[str, str], dict[str, SecretRef]]:
     rid, profile = ctx.replica, ctx.profile
     where = f"rank {ctx.rank} on {ctx.node.id}"
     argv = adapter.argv(ctx)
     ours = _base_env(ctx)
     ours.update(adapter.env(ctx))
-    user_env = dict(profile.env)
+    # Secret references are resolved by the launcher at launch (never here: render is pure and its
+    # output is logged); they only have to be names the engine can receive and not clash with ours.
+    secrets = {k: v for k, v in profile.env.items() if isinstance(v, SecretRef)}
+    user_env = {k: v for k, v in profile.env.items() if not isinstance(v, SecretRef)}
+    for k, ref in secrets.items():
+        if k in ours:
+            raise RenderError(rid, f"{where}: profile {profile.name} sets env {k} to {ref}, but the reconciler sets "
+                                   f"{k} for this placement")
+        if not ENV_NAME_RE.match(k):
+            raise RenderError(rid, f"{where}: env name {k!r} is not a valid variable name")
 
     if profile.engine == "command":
         values = placeholder_values(ctx)
@@ -299,7 +310,7 @@ def _render_rank(ctx: RankContext, adapter) -> tuple[list[str], dict[str, str]]:
             raise RenderError(rid, f"{where}: argv[{i}] holds a NUL byte, which no process can receive")
     if not argv or not argv[0]:
         raise RenderError(rid, f"{where}: empty command")
-    return argv, env
+    return argv, env, secrets
 
 
 def _resolve(rid: str, where: str, field: str, value: str, values: Mapping[str, str | None]) -> str:

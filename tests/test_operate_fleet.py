@@ -28,23 +28,27 @@ from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
 from tests.gitcatalog import marked_pids, wait_for
 
 NODES = ("o1", "o2")
+SECRET_NODE = "o3"  # the one node secret tests place on (node_selector), so a from_file path exists there
 
 
 @pytest.fixture(scope="module")
 def nodes(fleet):  # noqa: F811
     for n in NODES:
         fleet.add_node(n)
+    fleet.add_node(SECRET_NODE, labels={"role": "secret"})
     return fleet
 
 
-def echo_model(name: str, replicas: int, port: int, marker: str, env: dict | None = None) -> dict:
+def echo_model(name: str, replicas: int, port: int, marker: str, env: dict | None = None, **extra) -> dict:
     return {
         "name": name, "source": f"{name}-weights", "replicas": replicas,
         "profiles": [{
             "name": "cpu", "engine": "command", "port": port, "start_timeout_s": 30,
+            "node_selector": {"role": "secret"} if env else {},
             "command": ["python3", "-m", "reconciler.tiny_server", "--host", "0.0.0.0", "--port", "${PORT}",
                         "--model", "${MODEL_SOURCE}"],
             "env": {"E2E_MARKER": marker, "PYTHONPATH": str(REPO), **(env or {})},
+            **extra,
         }],
     }
 
@@ -187,3 +191,68 @@ def test_status_and_logs_outside_a_catalog_say_so_in_one_line(cli, tmp_path):
     empty = cli("status", str(tmp_path))
     assert empty.returncode == 0 and empty.stdout.startswith("no status yet under")
     assert cli("logs", "echo-0", str(tmp_path), "--tail", "-2").returncode == 2
+
+
+def test_a_secret_reaches_the_engines_environment_and_nowhere_else(nodes, catalog, cli, tmp_path):
+    import secrets
+
+    root, marker = catalog
+    node = nodes.node(SECRET_NODE)
+    file_secret, env_secret = "file-" + secrets.token_hex(16), "env-" + secrets.token_hex(16)
+    secret_file = node.dir / "secrets" / "hf_token"  # an absolute path on the node (its own directory)
+    secret_file.parent.mkdir(mode=0o700, exist_ok=True)
+    secret_file.write_text(file_secret + "\n")
+    env = {"HF_TOKEN": {"from_file": str(secret_file)}, "GATEWAY_KEY": {"from_env": "OPS_GATEWAY_KEY"}}
+    write_model(root, echo_model("keyed", 1, 24800, marker, env))
+    write_model(root, echo_model("no-file", 1, 24810, marker, {"HF_TOKEN": {"from_file": "/nonexistent/hf_token"}}))
+    write_model(root, echo_model("no-var", 1, 24820, marker, {"GATEWAY_KEY": {"from_env": "OPS_UNSET_VARIABLE"}}))
+    run_env = dict(os.environ, PYTHONPATH=str(REPO), OPS_GATEWAY_KEY=env_secret, **private(tmp_path))
+    run_env.pop("OPS_UNSET_VARIABLE", None)
+
+    def leaks(data: bytes) -> bool:
+        return file_secret.encode() in data or env_secret.encode() in data
+
+    # The process list of this machine and of the nodes (they share its pid namespace), watched for
+    # as long as apply runs: the node agent that launches the engine lives only for that moment.
+    apply = subprocess.Popen([sys.executable, "-m", "reconciler", "apply", str(root)], env=run_env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen_in_cmdline = []
+    while apply.poll() is None:
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and leaks(open(f"/proc/{entry}/cmdline", "rb").read()):
+                    seen_in_cmdline.append(entry)
+            except OSError:
+                pass
+    out, err = apply.communicate()
+    assert not seen_in_cmdline
+    assert apply.returncode == 1, out + err  # two of the three launches fail, by design
+    for n in (*NODES, SECRET_NODE):  # the nodes' own view of their process list
+        listing = nodes.exec(n, ["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null; true"]).stdout
+        assert not leaks(listing.encode())
+
+    # The engine has both values in its environment.
+    status = yaml.safe_load((root / "status/models/keyed.yaml").read_text())
+    assert status["replicas"][0]["phase"] == "Ready", status
+    state = node.dir / "home/.local/state/llm-reconciler"
+    [record] = [json.loads(p.read_text()) for p in (state / "replicas").glob("keyed-0.rank0.json")]
+    environ = dict(e.split(b"=", 1) for e in open(f"/proc/{record['pid']}/environ", "rb").read().split(b"\0") if b"=" in e)
+    assert environ[b"HF_TOKEN"] == file_secret.encode() and environ[b"GATEWAY_KEY"] == env_secret.encode()
+
+    # A missing file or variable fails that launch, naming the reference, never a value.
+    failed = {m: yaml.safe_load((root / f"status/models/{m}.yaml").read_text())["replicas"][0] for m in ("no-file", "no-var")}
+    assert "{from_file: /nonexistent/hf_token}" in failed["no-file"]["message"], failed
+    assert "{from_env: OPS_UNSET_VARIABLE} is not set in the reconciler's environment" in failed["no-var"]["message"], failed
+
+    # What every command prints, and every file the reconciler left: in the catalog (status/ included),
+    # in every node's state dir (records, logs), in apply's own memory.
+    printed = [out, err]
+    for argv in (("status", str(root)), ("status", str(root), "--format", "json"), ("logs", "keyed-0", str(root)),
+                 ("plan", str(root)), ("plan", str(root), "--format", "json"), ("plan", str(root), "--format", "markdown")):
+        r = subprocess.run([sys.executable, "-m", "reconciler", *argv], env=run_env, capture_output=True, timeout=120)
+        printed += [r.stdout, r.stderr]
+    assert not any(leaks(p) for p in printed)
+    files = [p for base in [root, tmp_path / "xdg"] + [nodes.node(n).dir / "home/.local/state" for n in (*NODES, SECRET_NODE)]
+             for p in base.rglob("*") if p.is_file()]
+    assert any(p.name == "keyed-0.rank0.json" for p in files) and any(p.name == "keyed-0.rank0.log" for p in files)
+    assert [str(p) for p in files if leaks(p.read_bytes())] == []

@@ -30,7 +30,8 @@ class CommandAdapter:
 
     def argv(self, ctx: RankContext) -> list[str]:
         # Unresolved here on purpose: render substitutes with placeholder_values().
-        return list(ctx.profile.command or ())
+        # `args` go after the command, as for every other engine (they were once dropped silently).
+        return list(ctx.profile.command or ()) + list(ctx.profile.args)
 
     def listen_timeout_s(self, ctx: RankContext) -> float | None:
         return None  # the other ranks connect to the head, which starts last

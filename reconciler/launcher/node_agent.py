@@ -305,6 +305,21 @@ def start_locked(req, records_dir, logs_dir):
 
     env = dict(os.environ)
     env.update(req.get("env") or {})
+    for key, path in sorted((req.get("env_files") or {}).items()):
+        # A secret the catalog names by its path on this node: read now, handed to the engine's
+        # environment only (never written anywhere, never in an argv).
+        try:
+            with open(path, "rb") as f:
+                value = f.read().decode("utf-8")
+        except OSError as exc:
+            return {"ok": False, "reason": "env %s: {from_file: %s}: %s on this node" % (key, path, exc.strerror or exc)}
+        except UnicodeDecodeError:
+            return {"ok": False, "reason": "env %s: {from_file: %s}: not UTF-8 text" % (key, path)}
+        if value.endswith("\n"):  # `echo token > file` leaves one newline that is no part of the token
+            value = value[:-2] if value.endswith("\r\n") else value[:-1]
+        if "\x00" in value:
+            return {"ok": False, "reason": "env %s: {from_file: %s}: holds a NUL byte" % (key, path)}
+        env[key] = value
     env["LLM_RECONCILER_REPLICA"] = name
     argv = [str(a) for a in req["argv"]]
     try:
@@ -345,7 +360,7 @@ def start_locked(req, records_dir, logs_dir):
         "port": port,
         "gpus": list(req.get("gpus") or []),
         "argv": argv,
-        "env_keys": sorted((req.get("env") or {}).keys()),
+        "env_keys": sorted(set(req.get("env") or {}) | set(req.get("env_files") or {})),
         "log": log_path,
         "managed_by": MANAGED_BY,
     }

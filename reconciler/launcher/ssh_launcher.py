@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
@@ -100,6 +101,17 @@ class SshLauncher:
         return answer
 
     def start(self, launch: RankLaunch) -> StartOutcome:
+        env = dict(launch.env)
+        env_files: dict[str, str] = {}
+        for name, ref in sorted(launch.secret_env.items()):
+            if ref.kind == "from_file":
+                env_files[name] = ref.name  # read by the agent on the node: the value never leaves it
+                continue
+            value = os.environ.get(ref.name)
+            if value is None:
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+                                    reason=f"env {name}: {ref} is not set in the reconciler's environment")
+            env[name] = value  # travels on the agent's stdin, never in an argv
         request = {
             "op": "start",
             "replica": launch.replica,
@@ -109,7 +121,8 @@ class SshLauncher:
             "nnodes": launch.nnodes,
             "spec_hash": launch.spec_hash,
             "argv": list(launch.argv),
-            "env": dict(launch.env),
+            "env": env,
+            "env_files": env_files,
             "port": launch.port,
             "gpus": list(launch.gpus),
             "listen_timeout_s": launch.listen_timeout_s,
