@@ -92,6 +92,8 @@ def observe_replica(
     base = ReplicaState(replica, model.name, head.profile, UNKNOWN, "", nodes,
                         replica_endpoint(catalog.fleet, head_node.id, head.port))
     settled = judge_records(base, ranks)
+    if settled is not None and settled.phase == FAILED:
+        return with_crash_logs(settled, ranks, replica, launcher)
     if settled is not None:
         return settled
     answered, seen = health(head_host(catalog.fleet, head_node.id), head.port,
@@ -107,6 +109,21 @@ def observe_replica(
         timeout_s=profile.start_timeout_s if profile is not None else DEFAULT_START_TIMEOUT_S,
         wall_now=time.time() if wall_now is None else wall_now,
     )
+
+
+def with_crash_logs(state: ReplicaState, ranks: RankRecords, replica: str, launcher: Launcher) -> ReplicaState:
+    """A crashed replica's message with its dead ranks' last log lines: while it waits out its restart
+    backoff, status has to say why it died, not only the daemon's log of the pass that saw it die."""
+    tails = []
+    for node in sorted({n.id for n, r in ranks if not r.alive}):
+        try:
+            states = launcher.ranks(node, replica, log_lines=LOG_LINES_IN_MESSAGE)
+        except TransportError:
+            continue  # the node just answered the probe; if it does not now, the message stays as it was
+        tails += [f"rank {s.rank} on {node}: " + " | ".join(s.log_tail) for s in states if not s.alive and s.log_tail]
+    if not tails:
+        return state
+    return replace(state, message=f"{state.message}; last log lines: {'; '.join(tails)}")
 
 
 class Actor:

@@ -1127,7 +1127,8 @@ def unfittable_problems(
         elif single_only and model.spread != "preferred" and model.replicas > len(hosts):
             problems.append(Problem(
                 where, *at(("replicas",)),
-                f"model {model.name} asks for {model.replicas} replicas, but only {len(hosts)} nodes can ever hold one "
+                f"model {model.name} asks for {model.replicas} replica{'s' * (model.replicas != 1)}, but only "
+                f"{len(hosts)} node{'s' * (len(hosts) != 1)} can ever hold one "
                 f"and replicas of a model never share a node (set spread: preferred to allow it)",
             ))
     return problems

@@ -405,7 +405,7 @@ class _Diff:
 
     def not_desired(self, rid: str, model_name: str, model: Model | None, entries: list[tuple[str, RunningRank]]) -> None:
         """A model removed from the catalog, or an ordinal above the replica count: stop it where it answers."""
-        why = "model removed from the catalog" if model is None else f"scaled down to {model.replicas} replicas"
+        why = "model removed from the catalog" if model is None else f"scaled down to {model.replicas} replica{'s' * (model.replicas != 1)}"
         reachable = [(n, r) for n, r in entries if self.state(n) != "unreachable"]
         away = sorted({n for n, r in entries if self.state(n) == "unreachable"})
         if reachable:

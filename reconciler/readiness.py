@@ -45,9 +45,27 @@ def http_health(host: str, port: int, path: str, timeout: float = HEALTH_TIMEOUT
             return True, ""
         return False, f"{path} answered {resp.status}"
     except (OSError, http.client.HTTPException, UnicodeError) as exc:  # UnicodeError: a host name idna refuses
-        return False, f"{path} did not answer: {exc.__class__.__name__}: {exc}"
+        return False, f"{path} did not answer: {why_no_answer(exc, timeout)}"
     finally:
         conn.close()
+
+
+def why_no_answer(exc: BaseException, timeout: float) -> str:
+    """What went wrong with a health request, in words (status messages are read by people, not
+    Python: "connection refused", not "ConnectionRefusedError: [Errno 111] Connection refused")."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g}s"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    if isinstance(exc, ConnectionResetError):
+        return "the connection was reset"
+    if isinstance(exc, UnicodeError):
+        return "the host name cannot be encoded as a DNS name"
+    if isinstance(exc, http.client.HTTPException):
+        return "it answered something that is not HTTP"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return "the request failed"
 
 
 @dataclass

@@ -11,10 +11,11 @@ from pathlib import Path
 from reconciler.memory import PassMemory, memory_from_document, memory_to_document
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
-from reconciler.constants import Exit
+from reconciler.constants import STATUS_DIR, Exit
 from reconciler.errors import StatusWriteError
+from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
-from reconciler.status import write_if_changed
+from reconciler.status import write_document, write_if_changed
 
 
 def memory_path(catalog_root: str) -> Path:
@@ -24,6 +25,39 @@ def memory_path(catalog_root: str) -> Path:
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
     return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
+
+
+def catalog_status_document(catalog) -> dict:
+    """status/catalog.yaml as `apply` leaves it: the keys the daemon writes (SPEC section 6), so a
+    reviewer (and a daemon started later) reads one shape whoever applied last.
+
+    apply applies the working tree as it is, uncommitted edits included; status says so.
+    """
+    rev = catalog.revision
+    doc: dict = {"last_attempted_revision": rev, "last_applied_revision": rev,
+                 "message": f"revision {rev[:12]} applied by reconciler apply" if rev
+                 else "not a git repository: the directory is applied as it is", "errors": []}
+    warnings = []
+    try:
+        repo = GitCatalog.open(catalog.root)
+        if repo is not None:
+            doc["branch"] = repo.branch()
+            doc["uncommitted_changes"] = repo.uncommitted()
+            if doc["uncommitted_changes"]:
+                warnings.append("reconciler apply applied the working tree, uncommitted changes included: "
+                                + ", ".join(doc["uncommitted_changes"]))
+    except GitError as exc:  # git broke: status still says what was applied
+        warnings.append(f"git: {exc.stderr or exc}")
+    doc["warnings"] = warnings
+    return doc
+
+
+def write_catalog_status(catalog) -> None:
+    path = Path(catalog.root) / STATUS_DIR / "catalog.yaml"
+    try:
+        write_document(path, catalog_status_document(catalog))
+    except StatusWriteError as exc:
+        print(f"reconciler: could not write {path}: {exc.reason}", file=sys.stderr)
 
 
 def load_memory(path: Path) -> PassMemory:
@@ -57,6 +91,8 @@ def main(args) -> int:
         transports.close()
     if result.memory is not None and not args.dry_run:
         save_memory(memory_file, result.memory)
+    if not args.dry_run:
+        write_catalog_status(catalog)
 
     nodes = result.inventory.nodes if result.inventory is not None else ()
     if nodes and all(n.state == "unreachable" for n in nodes):
