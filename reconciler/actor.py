@@ -90,7 +90,7 @@ def observe_replica(
     profile = model.profile(head.profile)
     nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
     base = ReplicaState(replica, model.name, head.profile, UNKNOWN, "", nodes,
-                        replica_endpoint(catalog.fleet, head_node.id, head.port))
+                        replica_endpoint(catalog.fleet, head_node.id, head.port), revision=head.revision)
     settled = judge_records(base, ranks)
     if settled is not None and settled.phase == FAILED:
         return with_crash_logs(settled, ranks, replica, launcher)
@@ -111,9 +111,12 @@ def observe_replica(
     )
 
 
-def with_crash_logs(state: ReplicaState, ranks: RankRecords, replica: str, launcher: Launcher) -> ReplicaState:
+def with_crash_logs(state: ReplicaState, ranks: RankRecords, replica: str, launcher: Launcher | None) -> ReplicaState:
     """A crashed replica's message with its dead ranks' last log lines: while it waits out its restart
-    backoff, status has to say why it died, not only the daemon's log of the pass that saw it die."""
+    backoff, status has to say why it died, not only the daemon's log of the pass that saw it die.
+    Without a launcher (a judgement from records alone) the message stays as the records make it."""
+    if launcher is None:
+        return state
     tails = []
     for node in sorted({n.id for n, r in ranks if not r.alive}):
         try:
@@ -164,6 +167,7 @@ class Actor:
         self.pids: dict[tuple[str, str, int], int] = {}
         self.taken_ports: dict[str, set[int]] = {}
         self.stopped: list[tuple[str, str, int | None]] = []
+        self.adopted_revisions: dict[tuple[str, str, int], str | None] = {}
         self.pending: dict[str, StartedReplica] = {}
         # Told when a replica's state changes mid-pass (Fetching progress, Stopping): status rewrites.
         self.on_change: Callable[..., None] = lambda force=False: None
@@ -257,7 +261,10 @@ class Actor:
             self.decide(action.replica, "-", "skip", f"cannot start: {why}")
             return self.settle(verb, ReplicaState(action.replica, action.model, None, PENDING, why), ok=True)
         try:
-            launches = self.render(model, profile, placement, self.catalog.fleet, self.inventory)
+            # Each rank's record keeps the revision it comes from, so status can say which replicas
+            # still run an older spec.
+            launches = [replace(l, revision=self.catalog.revision)
+                        for l in self.render(model, profile, placement, self.catalog.fleet, self.inventory)]
         except RenderError as exc:
             return self.fail(verb, action.replica, action.model, profile.name, f"launch refused: {exc}",
                              placement=placement)
@@ -283,7 +290,14 @@ class Actor:
         return self.settle(verb, ReplicaState(
             action.replica, action.model, profile.name, STARTING, "", placement.nodes,
             replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
+            revision=self.revision_of(launches),
         ), ok=True)
+
+    def revision_of(self, launches: Sequence[RankLaunch]) -> str | None:
+        """The revision the replica's processes come from: its head's, the adopted record's when the
+        head was found already running (started by an earlier revision with the same spec)."""
+        head = next(l for l in launches if l.rank == 0)
+        return self.adopted_revisions.get((head.node, head.replica, head.rank), head.revision)
 
     def clear_earlier_copy(self, replica: str, launches: Sequence[RankLaunch]) -> bool:
         """Ranks of this replica left from an earlier life (dead, or on other nodes) would collide with
@@ -319,7 +333,9 @@ class Actor:
                 what = f"pid {outcome.pid}"
             self.decide(launch.replica, launch.node, verb,
                         f"rank {launch.rank}/{launch.nnodes} port {launch.port} ({what}): {why}")
-            if not outcome.already_running:
+            if outcome.already_running:
+                self.adopted_revisions[(launch.node, launch.replica, launch.rank)] = outcome.revision
+            else:
                 self.started.append(launch)
                 if outcome.pid is not None:
                     self.pids[(launch.node, launch.replica, launch.rank)] = outcome.pid
@@ -507,7 +523,8 @@ class Actor:
         """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
         head = started.head
         base = ReplicaState(replica, started.model, started.profile.name, STARTING, "", started.placement.nodes,
-                            replica_endpoint(self.catalog.fleet, head.node, head.port))
+                            replica_endpoint(self.catalog.fleet, head.node, head.port),
+                            revision=self.revision_of(started.launches))
         answered, seen = self.health(head_host(self.catalog.fleet, head.node), head.port,
                                      head.health_path or started.profile.health_path)
         now = self.clock()

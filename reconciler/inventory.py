@@ -91,6 +91,7 @@ def _rank_from_doc(d: dict) -> RunningRank:
         alive=d.get("alive", True),
         slurm_job=d.get("slurm_job", ""),
         waiting=d.get("waiting", ""),
+        revision=d.get("revision"),
     )
 
 
@@ -196,6 +197,8 @@ def node_to_document(n: ObservedNode) -> dict:
             rd["slurm_job"] = r.slurm_job
         if r.waiting:
             rd["waiting"] = r.waiting
+        if r.revision is not None:
+            rd["revision"] = r.revision
         doc["replicas"].append(rd)
     if n.ports_in_use:
         doc["ports_in_use"] = sorted(set(n.ports_in_use))

@@ -335,6 +335,7 @@ class RunningRank:
     alive: bool = True
     slurm_job: str = ""  # the Slurm job the rank runs in (launcher: slurm)
     waiting: str = ""  # queued, not running yet: the scheduler's reason ("Resources", "Priority", ...)
+    revision: str | None = None  # the catalog revision it was started from (None: unknown, an older record)
 
 
 @dataclass(frozen=True)
@@ -577,3 +578,4 @@ class RankLaunch:
     # ranks after it start only then. None: started and left to the readiness check.
     listen_timeout_s: float | None = None
     secret_env: Mapping[str, SecretRef] = _empty()
+    revision: str | None = None  # the catalog revision this launch comes from; recorded with the rank

@@ -52,6 +52,7 @@ class ReplicaState:
     endpoint: str | None = None  # http://<head data address>:<port>, when placed
     # Failed because it was not Ready by its profile's start_timeout_s: its processes are to be ended.
     start_timed_out: bool = False
+    revision: str | None = None  # the catalog revision its processes were started from
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,8 @@ def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
     # action reasons ("start: not running") a replica started in this pass reads the same as
     # in the next, quiet one, and status does not change for nothing.
     observed_plan = replace(result.plan, actions=(), waiting=())
-    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages)
+    revisions = {rid: st.revision for rid, st in result.replicas.items()}
+    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions)
     if result.inventory is not None:
         written += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return [str(p) for p in written]

@@ -65,7 +65,7 @@ def inventory_after(
         new = tuple(
             RunningRank(
                 id=l.replica, model=l.model, profile=l.profile, rank=l.rank, gpus=tuple(l.gpus), port=l.port,
-                spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)),
+                spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)), revision=l.revision,
             )
             for l in here
             if not any(r.id == l.replica and r.rank == l.rank for r in keep)

@@ -143,7 +143,8 @@ def rejection_document(r: Rejection) -> dict:
 
 
 def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
-                          messages: Mapping[str, str] | None = None, show_all: bool = False) -> dict:
+                          messages: Mapping[str, str] | None = None, show_all: bool = False,
+                          revisions: Mapping[str, str | None] | None = None) -> dict:
     """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
 
     phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
@@ -151,6 +152,7 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
     """
     phases = predicted_phases(plan) if phases is None else phases
     messages = messages or {}
+    revisions = predicted_revisions(plan) if revisions is None else revisions
     reasons: dict[str, str] = {}
     for a in plan.actions:
         if a.model == model.name:
@@ -177,6 +179,8 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
             "message": messages.get(rid, ""),
             "restarts": plan.restarts.get(rid, 0),
         }
+        if revisions.get(rid):  # known only for a catalog in git; absent rather than a null on every line
+            entry["revision"] = revisions[rid]
         if out is not None and out.placement is None:
             entry["message"] = entry["message"] or unplaced_message(out, show_all)
             if out.rejections_same_as:
@@ -230,8 +234,24 @@ def status_dir(catalog_root: str | os.PathLike) -> Path:
     return d
 
 
+def predicted_revisions(plan: Plan, observed: Mapping[str, str | None] | None = None) -> dict[str, str | None]:
+    """The revision each replica will run once the plan is applied: the plan's for what it starts,
+    what the records say (`observed`) for what it keeps."""
+    revisions = dict(observed or {})
+    for a in plan.actions:
+        if a.action in ("start", "replace", "restart") and a.placement is not None:
+            revisions[a.replica] = plan.revision
+    return revisions
+
+
+def observed_revisions(inventory: Inventory) -> dict[str, str | None]:
+    """Per replica, the revision its head rank's record names."""
+    return {r.id: r.revision for n in inventory.nodes for r in n.replicas if r.rank == 0}
+
+
 def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
-                      messages: Mapping[str, str] | None = None) -> list[Path]:
+                      messages: Mapping[str, str] | None = None,
+                      revisions: Mapping[str, str | None] | None = None) -> list[Path]:
     """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
 
     Returns the paths whose content changed.
@@ -243,7 +263,7 @@ def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: P
     for model in catalog.models:
         path = root / "models" / f"{model.name}.yaml"
         wanted.add(path.name)
-        if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages)):
+        if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages, revisions=revisions)):
             changed.append(path)
     models_dir = root / "models"
     if models_dir.is_dir():

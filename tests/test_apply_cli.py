@@ -212,3 +212,40 @@ def test_apply_writes_status_catalog_yaml_like_the_daemon(cli, example):
     assert doc["warnings"] == ["reconciler apply applied the working tree, uncommitted changes included: models/notes.txt"]
     # What `status` shows first is that revision.
     assert cli("status", str(root)).stdout.splitlines()[0] == f"revision {head}"
+
+
+def test_each_replica_in_status_names_the_revision_its_processes_were_started_from(cli, example):
+    import subprocess
+
+    root, model, state = example
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=root,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    def replica():
+        return yaml.safe_load((root / "status" / "models" / f"{model['name']}.yaml").read_text())["replicas"][0]
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "catalog")
+    first = git("rev-parse", "HEAD")
+    assert cli("apply", str(root), env=private_state(root)).returncode == 0
+    assert replica()["revision"] == first
+    [record] = (state / "replicas").glob("*.json")
+    assert json.loads(record.read_text())["revision"] == first  # kept on the node, with the rank
+
+    (root / "README.md").write_text("a note\n")  # a new revision that changes no spec
+    git("commit", "-qam", "docs")
+    second = git("rev-parse", "HEAD")
+    assert cli("apply", str(root), env=private_state(root)).stdout.startswith("nothing to do")
+    assert replica()["revision"] == first  # still the processes of the first revision
+    assert yaml.safe_load((root / "status" / "catalog.yaml").read_text())["last_applied_revision"] == second
+
+    model_file = next((root / "models").glob("*.yaml"))
+    model["profiles"][0]["env"]["TINY_NOTE"] = "v2"  # a spec change: replaced
+    model_file.write_text(yaml.safe_dump(model, sort_keys=False))
+    git("commit", "-qam", "spec")
+    third = git("rev-parse", "HEAD")
+    assert cli("apply", str(root), env=private_state(root)).returncode == 0
+    assert replica()["revision"] == third and replica()["phase"] == "Ready"

@@ -13,7 +13,7 @@ from reconciler.constants import Exit
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
-from reconciler.status import rejection_document, write_plan_status
+from reconciler.status import observed_revisions, predicted_revisions, rejection_document, write_plan_status
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -161,7 +161,8 @@ def main(args) -> int:
     else:
         sys.stdout.write(render_text(pl, args.all))
     if args.write_status:
-        write_plan_status(catalog.root, catalog, pl)
+        write_plan_status(catalog.root, catalog, pl,
+                          revisions=predicted_revisions(pl, observed_revisions(inventory)))
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)

@@ -29,6 +29,7 @@ class StartOutcome:
     slurm_job: str = ""  # launcher: slurm: the job the replica runs in
     # The node stopped answering mid-request: the rank may be running (its record says so) or not.
     uncertain: bool = False
+    revision: str | None = None  # an adopted rank: the revision its record says it was started from
 
 
 @dataclass(frozen=True)

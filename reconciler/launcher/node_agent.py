@@ -295,7 +295,8 @@ def start_locked(req, records_dir, logs_dir):
         if existing.get("spec_hash") == req["spec_hash"] and existing.get("port") == port:
             # Launched before (a retried pass, a restarted reconciler): never launch twice.
             return {"ok": True, "already_running": True, "pid": existing["pid"],
-                    "pgid": existing.get("pgid"), "log": existing.get("log", log_path)}
+                    "pgid": existing.get("pgid"), "log": existing.get("log", log_path),
+                    "revision": existing.get("revision")}
         return {"ok": False, "reason": "%s rank %d already runs here (pid %d, spec %s, port %s); stop it first"
                 % (replica, rank, existing["pid"], existing.get("spec_hash"), existing.get("port"))}
 
@@ -363,6 +364,7 @@ def start_locked(req, records_dir, logs_dir):
         "env_keys": sorted(set(req.get("env") or {}) | set(req.get("env_files") or {})),
         "log": log_path,
         "managed_by": MANAGED_BY,
+        "revision": req.get("revision"),  # the catalog commit it was started from, for status
     }
     if owner is not None:
         record["owner"] = owner

@@ -127,6 +127,7 @@ class SshLauncher:
             "gpus": list(launch.gpus),
             "listen_timeout_s": launch.listen_timeout_s,
             "log_lines": LOG_LINES_ON_FAILURE,
+            "revision": launch.revision,
         }
         try:
             transport = self.transports.get(launch.node)
@@ -144,6 +145,7 @@ class SshLauncher:
             log=answer.get("log"),
             already_running=bool(answer.get("already_running")),
             port_in_use=answer.get("port_in_use"),
+            revision=answer.get("revision") if isinstance(answer.get("revision"), str) else None,
         )
 
     def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:

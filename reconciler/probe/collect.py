@@ -455,6 +455,7 @@ def _rank(rec: Mapping) -> RunningRank:
         nnodes=_int(rec.get("nnodes"), 1),
         pid=rec.get("pid") if isinstance(rec.get("pid"), int) else None,
         alive=bool(rec.get("alive")),
+        revision=rec.get("revision") if isinstance(rec.get("revision"), str) else None,
     )
 
 
