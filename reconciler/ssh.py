@@ -11,7 +11,9 @@ fleet to whoever answers first.
 
 The user's ~/.ssh/config is honoured for HostName, User, Port, IdentityFile and
 ProxyJump; what fleet.yaml sets explicitly wins over it (fleet.yaml is the
-reviewed, versioned intent), what it leaves unset comes from the config.
+reviewed, versioned intent), what it leaves unset comes from the config. A
+config that uses Include or Match (which paramiko ignores) is resolved by the
+OpenSSH client itself, `ssh -G`, where it is installed (OpenSshConfig).
 
 Foreign exceptions (paramiko, socket) are translated here, once, into
 TransportError / HostKeyError / CommandTimeout naming the node, each cause with
@@ -28,9 +30,12 @@ import getpass
 import hashlib
 import os
 import random
+import re
 import select
 import shlex
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -186,13 +191,85 @@ def load_known_hosts(path: str) -> KnownHosts:
     return KnownHosts(keys, None, tuple(skipped), tuple(revoked))
 
 
+# Directives paramiko's SSHConfig does not understand: it skips `Include` (a host defined in an
+# included file is dialled on port 22 as the local user) and evaluates `Match` differently.
+_OPENSSH_ONLY = re.compile(r"^\s*(include|match)\b", re.IGNORECASE | re.MULTILINE)
+SSH_G_TIMEOUT_S = 10.0
+
+
+class OpenSshConfig:
+    """An SSH config as OpenSSH itself resolves it: `ssh -G HOST` prints what `ssh HOST` would use.
+
+    Offers paramiko SSHConfig's `lookup` (hostname, port, user, identityfile, proxyjump), with a
+    key present only where the config sets it: `ssh -G` prints every default too, so its answer
+    for a host is compared with its answer under an empty config (identity files, user).
+    """
+
+    def __init__(self, path: str | None, ssh: str = "ssh", timeout: float = SSH_G_TIMEOUT_S):
+        self.path = path  # None: the config ssh reads by itself (~/.ssh/config and the system one)
+        self.ssh = ssh
+        self.timeout = timeout
+        self._cache: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._defaults = self._ask("reconciler-defaults.invalid", config=os.devnull)
+
+    def _ask(self, host: str, config: str | None) -> dict[str, list[str]]:
+        if host.startswith("-"):  # an argv element ssh would read as an option
+            raise ValueError(f"host {host!r} starts with '-'")
+        argv = [self.ssh, "-G"] + (["-F", config] if config else []) + [host]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise ValueError(f"`ssh -G {host}` did not answer within {self.timeout:g}s") from None
+        except OSError as exc:
+            raise ValueError(f"cannot run {self.ssh}: {exc.strerror}") from None
+        if done.returncode != 0:
+            why = (done.stderr.decode(errors="replace").strip().splitlines() or ["(no message)"])[-1]
+            raise ValueError(f"{self.path or '~/.ssh/config'}: ssh -G {host}: {why}")
+        out: dict[str, list[str]] = {}
+        for line in done.stdout.decode(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            out.setdefault(key.lower(), []).append(value.strip())
+        return out
+
+    def lookup(self, host: str) -> dict:
+        with self._lock:
+            cached = self._cache.get(host)
+        if cached is not None:
+            return cached
+        seen = self._ask(host, self.path)
+        found: dict = {"hostname": seen.get("hostname", [host])[0], "port": seen.get("port", ["22"])[0]}
+        if seen.get("user") != self._defaults.get("user"):
+            found["user"] = seen["user"][0]
+        if seen.get("identityfile") and seen.get("identityfile") != self._defaults.get("identityfile"):
+            found["identityfile"] = seen["identityfile"]
+        if seen.get("proxyjump"):
+            found["proxyjump"] = seen["proxyjump"][0]
+        with self._lock:
+            self._cache[host] = found
+        return found
+
+
+def load_ssh_config(path: str, *, ssh: str | None = None) -> "paramiko.SSHConfig | OpenSshConfig | None":
+    """The SSH config at `path`: resolved by OpenSSH's own `ssh -G` where the config needs what
+    paramiko ignores (Include, Match) and the client is installed, else parsed by paramiko."""
+    if not os.path.isfile(path):
+        return None
+    ssh = ssh or shutil.which("ssh")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        needs_openssh = _OPENSSH_ONLY.search(f.read()) is not None
+    if needs_openssh and ssh:
+        return OpenSshConfig(path, ssh=ssh)
+    return paramiko.SSHConfig.from_path(path)
+
+
 class _Shared:
     """What every connection of one pool shares: parsed config, known_hosts files, loaded keys, handshake slots."""
 
     def __init__(self, ssh_config_path: str | None, max_handshakes: int):
         path = os.path.expanduser(ssh_config_path or "~/.ssh/config")
         try:
-            self.config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else None
+            self.config = load_ssh_config(path)
         except (paramiko.SSHException, OSError, ValueError) as exc:
             raise UsageError(f"{path}: cannot read this SSH config: {exc}") from None
         self.handshakes = threading.BoundedSemaphore(max_handshakes)
