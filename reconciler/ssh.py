@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import getpass
 import hashlib
+import logging
 import os
 import random
 import re
@@ -46,6 +47,11 @@ import paramiko
 from reconciler.errors import CommandTimeout, HostKeyError, OutputTooLarge, TransportError, UsageError
 from reconciler.model import NodeSpec, SshSettings
 from reconciler.transport import CommandResult, LocalTransport, StreamClosed, Transport
+
+# paramiko logs the failure of its transport thread (a peer that is not an SSH server, a
+# banner that never comes) with a traceback at ERROR, and with no logging set up Python prints
+# that on stderr. The failure reaches the caller as a TransportError naming the node instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
