@@ -135,3 +135,23 @@ def test_command_profiles_append_their_args_instead_of_dropping_them():
                    args=("--threads", "8"))
     [launch] = render(prof, Assignment(node="a1", rank=0, gpus=(), port=9000))
     assert launch.argv == ("/bin/engine", "--port", "9000", "--threads", "8")
+
+
+class NoSlurm:
+    """A Slurm client that must not be asked: the launch is refused before any job is submitted."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"Slurm was asked ({name}) for a launch that carries a secret reference")
+
+
+def test_a_slurm_launch_with_a_secret_reference_is_refused_not_silently_dropped():
+    from reconciler.launcher.slurm_launcher import SlurmLauncher
+    from tests.test_render import FLEET
+
+    prof = profile("command", gpu_class=None, gpus_per_node=0, port=9000, command=("/bin/engine",),
+                   env={"HF_TOKEN": SecretRef("from_file", "/run/secrets/hf")})
+    [launch] = render(prof, Assignment(node="a1", rank=0, gpus=(), port=9000))
+    outcome = SlurmLauncher(FLEET, NoSlurm(), "owner").start(launch)
+    assert not outcome.ok
+    assert outcome.reason == ("env HF_TOKEN {from_file: /run/secrets/hf}: secret references are not supported "
+                              "on launcher: slurm nodes yet")

@@ -185,6 +185,12 @@ class SlurmLauncher:
     # -- Launcher
 
     def start(self, launch: RankLaunch) -> StartOutcome:
+        if launch.secret_env:
+            # The batch script would carry a value into slurmctld's spool (a file on the controller),
+            # and the step runner does not read from_file yet: refused, never dropped silently.
+            names = ", ".join(f"{k} {v}" for k, v in sorted(launch.secret_env.items()))
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+                                reason=f"env {names}: secret references are not supported on launcher: slurm nodes yet")
         with self._lock:
             held = self._held.setdefault(launch.replica, {})
             held[launch.rank] = launch
