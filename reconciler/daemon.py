@@ -26,13 +26,13 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from reconciler import status as status_files
 from reconciler.errors import CatalogInvalid, Problem, ReconcilerError
 from reconciler.constants import STATUS_DIR, Exit
 from reconciler.gitrev import GitCatalog, GitError, PullOutcome
-from reconciler.metrics import Metrics, MetricsServer, count_by
+from reconciler.metrics import FleetFigures, Metrics, MetricsServer, count_by
 from reconciler.model import OBSERVED_STATES, PHASES, Catalog
 from reconciler.outcomes import Decision, PassResult
 
@@ -71,7 +71,8 @@ class EventLog:
         ts = ts.replace("+00:00", "Z")
         fields = {k: v for k, v in fields.items() if v is not None}
         if self.fmt == "json":
-            line = json.dumps({"ts": ts, "event": str(event), **fields}, default=str, sort_keys=False)
+            line = json.dumps({"ts": ts, "level": event_level(str(event), fields), "event": str(event), **fields},
+                              default=str, sort_keys=False)
         else:
             parts = [ts, str(event)]
             message = fields.pop("msg", None)
@@ -83,6 +84,22 @@ class EventLog:
         with self._lock:
             self.stream.write(line + "\n")
             self.stream.flush()
+
+
+# Events that need a person (error) or may (warning); everything else is info. By event name,
+# so a log pipeline can alert on level without knowing the reconciler's vocabulary.
+ERROR_EVENTS = frozenset({"pass.error", "pass.failed", "status.error", "git.error", "catalog.invalid"})
+WARNING_EVENTS = frozenset({"pass.refused", "node.unreachable", "watcher.failed", "head.moved"})
+
+
+def event_level(event: str, fields: Mapping[str, Any]) -> str:
+    if event in ERROR_EVENTS or event.endswith(".error"):
+        return "error"
+    if event == "decision" and fields.get("ok") is False:
+        return "error"
+    if event in WARNING_EVENTS or event.endswith(".failed"):
+        return "warning"
+    return "info"
 
 
 def _text_value(value: Any) -> str:
@@ -279,6 +296,7 @@ class _State:
     no_commit: bool = False
     watcher_error: str | None = None
     took_over_from: int | None = None  # pid of a daemon that died holding the lock
+    unreachable: set[str] = field(default_factory=set)  # nodes the last pass found unreachable
 
 
 class Daemon:
@@ -448,7 +466,7 @@ class Daemon:
             else:
                 self.log("pass.start", trigger=trigger, revision=_short(catalog.revision))
                 result = self.pass_fn(catalog, self.log, trigger=trigger)
-                self._observe(result)
+                self._observe(result, catalog)
                 result_kind = "applied"
         except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass
             self.log("pass.failed", error=str(exc))
@@ -457,8 +475,8 @@ class Daemon:
         finally:
             self._write_status()
             elapsed = self.clock() - started
-            self.metrics.observe_pass(elapsed)
-            self.metrics.inc("reconciler_passes_total", result=result_kind)
+            self.metrics.pass_ended(result_kind, elapsed)
+            self.metrics.revision(self.state.applied)
             self.log("pass.end", trigger=trigger, result=result_kind, seconds=round(elapsed, 3))
 
     def refresh_status(self) -> None:
@@ -603,33 +621,48 @@ class Daemon:
     def _write_status(self) -> None:
         try:
             status_files.write_document(status_files.status_dir(self.root) / "catalog.yaml", self.status_document())
-            self.metrics.set_gauge("reconciler_catalog_valid", 0.0 if self.state.errors else 1.0)
+            self.metrics.catalog_valid.set(0.0 if self.state.errors else 1.0)
             if self.options.commit_status and self.git is not None:
                 commit = self.git.commit_status(self.state.applied, self.state.attempted, push=self.options.push)
                 if commit.commit:
-                    self.metrics.inc("reconciler_status_commits_total")
+                    self.metrics.status_commits.inc()
                     self.log("status.committed", commit=_short(commit.commit),
                              revision=_short(self.state.applied),
                              pushed=("yes" if commit.pushed else "no"), msg=commit.message or None)
         except (OSError, ReconcilerError) as exc:
             self.log("status.error", error=str(exc))
 
-    def _observe(self, result: PassResult | None) -> None:
-        """Metrics from a pass result."""
+    def _observe(self, result: PassResult | None, catalog: Catalog) -> None:
+        """Metrics and node events from a pass result."""
         if result is None:
             return
         for decision in result.decisions:
-            self.metrics.inc("reconciler_actions_total", action=decision.action,
-                             outcome="ok" if decision.ok else "failed")
-        phases = (r.phase for r in result.replicas.values())
-        self.metrics.set_gauge("reconciler_replicas", count_by(phases, PHASES), label="phase")
-        if result.inventory is not None:
-            nodes = result.inventory.nodes
-            self.metrics.set_gauge("reconciler_nodes", count_by((n.state for n in nodes), OBSERVED_STATES),
-                                   label="state")
-            for node in nodes:
-                if node.state == "unreachable":
-                    self.metrics.inc("reconciler_probe_failures_total", node=node.id)
+            self.metrics.action(decision.action, decision.ok)
+        states = list(result.replicas.values())
+        unplaced = [o.model for o in result.plan.unplaced] if result.plan is not None else []
+        restarts = result.plan.restarts if result.plan is not None else {}
+        nodes = result.inventory.nodes if result.inventory is not None else ()
+        self.metrics.fleet(FleetFigures(
+            phases=count_by((s.phase for s in states), PHASES),
+            desired={m.name: m.replicas for m in catalog.models},
+            ready={m.name: sum(1 for s in states if s.model == m.name and s.phase == "Ready") for m in catalog.models},
+            unplaced={m.name: unplaced.count(m.name) for m in catalog.models},
+            restarts={m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models},
+            node_states=count_by((n.state for n in nodes), OBSERVED_STATES) if nodes else {},
+            node_up={n.id: n.state != "unreachable" for n in nodes},
+        ))
+        self._node_events(nodes)
+
+    def _node_events(self, nodes) -> None:
+        """One log line when a node stops answering and one when it answers again, not one per pass."""
+        down = {n.id: n.reason for n in nodes if n.state == "unreachable"}
+        for node, reason in sorted(down.items()):
+            if node not in self.state.unreachable:
+                self.log("node.unreachable", node=node, reason=reason)
+        for node in sorted(self.state.unreachable):
+            if node not in down and any(n.id == node for n in nodes):
+                self.log("node.reachable", node=node, msg="answers again")
+        self.state.unreachable = set(down)
 
 
 def _trigger_name(reasons: set[str]) -> str:

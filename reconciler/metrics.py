@@ -1,114 +1,129 @@
-"""Prometheus text exposition, from the standard library.
+"""The daemon's Prometheus metrics, through prometheus_client.
 
-The daemon exports a handful of series; prometheus_client would be one more
-dependency on every management host for what is ~100 lines of formatting.
-Exposition format 0.0.4: https://prometheus.io/docs/instrumenting/exposition_formats/
+prometheus_client keeps the exposition format, escaping, histogram buckets and
+the `_total`/`_created` conventions right, which the hand-written renderer this
+replaces had to re-derive; every management host already runs Python, and the
+library is pure Python with no dependencies of its own.
+
+Two kinds of series: events counted as they happen (passes, actions, probe
+failures, status commits, the pass duration histogram), and the state the last
+pass left (replicas per model and phase, nodes, reachability), which a collector
+yields whole on each scrape, so a model or node that is gone stops being reported
+instead of lingering at its last value.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterable, Mapping
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
 from reconciler.errors import ReconcilerError, UsageError
+
+# `_created` series (when each counter was made) say nothing an operator asks about.
+disable_created_metrics()
 
 # Pass durations of a fleet span milliseconds (nothing to do) to minutes (many launches).
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
-_HELP = {
-    "reconciler_pass_duration_seconds": ("histogram", "Duration of reconcile passes."),
-    "reconciler_passes_total": ("counter", "Reconcile passes by result (applied, invalid, error, idle)."),
-    "reconciler_actions_total": ("counter", "Actions taken, by kind and outcome."),
-    "reconciler_replicas": ("gauge", "Replicas by phase after the last pass."),
-    "reconciler_nodes": ("gauge", "Nodes by state after the last probe."),
-    "reconciler_probe_failures_total": ("counter", "Failed probes, by node."),
-    "reconciler_catalog_valid": ("gauge", "1 when the last attempted revision validated."),
-    "reconciler_status_commits_total": ("counter", "Commits of status/ made by the daemon."),
-}
+
+@dataclass(frozen=True)
+class FleetFigures:
+    """What the last pass saw, as numbers: the state half of the metrics."""
+
+    phases: Mapping[str, int] = field(default_factory=dict)  # phase -> replicas
+    desired: Mapping[str, int] = field(default_factory=dict)  # model -> replicas the catalog asks for
+    ready: Mapping[str, int] = field(default_factory=dict)  # model -> Ready replicas
+    unplaced: Mapping[str, int] = field(default_factory=dict)  # model -> replicas no node can take
+    restarts: Mapping[str, int] = field(default_factory=dict)  # model -> restarts of its replicas so far
+    node_states: Mapping[str, int] = field(default_factory=dict)  # state -> nodes
+    node_up: Mapping[str, bool] = field(default_factory=dict)  # node -> answered the last probe
 
 
-def _escape(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _FleetCollector:
+    def __init__(self) -> None:
+        self.figures = FleetFigures()
 
-
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
-
-
-def _num(v: float) -> str:
-    if v == float("inf"):
-        return "+Inf"
-    return repr(float(v)) if isinstance(v, float) and not v.is_integer() else str(int(v))
+    def collect(self):
+        f = self.figures  # one reference read: a scrape sees one pass, never half of two
+        phases = GaugeMetricFamily("reconciler_replicas", "Replicas by phase after the last pass.", labels=["phase"])
+        for phase, n in sorted(f.phases.items()):
+            phases.add_metric([phase], n)
+        yield phases
+        for name, text, values in (
+            ("reconciler_model_replicas_desired", "Replicas the catalog asks for, per model.", f.desired),
+            ("reconciler_model_replicas_ready", "Ready replicas, per model.", f.ready),
+            ("reconciler_model_replicas_unplaced", "Replicas no node can take, per model.", f.unplaced),
+        ):
+            family = GaugeMetricFamily(name, text, labels=["model"])
+            for model, n in sorted(values.items()):
+                family.add_metric([model], n)
+            yield family
+        restarts = CounterMetricFamily("reconciler_model_replica_restarts", "Restarts of a model's replicas after a crash.",
+                                       labels=["model"])
+        for model, n in sorted(f.restarts.items()):
+            restarts.add_metric([model], n)
+        yield restarts
+        nodes = GaugeMetricFamily("reconciler_nodes", "Nodes by state after the last probe.", labels=["state"])
+        for state, n in sorted(f.node_states.items()):
+            nodes.add_metric([state], n)
+        yield nodes
+        up = GaugeMetricFamily("reconciler_node_up", "1 when the node answered the last probe.", labels=["node"])
+        for node, ok in sorted(f.node_up.items()):
+            up.add_metric([node], 1.0 if ok else 0.0)
+        yield up
 
 
 class Metrics:
-    """Counters, gauges and one histogram; thread-safe; rendered on scrape."""
+    """Every series the daemon exports, in a registry of its own (several daemons may share a process in tests)."""
 
     def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.pass_duration = Histogram("reconciler_pass_duration_seconds", "Duration of reconcile passes.",
+                                       buckets=DURATION_BUCKETS, registry=r)
+        self.passes = Counter("reconciler_passes", "Reconcile passes by result (applied, invalid, error, idle).",
+                              ["result"], registry=r)
+        self.actions = Counter("reconciler_actions", "Actions taken, by kind and outcome.", ["action", "outcome"],
+                               registry=r)
+        self.probe_failures = Counter("reconciler_probe_failures", "Probes of a node that found it unreachable.",
+                                      ["node"], registry=r)
+        self.status_commits = Counter("reconciler_status_commits", "Commits of status/ made by the daemon.", registry=r)
+        self.catalog_valid = Gauge("reconciler_catalog_valid", "1 when the last attempted revision validated.",
+                                   registry=r)
+        self.last_success = Gauge("reconciler_last_successful_pass_timestamp_seconds",
+                                  "When the last pass that applied a revision ended (Unix time).", registry=r)
+        self.applied_revision = Info("reconciler_applied_revision", "The catalog revision in force.", registry=r)
+        self._fleet = _FleetCollector()
+        r.register(self._fleet)
         self._lock = threading.Lock()
-        self._counters: dict[tuple[str, tuple], float] = {}
-        self._gauges: dict[str, dict[tuple, float]] = {}
-        self._hist_counts = [0] * len(DURATION_BUCKETS)
-        self._hist_sum = 0.0
-        self._hist_n = 0
 
-    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        with self._lock:
-            self._counters[key] = self._counters.get(key, 0.0) + amount
+    def pass_ended(self, result: str, seconds: float, *, wall: float | None = None) -> None:
+        self.pass_duration.observe(seconds)
+        self.passes.labels(result=result).inc()
+        if result == "applied":
+            self.last_success.set(time.time() if wall is None else wall)
 
-    def set_gauge(self, name: str, values: Mapping[tuple, float] | float, label: str | None = None) -> None:
-        """Replace a gauge family whole: `values` maps a label value to a figure (or one figure)."""
-        with self._lock:
-            if isinstance(values, (int, float)):
-                self._gauges[name] = {(): float(values)}
-            else:
-                self._gauges[name] = {((label, k),): float(v) for k, v in values.items()}
+    def action(self, action: str, ok: bool) -> None:
+        self.actions.labels(action=action, outcome="ok" if ok else "failed").inc()
 
-    def observe_pass(self, seconds: float) -> None:
-        with self._lock:
-            self._hist_sum += seconds
-            self._hist_n += 1
-            for i, bound in enumerate(DURATION_BUCKETS):
-                if seconds <= bound:
-                    self._hist_counts[i] += 1
+    def fleet(self, figures: FleetFigures) -> None:
+        for node, up in figures.node_up.items():
+            if not up:
+                self.probe_failures.labels(node=node).inc()
+        self._fleet.figures = figures
 
-    def counter(self, name: str, **labels: str) -> float:
-        with self._lock:
-            return self._counters.get((name, tuple(sorted(labels.items()))), 0.0)
+    def revision(self, revision: str | None) -> None:
+        self.applied_revision.info({"revision": revision or ""})
 
     def render(self) -> str:
-        with self._lock:
-            lines: list[str] = []
-
-            def header(name: str) -> None:
-                kind, text = _HELP.get(name, ("untyped", name))
-                lines.append(f"# HELP {name} {text}")
-                lines.append(f"# TYPE {name} {kind}")
-
-            name = "reconciler_pass_duration_seconds"
-            header(name)
-            for bound, count in zip(DURATION_BUCKETS, self._hist_counts):
-                lines.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
-            lines.append(f'{name}_bucket{{le="+Inf"}} {self._hist_n}')
-            lines.append(f"{name}_sum {self._hist_sum!r}")
-            lines.append(f"{name}_count {self._hist_n}")
-
-            by_name: dict[str, list[tuple[tuple, float]]] = {}
-            for (n, labels), v in self._counters.items():
-                by_name.setdefault(n, []).append((labels, v))
-            for n in sorted(by_name):
-                header(n)
-                for labels, v in sorted(by_name[n]):
-                    lines.append(f"{n}{_labels(dict(labels))} {_num(v)}")
-            for n in sorted(self._gauges):
-                header(n)
-                for labels, v in sorted(self._gauges[n].items()):
-                    lines.append(f"{n}{_labels(dict(labels))} {_num(v)}")
-            return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -134,7 +149,7 @@ class MetricsServer:
                     return
                 body = registry.render().encode()
                 self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

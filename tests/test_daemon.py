@@ -426,3 +426,56 @@ def test_commit_status_with_push_puts_the_status_history_upstream(tmp_path, daem
     upstream_files = git(bare, "show", "--name-only", "--format=", "main").split()
     assert "status/catalog.yaml" in upstream_files
     assert git(bare, "rev-parse", "main").strip() == deployed.head()
+
+
+def test_metrics_follow_prometheus_naming_and_carry_the_fleet_figures(repo, daemon):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    d = daemon(*QUIET, "--metrics-address", "127.0.0.1:0")
+    d.wait_pass()
+    d.wait_event("pass.end")
+    address = d.wait_event("metrics.serving")[0]["address"]
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(body)}  # the official parser reads it whole
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("reconciler_model_replicas_desired", (("model", "alpha"),))] == 1
+    assert ("reconciler_model_replicas_ready", (("model", "alpha"),)) in samples
+    assert samples[("reconciler_model_replicas_unplaced", (("model", "alpha"),))] == 0
+    assert samples[("reconciler_applied_revision_info", (("revision", repo.head()),))] == 1
+    assert samples[("reconciler_last_successful_pass_timestamp_seconds", ())] > 0
+    assert families["reconciler_passes"].type == "counter" and families["reconciler_pass_duration_seconds"].type == "histogram"
+    assert not any(name.endswith("_created") for name, _ in samples)
+
+
+def test_json_log_lines_carry_a_level(repo, daemon):
+    d = daemon(*QUIET)
+    d.wait_event("pass.end")
+    assert all(e["level"] in ("info", "warning", "error") for e in d.events())
+    assert next(e for e in d.events() if e["event"] == "pass.end")["level"] == "info"
+
+
+def test_a_node_going_unreachable_and_coming_back_is_one_event_each(tmp_path):
+    import io
+
+    from reconciler.daemon import Daemon, EventLog
+    from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode
+    from reconciler.outcomes import PassResult
+
+    (tmp_path / "models").mkdir()
+    out = io.StringIO()
+    d = Daemon(tmp_path, pass_fn=lambda *a, **k: None, log=EventLog("json", stream=out))
+    catalog = Catalog(root=str(tmp_path), fleet=Fleet(nodes=(NodeSpec(id="a", address="10.0.0.1", data_address="10.0.0.1"),)),
+                      models=(), revision=None)
+
+    def pass_seeing(state: str, reason: str = "") -> None:
+        inventory = Inventory((ObservedNode(id="a", state=state, reason=reason),))
+        d._observe(PassResult(revision=None, inventory=inventory, plan=None), catalog)
+
+    for seen in (("ready",), ("unreachable", "timed out after 10s"), ("unreachable", "timed out after 10s"), ("ready",)):
+        pass_seeing(*seen)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["event"], e["level"], e["node"]) for e in events] == [
+        ("node.unreachable", "warning", "a"), ("node.reachable", "info", "a")]
+    assert events[0]["reason"] == "timed out after 10s"
+    body = d.metrics.render()
+    assert 'reconciler_node_up{node="a"} 1.0' in body and 'reconciler_probe_failures_total{node="a"} 2.0' in body
