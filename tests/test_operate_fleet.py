@@ -22,6 +22,7 @@ import yaml
 
 from reconciler.catalog import load_catalog
 from reconciler.launcher import SshLauncher
+from reconciler.owner import catalog_owner
 from reconciler.ssh import TransportPool
 from tests.conftest import REPO
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
@@ -64,7 +65,7 @@ def catalog(nodes, tmp_path, request):
     cat = load_catalog(root, with_revision=False)
     with TransportPool() as pool:
         launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes},
-                                         stop_grace_s=2)
+                                         stop_grace_s=2, owner=catalog_owner(cat))
         for node in cat.fleet.nodes:
             for rank in launcher.ranks(node.id):
                 launcher.stop(node.id, rank.replica)
@@ -235,7 +236,7 @@ def test_a_secret_reaches_the_engines_environment_and_nowhere_else(nodes, catalo
     status = yaml.safe_load((root / "status/models/keyed.yaml").read_text())
     assert status["replicas"][0]["phase"] == "Ready", status
     state = node.dir / "home/.local/state/llm-reconciler"
-    [record] = [json.loads(p.read_text()) for p in (state / "replicas").glob("keyed-0.rank0.json")]
+    [record] = [json.loads(p.read_text()) for p in (state / "replicas").glob("*keyed-0.rank0.json")]
     environ = dict(e.split(b"=", 1) for e in open(f"/proc/{record['pid']}/environ", "rb").read().split(b"\0") if b"=" in e)
     assert environ[b"HF_TOKEN"] == file_secret.encode() and environ[b"GATEWAY_KEY"] == env_secret.encode()
 
@@ -254,5 +255,5 @@ def test_a_secret_reaches_the_engines_environment_and_nowhere_else(nodes, catalo
     assert not any(leaks(p) for p in printed)
     files = [p for base in [root, tmp_path / "xdg"] + [nodes.node(n).dir / "home/.local/state" for n in (*NODES, SECRET_NODE)]
              for p in base.rglob("*") if p.is_file()]
-    assert any(p.name == "keyed-0.rank0.json" for p in files) and any(p.name == "keyed-0.rank0.log" for p in files)
+    assert any(p.name.endswith("keyed-0.rank0.json") for p in files) and any(p.name.endswith("keyed-0.rank0.log") for p in files)
     assert [str(p) for p in files if leaks(p.read_bytes())] == []

@@ -15,7 +15,7 @@ from reconciler.constants import STATUS_DIR, Exit
 from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
-from reconciler.status import write_document, write_if_changed
+from reconciler.status import status_dir, write_document, write_if_changed
 
 
 def memory_path(catalog_root: str) -> Path:
@@ -55,6 +55,7 @@ def catalog_status_document(catalog) -> dict:
 def write_catalog_status(catalog) -> None:
     path = Path(catalog.root) / STATUS_DIR / "catalog.yaml"
     try:
+        path = status_dir(catalog.root) / "catalog.yaml"
         write_document(path, catalog_status_document(catalog))
     except StatusWriteError as exc:
         print(f"reconciler: could not write {path}: {exc.reason}", file=sys.stderr)

@@ -17,6 +17,7 @@ from reconciler.commands._status_files import read_catalog_status
 from reconciler.constants import Exit
 from reconciler.errors import TransportError, UsageError
 from reconciler.launcher import SshLauncher
+from reconciler.owner import catalog_owner
 from reconciler.ssh import TransportPool
 
 FOLLOW_POLL_S = 1.0
@@ -53,8 +54,9 @@ def main(args) -> int:
     where = f"{args.replica} rank {args.rank} on {node_id}"
     with TransportPool() as pool:
         try:
+            # The owner names the rank's files on the node (records and logs of another catalog sharing it differ).
             launcher = SshLauncher({node.id: pool.transport_for(node)}, {node.id: node.state_dir},
-                                   timeout_s=CALL_TIMEOUT_S)
+                                   timeout_s=CALL_TIMEOUT_S, owner=catalog_owner(catalog))
             chunk = launcher.logs(node.id, args.replica, args.rank, lines=100 if args.tail is None else args.tail)
             if not chunk.exists:
                 return _fail(f"{where}: no log yet (that rank has not been started there)")
