@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from pathlib import Path
@@ -151,5 +152,39 @@ def apply_pass(interval: float = 60.0) -> PassFn:
     return ApplyPass(reuse_inventory_s=interval)
 
 
+# Where the kernel caps a process's open files when the hard limit is unlimited.
+NR_OPEN = "/proc/sys/fs/nr_open"
+
+
+def raise_open_files_limit(log) -> tuple[int, int] | None:
+    """Raise the soft limit of open files to the hard limit, and say so; (before, after), or None.
+
+    The daemon holds about three descriptors per node for as long as its connection is open
+    (the SSH socket, and the pipe pair paramiko makes for a channel that is waited on), so
+    systemd's default soft limit of 1024 (examples/systemd sets no LimitNOFILE) ran out at
+    about 330 nodes: connections failed and status files could not be written. The hard
+    limit is the operator's word on the ceiling; the soft one is only a default.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            target = int(Path(NR_OPEN).read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log("limits.nofile", soft=soft, hard=hard, msg=f"open files: could not raise the soft limit of {soft}: {exc}")
+        return None
+    log("limits.nofile", soft=target, was=soft, hard=hard,
+        msg=f"open files: soft limit raised from {soft} to {target} (the hard limit): about three are held per node")
+    return soft, target
+
+
 def main(args) -> int:
-    return daemon_from_args(args).serve()
+    daemon = daemon_from_args(args)
+    raise_open_files_limit(daemon.log)
+    return daemon.serve()

@@ -1,0 +1,426 @@
+"""The daemon against a simulated fleet of thousands of SSH nodes, all served by one process.
+
+    sudo python3 bench/simfleet.py [--nodes 1000,4000] [--passes 4] [--interval 3] [--nofile 1024]
+
+Each node is a loopback address (127.B.y.z, B drawn per run, one port drawn per run) where
+an asyncssh server answers what the reconciler asks a node, the way a real one does: host
+key, public-key login, then
+
+- `python3 -c BOOTSTRAP --serve`: a length line and the probe program, then one JSON report
+  line per request line, for as long as the channel stays open (the warm probe session);
+- `python3 - ARGS` with the program on stdin: one report, exit 0 (the one-shot probe);
+- `python3 -I -S -` with a REQUEST_B64 line (the node agent): status, stop, port and logs
+  answered as an idle node answers them; start refused (no engines run here).
+
+The report is recorded once per run by running the real probe program (reconciler/probe) on
+this machine, with tests/fakes/bin on PATH (vllm, llama-server) and an `nvidia-smi` that
+prints the recorded answers in tests/data/probe (an 8-GPU H100 DGX: GPU list, NVLink matrix);
+each node gets it with its own GPU UUIDs.
+
+The catalog has the fleet and no models, so every pass after the first is an idle pass: probe
+every node over the open connections, plan, write status. The daemon (`reconciler run`, the
+real one, paramiko transport) runs in a child process with its soft NOFILE limit set to
+--nofile (systemd's default is 1024; examples/systemd sets no LimitNOFILE) and node names
+resolved through a per-run /etc/hosts bound over the real one in a private mount namespace
+(`unshare -m`; node addresses must not be loopback literals in a multi-node fleet.yaml).
+Measured from /proc every 0.2 s: peak RSS (VmHWM), threads, open descriptors; pass times from
+the daemon's own `pass.end` log events. Needs root (unshare, mount) and asyncssh (bench only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+PROBE_DATA = REPO / "tests" / "data" / "probe"
+
+
+# --------------------------------------------------------------------------
+# The recorded answer
+# --------------------------------------------------------------------------
+
+NVIDIA_SMI = """#!/bin/sh
+# Recorded answers of an 8-GPU H100 DGX (tests/data/probe), by the query asked.
+case "$*" in
+  *--query-gpu=*) cat {data}/query-gpu.h100-dgx.csv ;;
+  *--query-compute-apps=*) : ;;
+  *"topo -m"*) cat {data}/topo.h100-dgx.txt ;;
+  *) echo "nvidia-smi (recorded): unsupported arguments: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def record_report(work: Path, model_dir: Path) -> dict:
+    """One real probe report of this machine, with the GPU side answered from the recorded files."""
+    from reconciler.model import NodeSpec
+    from reconciler.probe.collect import probe_command
+
+    shim = work / "shim"
+    shim.mkdir(exist_ok=True)
+    smi = shim / "nvidia-smi"
+    smi.write_text(NVIDIA_SMI.format(data=PROBE_DATA))
+    smi.chmod(0o755)
+    spec = NodeSpec(id="recorded", address="127.0.0.1", data_address="127.0.0.1", model_dirs=(str(model_dir),))
+    argv, stdin = probe_command(spec, sources=[])
+    env = dict(os.environ, PATH=f"{shim}:{REPO / 'tests' / 'fakes' / 'bin'}:{os.environ['PATH']}",
+               PYTHONPATH=str(REPO / "tests" / "fakes" / "python"))
+    out = subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=120, check=True)
+    report = json.loads(out.stdout)
+    if len(report.get("gpus") or ()) != 8:
+        raise SystemExit(f"the recorded probe did not see the 8 recorded GPUs: {report.get('warnings')}")
+    return report
+
+
+def node_report(report: dict, index: int) -> bytes:
+    """The recorded report as node `index` answers it: the same hardware, its own GPU UUIDs."""
+    r = dict(report)
+    r["gpus"] = [dict(g, uuid=f"GPU-sim{index:05d}-{g['index']}") for g in report["gpus"]]
+    return json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+# --------------------------------------------------------------------------
+# The node side: one asyncssh server per address, all in one process
+# --------------------------------------------------------------------------
+
+
+def _agent_answer(stdin: bytes) -> dict:
+    first = stdin.split(b"\n", 1)[0]
+    req = json.loads(base64.b64decode(first.split(b'"')[1]))
+    op = req.get("op")
+    if op in ("status", "stop"):
+        return {"ok": True, "ranks": []}
+    if op == "port":
+        return {"ok": True, "reason": ""}
+    if op == "logs":
+        return {"ok": True, "log": "", "lines": []}
+    return {"ok": False, "reason": "simulated node: engines are not run here"}
+
+
+async def _serve_process(process, answer: bytes) -> None:
+    """One exec request on one node, answered as the real programs would answer it."""
+    from reconciler.probe.script import BOOTSTRAP
+    from reconciler.ssh import _PROLOGUE, _REAP
+
+    argv = shlex.split(process.command or "")
+    stdin = process.stdin
+    if argv[:2] == ["/bin/sh", "-c"] and argv[2:3] == [_REAP]:
+        process.exit(0)  # nothing was ever abandoned here
+        return
+    if argv[:2] == ["/bin/sh", "-c"] and argv[2:3] == [_PROLOGUE]:
+        # The transport's prologue: the pid and start time of the command, then the command.
+        process.stdout.write(f"{4096 + _serve_process.calls % 60000} {1000 + _serve_process.calls}\n".encode())
+        _serve_process.calls += 1
+        argv = argv[4:]
+    try:
+        if argv == ["python3", "-c", BOOTSTRAP, "--serve"]:
+            size = int(await stdin.readline())
+            await stdin.readexactly(size)  # the probe program: compiled and kept by a real node
+            while True:
+                line = await stdin.readline()
+                if not line:
+                    break
+                process.stdout.write(answer)
+            process.exit(0)
+        elif argv[:2] == ["python3", "-"]:
+            await stdin.read()
+            process.stdout.write(answer)
+            process.exit(0)
+        elif argv == ["python3", "-I", "-S", "-"]:
+            process.stdout.write(json.dumps(_agent_answer(await stdin.read())).encode() + b"\n")
+            process.exit(0)
+        else:
+            process.stderr.write(f"sh: 1: {argv[0] if argv else ''}: not found\n".encode())
+            process.exit(127)
+    except (OSError, EOFError, asyncio.IncompleteReadError, ValueError):
+        process.exit(1)
+
+
+_serve_process.calls = 0
+
+
+async def serve_fleet(addresses: list[str], port: int, host_key: str, client_pub: str, report: dict) -> None:
+    import asyncssh
+
+    authorized = asyncssh.import_authorized_keys(client_pub)
+    keys = [asyncssh.read_private_key(host_key)]
+    servers = []
+    for i, addr in enumerate(addresses):
+        answer = node_report(report, i)
+
+        def factory(process, answer=answer):
+            return _serve_process(process, answer)
+
+        servers.append(await asyncssh.listen(
+            addr, port, server_host_keys=keys, authorized_client_keys=authorized, process_factory=factory,
+            encoding=None, allow_scp=False, reuse_address=True, keepalive_interval=0,
+        ))
+    print("ready", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(s, stop.set)
+    await stop.wait()
+    for s in servers:
+        s.close()
+
+
+def server_main(args) -> int:
+    import logging
+
+    # A daemon that gives up on a connection mid-write (its descriptors ran out) makes asyncio
+    # warn once per write; the daemon's side of it is what the bench reports.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
+    logging.getLogger("asyncssh").setLevel(logging.ERROR)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a listener and a connection per node
+    addresses = Path(args.addresses).read_text().split()
+    report = json.loads(Path(args.report).read_text())
+    asyncio.run(serve_fleet(addresses, args.port, args.host_key, Path(args.client_pub).read_text(), report))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# The management side: the real daemon, measured from /proc
+# --------------------------------------------------------------------------
+
+
+def _free_port(addresses: list[str]) -> int:
+    """A port nothing on this machine listens on at the first address (bound and released)."""
+    import socket
+
+    for _ in range(50):
+        port = random.randrange(20000, 60000)
+        with socket.socket() as s:
+            try:
+                s.bind((addresses[0], port))
+            except OSError:
+                continue
+        return port
+    raise SystemExit("no free port found")
+
+
+def loopback_addresses(n: int, second: int) -> list[str]:
+    out = []
+    i = 0
+    while len(out) < n:
+        y, z = divmod(i, 254)
+        out.append(f"127.{second}.{y}.{z + 1}")
+        i += 1
+    return out
+
+
+def write_catalog(root: Path, names: list[str], port: int, key: Path, known_hosts: Path, model_dir: Path) -> None:
+    import yaml
+
+    (root / "models").mkdir(parents=True)
+    fleet = {
+        "ssh": {"user": "sim", "port": port, "identity_file": str(key), "known_hosts": str(known_hosts),
+                "connect_timeout_s": 30},
+        "nodes": [{"id": name, "address": name, "data_address": name, "model_dirs": [str(model_dir)]} for name in names],
+    }
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
+
+
+class Sampler(threading.Thread):
+    """Peak RSS, threads and open descriptors of one process, from /proc, every `every` seconds."""
+
+    def __init__(self, pid: int, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.pid, self.every = pid, every
+        self.rss_mb = self.threads = self.fds = 0
+        self.samples: list[tuple[float, int, int, int]] = []  # (t, rss MB, threads, fds)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop_event.wait(self.every):
+            try:
+                status = Path(f"/proc/{self.pid}/status").read_text()
+                fds = len(os.listdir(f"/proc/{self.pid}/fd"))
+            except OSError:
+                return
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if "VmHWM" not in fields:  # exited, not yet reaped
+                return
+            rss = int(fields["VmHWM"].split()[0]) // 1024
+            threads = int(fields["Threads"])
+            self.samples.append((time.monotonic() - t0, rss, threads, fds))
+            self.rss_mb, self.threads, self.fds = max(self.rss_mb, rss), max(self.threads, threads), max(self.fds, fds)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def run_daemon(root: Path, hosts_file: Path, passes: int, interval: float, nofile: int, timeout: float) -> dict:
+    """The real daemon under `unshare -m` with the per-run hosts file; its pass times and /proc figures."""
+    inner = (f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts && exec {shlex.quote(sys.executable)} -m reconciler "
+             f"run {shlex.quote(str(root))} --interval {interval} --log-format json --max-passes {passes}")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def limit() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+
+    log_path = root.parent / "daemon.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+                                stdout=subprocess.DEVNULL, stderr=log, env=env, preexec_fn=limit)
+        # `sh -c ... exec python3`: after the exec the child's pid is the daemon's.
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            rc = proc.wait(timeout=30)
+        sampler.stop()
+    events = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass
+    ends = [e for e in events if e.get("event") == "pass.end"]
+    return {"rc": rc, "passes": [(e.get("trigger"), e.get("result"), e.get("seconds")) for e in ends],
+            "rss_mb": sampler.rss_mb, "threads": sampler.threads, "fds": sampler.fds, "samples": sampler.samples,
+            "events": events, "log": log_path}
+
+
+def unreachable_nodes(root: Path) -> int:
+    import yaml
+
+    path = root / "status" / "nodes.yaml"
+    if not path.exists():
+        return -1
+    doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return sum(1 for n in doc.get("nodes") or () if n.get("state") == "unreachable")
+
+
+def measure(n: int, args, work: Path, report: dict, model_dir: Path) -> dict:
+    import asyncssh
+
+    run_dir = work / f"n{n}"
+    run_dir.mkdir()
+    second = random.randrange(16, 250)
+    addresses = loopback_addresses(n, second)
+    port = _free_port(addresses)
+    names = [f"sim-{i:05d}" for i in range(n)]
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = asyncssh.generate_private_key("ssh-ed25519")
+    (run_dir / "host_key").write_bytes(host_key.export_private_key())
+    (run_dir / "id_ed25519").write_bytes(client_key.export_private_key())
+    (run_dir / "id_ed25519").chmod(0o600)
+    (run_dir / "id_ed25519.pub").write_bytes(client_key.export_public_key())
+    host_pub = host_key.export_public_key().decode().split()[:2]
+    (run_dir / "known_hosts").write_text("".join(f"[{name}]:{port} {' '.join(host_pub)}\n" for name in names))
+    hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+    (run_dir / "hosts").write_text(hosts + "".join(f"{a} {name}\n" for a, name in zip(addresses, names)))
+    (run_dir / "addresses").write_text("\n".join(addresses) + "\n")
+    (run_dir / "report.json").write_text(json.dumps(report))
+    root = run_dir / "catalog"
+    write_catalog(root, names, port, run_dir / "id_ed25519", run_dir / "known_hosts", model_dir)
+
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--addresses", str(run_dir / "addresses"), "--port", str(port),
+         "--host-key", str(run_dir / "host_key"), "--client-pub", str(run_dir / "id_ed25519.pub"),
+         "--report", str(run_dir / "report.json")],
+        stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    try:
+        t = time.monotonic()
+        if server.stdout.readline().strip() != b"ready":
+            raise SystemExit("the simulated fleet did not start")
+        up = time.monotonic() - t
+        result = run_daemon(root, run_dir / "hosts", args.passes, args.interval, args.nofile, args.timeout)
+        result["server_up_s"] = up
+        result["unreachable"] = unreachable_nodes(root)
+        server_status = Path(f"/proc/{server.pid}/status").read_text()
+        result["server_rss_mb"] = int(dict(l.split(":", 1) for l in server_status.splitlines())["VmHWM"].split()[0]) // 1024
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="1000,4000", help="fleet sizes, comma-separated")
+    ap.add_argument("--passes", type=int, default=4, help="passes per fleet: the first probes cold, the rest are idle")
+    ap.add_argument("--interval", type=float, default=3.0, help="the daemon's resync interval (s)")
+    ap.add_argument("--nofile", type=int, default=1024, help="the daemon's soft limit of open files at start")
+    ap.add_argument("--timeout", type=float, default=900.0, help="give up on a daemon run after this long (s)")
+    ap.add_argument("--keep", metavar="DIR", help="work here and keep it (logs, catalogs)")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--addresses", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--host-key", help=argparse.SUPPRESS)
+    ap.add_argument("--client-pub", help=argparse.SUPPRESS)
+    ap.add_argument("--report", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        return server_main(args)
+    if os.geteuid() != 0:
+        print("simfleet needs root (a private mount namespace for the per-run /etc/hosts)", file=sys.stderr)
+        return 2
+
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="simfleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        model_dir = work / "models"
+        model_dir.mkdir(exist_ok=True)
+        report = record_report(work, model_dir)
+        rows = []
+        for n in [int(x) for x in args.nodes.split(",") if x]:
+            r = measure(n, args, work, report, model_dir)
+            rows.append((n, r))
+            print(f"  {n} nodes done (exit {r['rc']})", file=sys.stderr)
+        print("The real daemon (`reconciler run`, paramiko) against simulated SSH nodes on loopback, one asyncssh")
+        print(f"process serving them all; daemon soft NOFILE {args.nofile} at start; peak figures from /proc.\n")
+        print(f"{'nodes':>6} {'probe pass s':>12} {'idle pass s (each)':>24} {'RSS MB':>7} {'threads':>7} "
+              f"{'fds':>6} {'unreach':>7} {'exit':>4}")
+        for n, r in rows:
+            secs = [s for _, _, s in r["passes"]]
+            first = f"{secs[0]:.2f}" if secs else "-"
+            idle = ", ".join(f"{s:.2f}" for s in secs[1:]) or "-"
+            print(f"{n:>6} {first:>12} {idle:>24} {r['rss_mb']:>7} {r['threads']:>7} {r['fds']:>6} "
+                  f"{r['unreachable']:>7} {r['rc']:>4}")
+        for n, r in rows:
+            raised = [e for e in r["events"] if e.get("event") == "limits.nofile"]
+            bad = [e for e in r["events"] if e.get("event") in ("pass.error", "pass.failed")]
+            print(f"\n{n} nodes: sim server up in {r['server_up_s']:.1f} s, its RSS {r['server_rss_mb']} MB; "
+                  f"daemon log {r['log']}")
+            if raised:
+                print(f"  the daemon raised its open-files limit: {raised[0].get('msg')}")
+            for e in bad[:3]:
+                print(f"  {e.get('event')}: {str(e.get('error'))[:300]}")
+        print(f"\nload average while measuring: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
