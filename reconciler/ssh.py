@@ -546,6 +546,18 @@ class _Connector:
         )
 
 
+def _wait_readable(chan: paramiko.Channel, timeout: float) -> None:
+    """Until the channel has something to read (or end of file), at most `timeout` seconds.
+
+    poll, not select: a daemon with a thousand nodes holds descriptors above FD_SETSIZE
+    (1024; each waited-on channel has a pipe pair besides the socket), and select() refuses
+    those ("filedescriptor out of range"), which made every node past the 330th unreachable.
+    """
+    poller = select.poll()
+    poller.register(chan, select.POLLIN)
+    poller.poll(max(0, int(timeout * 1000)))
+
+
 def _base_type(key_type: str) -> str:
     # rsa-sha2-256/512 are signatures over an ssh-rsa key.
     return "ssh-rsa" if key_type.startswith("rsa-sha2-") else key_type
@@ -665,7 +677,7 @@ class _Stream:
                         self._give_up()
                         raise CommandTimeout(self.node_id, f"no answer within {timeout:g}s")
                     if not got:
-                        select.select([self._chan], [], [], min(left, 1.0))
+                        _wait_readable(self._chan, min(left, 1.0))
             except CommandTimeout:
                 self._give_up()
                 raise
@@ -908,7 +920,7 @@ class SshTransport:
                 chan.shutdown_write()
             except socket.timeout:
                 if header:  # the prologue's line is already there, unread: who to end later
-                    select.select([chan], [], [], 0.2)
+                    _wait_readable(chan, 0.2)
                     if chan.recv_ready():
                         process, _ = _split_header(chan.recv(128))
                 raise CommandTimeout(self.node_id, f"sending {argv[0]} its input took past {timeout:g}s") from None
@@ -941,7 +953,7 @@ class SshTransport:
                 left = deadline - self._clock()
                 if left <= 0:
                     raise CommandTimeout(self.node_id, f"{argv[0]} ran past {timeout:g}s")
-                select.select([chan], [], [], min(left, 1.0))
+                _wait_readable(chan, min(left, 1.0))
             rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
             if header:  # ended before the prologue's line was complete
                 process, rest = _split_header(b"".join(out))
