@@ -192,6 +192,7 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
     if is_valid(schema_name)(doc.data):
         return []
     problems = []
+    required_seen: set[int] = set()
     for err in validator(schema_name).iter_errors(doc.data):
         path = tuple(err.absolute_path)
         field = _field_name(path)
@@ -204,10 +205,14 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
                 problems.append(doc.at(path + (extra,), f"unknown field '{extra}'{suggestion}", key=True))
             continue
         if kind == "required":
-            missing = re.search(r"'([^']+)' is a required property", err.message)
-            name = missing.group(1) if missing else err.message
+            # jsonschema says each missing field in a sentence of its own; the fields are read from
+            # the schema and the document instead, all at the first of those errors.
+            if id(err.instance) in required_seen:
+                continue
+            required_seen.add(id(err.instance))
             where = _field_name(path) if path else "the file"
-            problems.append(doc.at(path, f"missing required field '{name}' in {where}", key=bool(path)))
+            for name in [f for f in err.validator_value if f not in err.instance]:
+                problems.append(doc.at(path, f"missing required field '{name}' in {where}", key=bool(path)))
             continue
         if kind == "type":
             want = err.validator_value

@@ -291,10 +291,6 @@ def _definition_name(subschema: dict) -> str:
 def _schema_message(err) -> tuple[tuple, str]:
     """(path of the field, message) for one jsonschema error, worded as the hand check always worded it."""
     parts = tuple(err.absolute_path)
-    if err.validator == "required":
-        missing = next(f for f in err.validator_value if not (isinstance(err.instance, dict) and f in err.instance))
-        hint = _REQUIRED_HINT.get((_definition_name(err.schema), missing))
-        return parts + (missing,), "is required" + (f": {hint}" if hint else "")
     if len(parts) == 3 and parts[0] == "nodes" and parts[2] == "id":
         return parts, f"is not a valid node id: {_describe(err.instance)}"
     if len(parts) == 5 and parts[2] == "fabrics" and parts[4] == "name":
@@ -316,12 +312,30 @@ def _schema_message(err) -> tuple[tuple, str]:
     return parts, err.message
 
 
+def _required_messages(err) -> list[tuple[tuple, str]]:
+    """(path, message) of each field the object lacks: read from the schema and the document, not
+    from jsonschema's sentences (it says each missing field in an error of its own)."""
+    hint_of = _definition_name(err.schema)
+    out = []
+    for missing in [f for f in err.validator_value if f not in err.instance]:
+        hint = _REQUIRED_HINT.get((hint_of, missing))
+        out.append((tuple(err.absolute_path) + (missing,), "is required" + (f": {hint}" if hint else "")))
+    return out
+
+
 def _schema_errors(doc) -> list[_Error]:
     """Every schema error of a refused document, as (node index, order, node id, path, message)."""
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     out: list[_Error] = []
+    required_seen: set[int] = set()
+    messages: list[tuple[tuple, str]] = []
     for err in validator("inventory").iter_errors(doc):
-        parts, msg = _schema_message(err)
+        if err.validator != "required":
+            messages.append(_schema_message(err))
+        elif id(err.instance) not in required_seen:
+            required_seen.add(id(err.instance))
+            messages += _required_messages(err)
+    for parts, msg in messages:
         if len(parts) < 2 or parts[0] != "nodes" or not isinstance(parts[1], int):
             out.append((-1, (), None, _field_path(parts) or "(document)", msg))
             continue

@@ -355,3 +355,13 @@ def test_mutated_catalogs_never_crash(tmp_path_factory, data):
             assert MESSAGE.match(str(p)), str(p)
             assert p.line >= 1 and p.column >= 1
     shutil.rmtree(root)
+
+
+def test_each_missing_required_field_is_named_once(tmp_path):
+    text = MODEL.replace("source: /models/llama\n", "").replace("replicas: 2\n", "")
+    text = text.replace("name: llama\n", "")
+    root = write_catalog(tmp_path, {"fleet.yaml": FLEET, "models/llama.yaml": text})
+    with pytest.raises(CatalogInvalid) as err:
+        load_catalog(root, with_revision=False)
+    missing = sorted(p.message for p in err.value.problems if "missing required field" in p.message)
+    assert missing == ["missing required field 'name' in the file", "missing required field 'source' in the file"]

@@ -156,6 +156,7 @@ def _many(d):
 GOLDEN_CASES = [(m[0], m[1]) for m in MUTATIONS + CONTRADICTIONS] + [
     ("many at once", _many),
     ("nodes null", lambda d: d.__setitem__("nodes", None)),
+    ("replica without model and profile", lambda d: n0(d).__setitem__("replicas", [{"id": "a-0"}, {}])),
 ]
 GOLDEN_MESSAGES = REPO / "tests" / "data" / "golden" / "inventory-messages.json"
 
