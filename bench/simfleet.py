@@ -197,6 +197,92 @@ def server_main(args) -> int:
 
 
 # --------------------------------------------------------------------------
+# What an asyncssh transport would do: the same probe passes from one event loop
+# --------------------------------------------------------------------------
+
+
+def _self_figures() -> tuple[int, int, int]:
+    status = Path("/proc/self/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields["VmHWM"].split()[0]) // 1024, int(fields["Threads"]), len(os.listdir("/proc/self/fd"))
+
+
+async def asyncssh_passes(root: Path, names_to_addr: dict[str, str], host_key: Path, passes: int, interval: float) -> dict:
+    """Connect to every node, open its probe session, and run `passes` probe passes over the open
+    connections, each ending in the Inventory and status/nodes.yaml the daemon would write.
+
+    Not the reconciler's transport (that is paramiko): the figures say what one event loop with
+    no thread per connection costs for the same conversation with the same nodes.
+    """
+    import asyncssh
+
+    from reconciler.catalog import load_catalog
+    from reconciler.model import Inventory
+    from reconciler.probe.collect import observed_from_report, probe_args, session_command, unreachable
+    from reconciler.status import write_nodes_status
+
+    catalog = load_catalog(root, with_revision=False)
+    specs = list(catalog.fleet.nodes)
+    ssh = catalog.fleet.ssh
+    argv, preamble = session_command()
+    command = shlex.join(argv)
+    slots = asyncio.Semaphore(32)  # handshakes at once, as TransportPool allows
+    trusted = ([asyncssh.read_private_key(str(host_key)).convert_to_public()], [], [])  # host keys verified
+    sessions: dict[str, tuple] = {}
+
+    async def connect(spec):
+        async with slots:
+            try:
+                conn = await asyncssh.connect(
+                    names_to_addr[spec.address], ssh.port, username=ssh.user, client_keys=[ssh.identity_file],
+                    known_hosts=trusted, connect_timeout=ssh.connect_timeout_s, keepalive_interval=30)
+                writer, reader, _ = await conn.open_session(command, encoding=None)
+                writer.write(preamble)
+                sessions[spec.id] = (conn, writer, reader)
+            except (OSError, asyncssh.Error) as exc:
+                sessions[spec.id] = (None, None, str(exc))
+
+    async def probe(spec):
+        conn, writer, reader = sessions[spec.id]
+        if conn is None:
+            return unreachable(spec, reader)
+        request = json.dumps(probe_args(spec, []), sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        writer.write(request)
+        line = await asyncio.wait_for(reader.readline(), 60)
+        return observed_from_report(spec, json.loads(line))[0]
+
+    t = time.monotonic()
+    await asyncio.gather(*(connect(s) for s in specs))
+    times = [("connect", time.monotonic() - t)]
+    for i in range(passes):
+        if i:
+            await asyncio.sleep(interval)
+        t = time.monotonic()
+        nodes = await asyncio.gather(*(probe(s) for s in specs))
+        write_nodes_status(root, Inventory(tuple(nodes)), catalog.models)
+        times.append(("probe pass", time.monotonic() - t))
+    rss, threads, fds = _self_figures()
+    reached = sum(1 for c, _, _ in sessions.values() if c is not None)
+    for conn, _, _ in sessions.values():
+        if conn is not None:
+            conn.close()
+    return {"times": times, "rss_mb": rss, "threads": threads, "fds": fds, "reached": reached}
+
+
+def client_main(args) -> int:
+    """--client-of DIR: the asyncssh passes against the fleet a running server serves (child process)."""
+    run_dir = Path(args.client_of)
+    names = [l.split()[1] for l in (run_dir / "hosts").read_text().splitlines()[-args.count:]]
+    addrs = [l.split()[0] for l in (run_dir / "hosts").read_text().splitlines()[-args.count:]]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    result = asyncio.run(asyncssh_passes(run_dir / "catalog", dict(zip(names, addrs)), run_dir / "host_key",
+                                         args.passes, args.interval))
+    print(json.dumps(result))
+    return 0
+
+
+# --------------------------------------------------------------------------
 # The management side: the real daemon, measured from /proc
 # --------------------------------------------------------------------------
 
@@ -349,7 +435,17 @@ def measure(n: int, args, work: Path, report: dict, model_dir: Path) -> dict:
         if server.stdout.readline().strip() != b"ready":
             raise SystemExit("the simulated fleet did not start")
         up = time.monotonic() - t
-        result = run_daemon(root, run_dir / "hosts", args.passes, args.interval, args.nofile, args.timeout)
+        result = {"passes": [], "events": [], "rc": 0, "rss_mb": "-", "threads": "-", "fds": "-", "log": "-"}
+        if args.client in ("daemon", "both"):
+            result = run_daemon(root, run_dir / "hosts", args.passes, args.interval, args.nofile, args.timeout)
+        if args.client in ("asyncssh", "both"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--client-of", str(run_dir), "--count", str(n), "--passes", str(args.passes),
+                 "--interval", str(args.interval)],
+                capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=args.timeout)
+            if out.returncode != 0:
+                raise SystemExit(f"asyncssh client failed: {out.stderr[-2000:]}")
+            result["asyncssh"] = json.loads(out.stdout.strip().splitlines()[-1])
         result["server_up_s"] = up
         result["unreachable"] = unreachable_nodes(root)
         server_status = Path(f"/proc/{server.pid}/status").read_text()
@@ -372,7 +468,12 @@ def main() -> int:
     ap.add_argument("--nofile", type=int, default=1024, help="the daemon's soft limit of open files at start")
     ap.add_argument("--timeout", type=float, default=900.0, help="give up on a daemon run after this long (s)")
     ap.add_argument("--keep", metavar="DIR", help="work here and keep it (logs, catalogs)")
+    ap.add_argument("--client", choices=("daemon", "asyncssh", "both"), default="both",
+                    help="daemon: the real daemon (paramiko); asyncssh: the same probe passes from one asyncssh "
+                         "event loop, for comparison; both (default)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--client-of", help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--addresses", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--host-key", help=argparse.SUPPRESS)
@@ -381,6 +482,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.serve:
         return server_main(args)
+    if args.client_of:
+        return client_main(args)
     if os.geteuid() != 0:
         print("simfleet needs root (a private mount namespace for the per-run /etc/hosts)", file=sys.stderr)
         return 2
@@ -406,6 +509,15 @@ def main() -> int:
             idle = ", ".join(f"{s:.2f}" for s in secs[1:]) or "-"
             print(f"{n:>6} {first:>12} {idle:>24} {r['rss_mb']:>7} {r['threads']:>7} {r['fds']:>6} "
                   f"{r['unreachable']:>7} {r['rc']:>4}")
+        if any("asyncssh" in r for _, r in rows):
+            print("\nThe same probe passes from one asyncssh event loop (bench only, not the reconciler's transport):")
+            print(f"{'nodes':>6} {'connect s':>9} {'probe pass s (each)':>28} {'RSS MB':>7} {'threads':>7} {'fds':>6} {'reached':>7}")
+            for n, r in rows:
+                a = r.get("asyncssh")
+                if a:
+                    secs = ", ".join(f"{t:.2f}" for what, t in a["times"] if what == "probe pass")
+                    print(f"{n:>6} {a['times'][0][1]:>9.2f} {secs:>28} {a['rss_mb']:>7} {a['threads']:>7} {a['fds']:>6} "
+                          f"{a['reached']:>7}")
         for n, r in rows:
             raised = [e for e in r["events"] if e.get("event") == "limits.nofile"]
             bad = [e for e in r["events"] if e.get("event") in ("pass.error", "pass.failed")]
