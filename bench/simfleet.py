@@ -377,6 +377,7 @@ def run_daemon(root: Path, hosts_file: Path, passes: int, interval: float, nofil
         except subprocess.TimeoutExpired:
             proc.terminate()
             rc = proc.wait(timeout=30)
+        exited_at = time.time()
         sampler.stop()
     events = []
     for line in log_path.read_text(errors="replace").splitlines():
@@ -385,9 +386,16 @@ def run_daemon(root: Path, hosts_file: Path, passes: int, interval: float, nofil
         except ValueError:
             pass
     ends = [e for e in events if e.get("event") == "pass.end"]
+    stopped = [e for e in events if e.get("event") == "daemon.stopped"]
+    exit_lag = None
+    if stopped:
+        from datetime import datetime
+
+        ts = datetime.fromisoformat(stopped[0]["ts"].replace("Z", "+00:00")).timestamp()
+        exit_lag = exited_at - ts  # from "daemon.stopped" to the process gone: closing every connection
     return {"rc": rc, "passes": [(e.get("trigger"), e.get("result"), e.get("seconds")) for e in ends],
             "rss_mb": sampler.rss_mb, "threads": sampler.threads, "fds": sampler.fds, "samples": sampler.samples,
-            "events": events, "log": log_path}
+            "events": events, "log": log_path, "exit_lag_s": exit_lag}
 
 
 def unreachable_nodes(root: Path) -> int:
@@ -521,8 +529,9 @@ def main() -> int:
         for n, r in rows:
             raised = [e for e in r["events"] if e.get("event") == "limits.nofile"]
             bad = [e for e in r["events"] if e.get("event") in ("pass.error", "pass.failed")]
+            lag = r.get("exit_lag_s")
             print(f"\n{n} nodes: sim server up in {r['server_up_s']:.1f} s, its RSS {r['server_rss_mb']} MB; "
-                  f"daemon log {r['log']}")
+                  f"daemon log {r['log']}" + (f"; daemon exited {lag:.1f} s after logging daemon.stopped" if lag else ""))
             if raised:
                 print(f"  the daemon raised its open-files limit: {raised[0].get('msg')}")
             for e in bad[:3]:

@@ -483,7 +483,7 @@ class _Connector:
     def _handshake(self, node_id: str, target: Target, sock) -> paramiko.Transport:
         check = _HostKeyCheck(node_id, target, self.shared)
         with self.shared.handshakes:
-            t = paramiko.Transport(sock)
+            t = _Transport(sock)
             t.banner_timeout = target.connect_timeout_s
             t.handshake_timeout = target.connect_timeout_s
             t.auth_timeout = target.connect_timeout_s
@@ -544,6 +544,20 @@ class _Connector:
         raise TransportError(
             node_id, f"authentication refused for {target.user}@{target.hostname} with key {', '.join(tried)}"
         )
+
+
+class _Transport(paramiko.Transport):
+    """paramiko's Transport, whose thread wakes every 2 s instead of every 0.1 s when idle.
+
+    paramiko keeps one thread per connection, blocked in recv() with this timeout only to look
+    whether it should stop (close() shuts the socket, which ends the wait anyway) and to send
+    keepalives. At 4,000 nodes the default meant 40,000 wake-ups a second, each taking the GIL:
+    the daemon spent its idle time handing the GIL around, an idle pass took 9 s and closing
+    the connections at exit over 4 minutes. Handshake and auth deadlines are checked at the
+    same wake-ups, so they are now kept to within 2 s rather than 0.1 s.
+    """
+
+    _active_check_timeout = 2.0
 
 
 def _wait_readable(chan: paramiko.Channel, timeout: float) -> None:
