@@ -195,16 +195,13 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
     required_seen: set[int] = set()
     for err in validator(schema_name).iter_errors(doc.data):
         path = tuple(err.absolute_path)
-        field = _field_name(path)
-        kind = err.validator
-        if kind == "additionalProperties":
+        if err.validator == "additionalProperties":
             allowed = list((err.schema.get("properties") or {}).keys())
             for extra in _unexpected_keys(err):
                 hint = difflib.get_close_matches(extra, allowed, n=1)
                 suggestion = f" (did you mean '{hint[0]}'?)" if hint else f"; known fields: {', '.join(allowed)}"
                 problems.append(doc.at(path + (extra,), f"unknown field '{extra}'{suggestion}", key=True))
-            continue
-        if kind == "required":
+        elif err.validator == "required":
             # jsonschema says each missing field in a sentence of its own; the fields are read from
             # the schema and the document instead, all at the first of those errors.
             if id(err.instance) in required_seen:
@@ -213,41 +210,52 @@ def schema_problems(doc: _Doc, schema_name: str) -> list[Problem]:
             where = _field_name(path) if path else "the file"
             for name in [f for f in err.validator_value if f not in err.instance]:
                 problems.append(doc.at(path, f"missing required field '{name}' in {where}", key=bool(path)))
-            continue
-        if kind == "type":
-            want = err.validator_value
-            # In the words of YAML, which users write, not of JSON Schema.
-            yaml_words = {"object": "mapping", "array": "list"}
-            want = [yaml_words.get(w, w) for w in want] if isinstance(want, list) else yaml_words.get(want, want)
-            want = " or ".join(want) if isinstance(want, list) else want
-            article = "an" if str(want)[:1] in "aeiou" else "a"
-            msg = f"{field}: expected {article} {want}, got {_describe(err.instance)}"
-        elif kind == "enum":
-            choices = ", ".join(str(c) for c in err.validator_value)
-            msg = f"{field}: {_describe(err.instance)} is not one of: {choices}"
-        elif kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "above", "exclusiveMaximum": "below"}
-            msg = f"{field}: {err.instance} is out of range; must be {words[kind]} {err.validator_value}"
-        elif kind == "pattern" and err.validator_value == "^/" and field == "from_file":
-            msg = (f"env {_field_name(path[:-1])}: from_file {err.instance!r} must be an absolute path (it is read "
-                   "on the node, at launch, where there is no catalog directory to be relative to)")
-        elif kind == "pattern" and err.validator_value == "^/":
-            msg = f"{field}: {err.instance!r} must start with / (an absolute path)"
-        elif kind == "pattern" and field == "from_env":
-            msg = (f"env {_field_name(path[:-1])}: from_env {err.instance!r} is not a valid environment "
-                   "variable name (letters, digits and _, not starting with a digit)")
-        elif kind in ("minProperties", "maxProperties") and len(path) >= 2 and path[-2] == "env":
-            msg = f"env {field}: a secret reference names exactly one of from_file or from_env"
-        elif kind == "pattern":
-            msg = f"{field}: {_describe(err.instance)} does not match the required form {err.validator_value}"
-        elif kind in ("minLength", "minItems"):
-            msg = f"{field}: must not be empty"
-        elif kind == "propertyNames":
-            msg = f"{field}: key {err.instance!r} is not allowed: {err.message}"
         else:
-            msg = f"{field}: {err.message}"
-        problems.append(doc.at(path, msg))
+            secret = _secret_problem(err, path)
+            problems.append(doc.at(path, secret or f"{_field_name(path)}: {_value_problem(err)}"))
     return problems
+
+
+def _secret_problem(err: jsonschema.ValidationError, path: tuple) -> str | None:
+    """A malformed secret reference in `env`, said in its own words (SPEC section 7); None otherwise."""
+    field, kind = _field_name(path), err.validator
+    if kind == "pattern" and err.validator_value == "^/" and field == "from_file":
+        return (f"env {_field_name(path[:-1])}: from_file {err.instance!r} must be an absolute path (it is read "
+                "on the node, at launch, where there is no catalog directory to be relative to)")
+    if kind == "pattern" and field == "from_env":
+        return (f"env {_field_name(path[:-1])}: from_env {err.instance!r} is not a valid environment "
+                "variable name (letters, digits and _, not starting with a digit)")
+    if kind in ("minProperties", "maxProperties") and len(path) >= 2 and path[-2] == "env":
+        return f"env {field}: a secret reference names exactly one of from_file or from_env"
+    return None
+
+
+_RANGE_WORDS = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "above", "exclusiveMaximum": "below"}
+
+
+def _value_problem(err: jsonschema.ValidationError) -> str:
+    """What is wrong with one value, in the words of YAML, which users write, not of JSON Schema."""
+    kind = err.validator
+    if kind == "type":
+        want = err.validator_value
+        yaml_words = {"object": "mapping", "array": "list"}
+        want = [yaml_words.get(w, w) for w in want] if isinstance(want, list) else yaml_words.get(want, want)
+        want = " or ".join(want) if isinstance(want, list) else want
+        article = "an" if str(want)[:1] in "aeiou" else "a"
+        return f"expected {article} {want}, got {_describe(err.instance)}"
+    if kind == "enum":
+        return f"{_describe(err.instance)} is not one of: {', '.join(str(c) for c in err.validator_value)}"
+    if kind in _RANGE_WORDS:
+        return f"{err.instance} is out of range; must be {_RANGE_WORDS[kind]} {err.validator_value}"
+    if kind == "pattern" and err.validator_value == "^/":
+        return f"{err.instance!r} must start with / (an absolute path)"
+    if kind == "pattern":
+        return f"{_describe(err.instance)} does not match the required form {err.validator_value}"
+    if kind in ("minLength", "minItems"):
+        return "must not be empty"
+    if kind == "propertyNames":
+        return f"key {err.instance!r} is not allowed: {err.message}"
+    return err.message
 
 
 def _unexpected_keys(err: jsonschema.ValidationError) -> list[str]:
