@@ -32,7 +32,8 @@ from reconciler.memory import PassMemory, remember
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
-from reconciler.plan import Plan, WaitKind, plan as make_plan
+from reconciler.placement import Outcome
+from reconciler.plan import Plan, WaitKind, Waiting, plan as make_plan
 from reconciler.probe import probe_fleet
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
@@ -203,28 +204,43 @@ def replica_states(
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
         for rid, model, state in pool.map(observe, todo):
             w = waiting.get(rid)
-            node_away = w is not None and w.kind is WaitKind.NODE_UNREACHABLE
-            if state is None and node_away:
-                # Its node does not answer: we cannot say how it is, only where it was.
-                where = plan.observed.get(rid)
-                state = ReplicaState(rid, model.name, where.profile if where else None, UNKNOWN, w.reason,
-                                     where.nodes if where else ())
-            elif state is None:
-                why = unplaced_message(unplaced[rid]) if rid in unplaced else reasons.get(rid, w.reason if w else "not started yet")
-                state = ReplicaState(rid, model.name, None, PENDING, why)
-            elif w is not None and w.kind in (WaitKind.ONE_AT_A_TIME, WaitKind.UPDATE_POLICY):
-                # Serving, on the spec it was started with: the message says it is the old one, and why it waits.
-                state = replace(state, message=f"{state.message}; {w.reason}" if state.message else w.reason)
-            elif w is not None and state.phase in (FAILED, UNKNOWN):
-                phase = state.phase
-                if phase == FAILED and node_away and all(r.alive for _, r in records.get(rid, ())):
-                    # The plan holds it because a node of it does not answer: the ranks there are
-                    # unseen, not dead. Failed stays for a rank seen dead on a node that answers.
-                    phase = UNKNOWN
-                state = replace(state, phase=phase,
-                                message=f"{state.message}; {w.reason}" if state.message else w.reason)
-            states[rid] = state
+            if state is None:
+                states[rid] = _not_running_state(rid, model.name, w, plan, unplaced.get(rid), reasons.get(rid))
+            else:
+                states[rid] = _with_wait(state, w, records.get(rid, ()))
     return states
+
+
+def _not_running_state(rid: str, model: str, w: Waiting | None, plan: Plan, unplaced: Outcome | None,
+                       action_reason: str | None) -> ReplicaState:
+    """A desired replica nothing was found running for: Unknown where its node does not answer, else Pending."""
+    if w is not None and w.kind is WaitKind.NODE_UNREACHABLE:
+        # Its node does not answer: we cannot say how it is, only where it was.
+        where = plan.observed.get(rid)
+        return ReplicaState(rid, model, where.profile if where else None, UNKNOWN, w.reason, where.nodes if where else ())
+    if unplaced is not None:
+        why = unplaced_message(unplaced)
+    else:
+        why = action_reason if action_reason is not None else (w.reason if w else "not started yet")
+    return ReplicaState(rid, model, None, PENDING, why)
+
+
+def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
+    """An observed replica's state, with why the plan holds it (if it does) added to its message."""
+    if w is None:
+        return state
+    message = f"{state.message}; {w.reason}" if state.message else w.reason
+    if w.kind in (WaitKind.ONE_AT_A_TIME, WaitKind.UPDATE_POLICY):
+        # Serving, on the spec it was started with: the message says it is the old one, and why it waits.
+        return replace(state, message=message)
+    if state.phase not in (FAILED, UNKNOWN):
+        return state
+    phase = state.phase
+    if phase == FAILED and w.kind is WaitKind.NODE_UNREACHABLE and all(r.alive for _, r in records):
+        # The plan holds it because a node of it does not answer: the ranks there are
+        # unseen, not dead. Failed stays for a rank seen dead on a node that answers.
+        phase = UNKNOWN
+    return replace(state, phase=phase, message=message)
 
 
 def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:

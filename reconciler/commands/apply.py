@@ -100,47 +100,70 @@ def main(args) -> int:
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
         return Exit.UNREACHABLE
-    # Replicas that could not be placed get no decision line; without these a user sees
-    # "nothing to do" and no reason why the model does not serve.
-    replicas = result.replicas or {}
-    unplaced = sorted(o.replica for o in result.plan.unplaced) if result.plan is not None else []
-    for rid in unplaced:
-        why = replicas[rid].message if rid in replicas else "cannot be placed"
-        print(json.dumps({"replica": rid, "action": "unplaced", "reason": why}) if as_json else f"{rid}  -  unplaced  {why}")
-    # Replicas held back (a node that does not answer, within its grace period) and the nodes
-    # that did not answer: said by name, so a quiet pass never reads as "all is well".
-    waiting = list(result.plan.waiting) if result.plan is not None else []
-    for w in waiting:
-        phase = replicas[w.replica].phase if w.replica in replicas else None
-        nodes_of = ",".join(w.nodes) if w.nodes else "-"
-        if as_json:
-            print(json.dumps({"replica": w.replica, "node": nodes_of, "action": "waiting", "phase": phase, "reason": w.reason}))
-        else:
-            print(f"{w.replica}  {nodes_of}  waiting  {w.reason}" + (f" (phase {phase})" if phase else ""))
-    named = {w.replica for w in waiting}
-    for rid, st in sorted(replicas.items()):
-        if st.phase == "Unknown" and rid not in named:
-            print(json.dumps({"replica": rid, "action": "unknown", "reason": st.message}) if as_json
-                  else f"{rid}  -  unknown  {st.message}")
-    down = [n for n in nodes if n.state in ("unreachable", "unusable")]
-    for n in down:
-        if as_json:
-            print(json.dumps({"node": n.id, "state": n.state, "failure": n.failure or None, "reason": n.reason}))
-        else:
-            print(f"node {n.id}: {n.state}: {n.reason}" + (f" ({n.failure})" if n.failure else ""))
-    if not result.decisions and not as_json and not unplaced and not waiting and not down:
+    say = _Say(as_json)
+    shown = _say_unplaced(say, result) + _say_waiting(say, result) + _say_down_nodes(say, nodes)
+    if not result.decisions and not as_json and not shown:
         print("nothing to do")
     if not args.dry_run:
-        endpoints = result.endpoints()
-        if as_json:
-            print(json.dumps({"endpoints": endpoints}))
-        else:
-            print("endpoints:" if endpoints else "endpoints: none Ready")
-            for model, urls in endpoints.items():
-                for url in urls:
-                    print(f"  {model}  {url}")
+        _say_endpoints(say, result.endpoints())
     failed = [d for d in result.decisions if not d.ok]
     if failed:
         print(f"reconciler: {len(failed)} decision{'s' if len(failed) != 1 else ''} failed", file=sys.stderr)
         return Exit.FAILED
     return Exit.OK
+
+
+class _Say:
+    """One line of apply's summary: a JSON object with --log-format json, else text."""
+
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+
+    def __call__(self, doc: dict, text: str) -> None:
+        print(json.dumps(doc) if self.as_json else text)
+
+
+def _say_unplaced(say: _Say, result) -> int:
+    """Replicas that could not be placed get no decision line; without these a user sees
+    "nothing to do" and no reason why the model does not serve."""
+    replicas = result.replicas or {}
+    unplaced = sorted(o.replica for o in result.plan.unplaced) if result.plan is not None else []
+    for rid in unplaced:
+        why = replicas[rid].message if rid in replicas else "cannot be placed"
+        say({"replica": rid, "action": "unplaced", "reason": why}, f"{rid}  -  unplaced  {why}")
+    return len(unplaced)
+
+
+def _say_waiting(say: _Say, result) -> int:
+    """Replicas held back (a node that does not answer, within its grace period) and Unknown ones:
+    said by name, so a quiet pass never reads as "all is well"."""
+    replicas = result.replicas or {}
+    waiting = list(result.plan.waiting) if result.plan is not None else []
+    for w in waiting:
+        phase = replicas[w.replica].phase if w.replica in replicas else None
+        nodes_of = ",".join(w.nodes) if w.nodes else "-"
+        say({"replica": w.replica, "node": nodes_of, "action": "waiting", "phase": phase, "reason": w.reason},
+            f"{w.replica}  {nodes_of}  waiting  {w.reason}" + (f" (phase {phase})" if phase else ""))
+    named = {w.replica for w in waiting}
+    for rid, st in sorted(replicas.items()):
+        if st.phase == "Unknown" and rid not in named:
+            say({"replica": rid, "action": "unknown", "reason": st.message}, f"{rid}  -  unknown  {st.message}")
+    return len(waiting)
+
+
+def _say_down_nodes(say: _Say, nodes) -> int:
+    down = [n for n in nodes if n.state in ("unreachable", "unusable")]
+    for n in down:
+        say({"node": n.id, "state": n.state, "failure": n.failure or None, "reason": n.reason},
+            f"node {n.id}: {n.state}: {n.reason}" + (f" ({n.failure})" if n.failure else ""))
+    return len(down)
+
+
+def _say_endpoints(say: _Say, endpoints: dict) -> None:
+    if say.as_json:
+        print(json.dumps({"endpoints": endpoints}))
+        return
+    print("endpoints:" if endpoints else "endpoints: none Ready")
+    for model, urls in endpoints.items():
+        for url in urls:
+            print(f"  {model}  {url}")
