@@ -95,7 +95,8 @@ class LocalTransport:
 
 
 class TransportPool(Protocol):
-    """Where transports come from: the daemon's SSH pool (connections kept open between passes)."""
+    """Where transports come from, for the probe and the launcher: the daemon's SSH pool (connections kept
+    open between passes), or TransportMap over a fixed mapping."""
 
     def transport_for(self, spec: "NodeSpec") -> Transport: ...
 

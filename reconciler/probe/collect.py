@@ -9,7 +9,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from reconciler.errors import BUG, PERMANENT, TEMPORARY, CommandTimeout, OutputTooLarge, TransportError, kind_of
 from reconciler.model import (
@@ -27,14 +27,10 @@ from reconciler.model import (
 )
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
 from reconciler.probe.script import BOOTSTRAP, payload
-from reconciler.transport import Transport
+from reconciler.transport import Transport, TransportPool
 
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
 PYTHON = "python3"
-
-
-class TransportSource(Protocol):
-    def transport_for(self, node: NodeSpec) -> Transport: ...
 
 
 @dataclass(frozen=True)
@@ -208,7 +204,7 @@ def probe_node(
 
 def probe_fleet_report(
     fleet: Fleet,
-    pool: TransportSource,
+    pool: TransportPool,
     *,
     sources: Iterable[str] | None = None,
     timeout: float | None = None,
@@ -234,7 +230,7 @@ def probe_fleet_report(
     return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
 
-def _probe_one(spec: NodeSpec, pool: TransportSource, sources, timeout: float | None, owner: str | None = None) -> NodeProbe:
+def _probe_one(spec: NodeSpec, pool: TransportPool, sources, timeout: float | None, owner: str | None = None) -> NodeProbe:
     try:
         transport = pool.transport_for(spec)
     except TransportError as exc:
@@ -242,7 +238,7 @@ def _probe_one(spec: NodeSpec, pool: TransportSource, sources, timeout: float | 
     return probe_node(spec, transport, sources=sources, timeout=timeout, owner=owner)
 
 
-def probe_fleet(fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None, **kw) -> Inventory:
+def probe_fleet(fleet: Fleet, pool: TransportPool, *, sources: Iterable[str] | None = None, **kw) -> Inventory:
     return probe_fleet_report(fleet, pool, sources=sources, **kw).inventory
 
 
@@ -282,7 +278,7 @@ class FleetProber:
         with self._lock:
             return dict(self._down)
 
-    def _start(self, spec: NodeSpec, pool: TransportSource, sources, owner, log) -> _InFlight:
+    def _start(self, spec: NodeSpec, pool: TransportPool, sources, owner, log) -> _InFlight:
         job = _InFlight(spec, self._clock())
         with self._lock:
             self._inflight[spec.id] = job  # before the thread starts: it removes itself when it ends
@@ -330,7 +326,7 @@ class FleetProber:
             log("node.back", node=node_id, down_s=round(self._wall() - back[0], 1), msg="answers again")
 
     def __call__(
-        self, fleet: Fleet, pool: TransportSource, *, sources: Iterable[str] | None = None,
+        self, fleet: Fleet, pool: TransportPool, *, sources: Iterable[str] | None = None,
         owner: str | None = None, log=None, interrupt: Callable[[], bool] | None = None,
     ) -> FleetProbe:
         """One pass's probe. interrupt(): whether other work waits (the daemon has a commit to
