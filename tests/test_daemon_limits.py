@@ -1,8 +1,8 @@
 """The daemon raises its own soft limit of open files at start, and says so in its log.
 
 About three descriptors are held per node while its connection is open, so systemd's
-default soft limit of 1024 (examples/systemd sets no LimitNOFILE) runs out at about 330
-nodes; bench/simfleet.py measures it at 1,000 and 4,000 simulated nodes.
+default soft limit of 1024 runs out at about 330 nodes where a unit sets no LimitNOFILE
+(examples/systemd sets one); bench/simfleet.py measures it at 1,000 and 4,000 simulated nodes.
 """
 
 from __future__ import annotations

@@ -67,6 +67,8 @@ def test_systemd_unit_runs_the_daemon_and_keeps_engines_on_stop():
     parses(argv)
     assert service["KillMode"] == "process"
     assert "-HUP" in service["ExecReload"]
+    # one connection per node stays open: the unit must not leave systemd's 1024 in force
+    assert int(service["LimitNOFILE"]) >= 16384
 
 
 class FakeGitHub:
