@@ -650,6 +650,7 @@ class Daemon:
             restarts={m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models},
             node_states=count_by((n.state for n in nodes), OBSERVED_STATES) if nodes else {},
             node_up={n.id: n.state != "unreachable" for n in nodes},
+            probe_seconds=result.probe_seconds,
         ))
         self._node_events(nodes)
 

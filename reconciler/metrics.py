@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterable, Mapping
 
@@ -44,6 +44,8 @@ class FleetFigures:
     restarts: Mapping[str, int] = field(default_factory=dict)  # model -> restarts of its replicas so far
     node_states: Mapping[str, int] = field(default_factory=dict)  # state -> nodes
     node_up: Mapping[str, bool] = field(default_factory=dict)  # node -> answered the last probe
+    # node -> seconds its last probe took; None: this pass probed nothing, the last figures stand
+    probe_seconds: Mapping[str, float] | None = None
 
 
 class _FleetCollector:
@@ -78,6 +80,13 @@ class _FleetCollector:
         for node, ok in sorted(f.node_up.items()):
             up.add_metric([node], 1.0 if ok else 0.0)
         yield up
+        # A gauge, not a histogram: one series per node (buckets times thousands of nodes would be
+        # most of a scrape), and a slow node is found by its latest figure, not by a distribution.
+        took = GaugeMetricFamily("reconciler_node_probe_duration_seconds",
+                                 "Seconds the node's last probe took, answered or failed.", labels=["node"])
+        for node, seconds in sorted((f.probe_seconds or {}).items()):
+            took.add_metric([node], seconds)
+        yield took
 
 
 class Metrics:
@@ -117,6 +126,11 @@ class Metrics:
         for node, up in figures.node_up.items():
             if not up:
                 self.probe_failures.labels(node=node).inc()
+        if figures.probe_seconds is None:
+            # A pass that reused the last inventory timed no probe: the last timings stand, for
+            # the nodes still in the fleet.
+            last = self._fleet.figures.probe_seconds or {}
+            figures = replace(figures, probe_seconds={n: s for n, s in last.items() if n in figures.node_up})
         self._fleet.figures = figures
 
     def revision(self, revision: str | None) -> None:

@@ -76,6 +76,9 @@ class PassResult:
     dry_run: bool = False
     written: list[str] = field(default_factory=list)  # status files whose content changed
     memory: "PassMemory | None" = None  # hand to the next pass as `history`
+    # Node id -> seconds its probe took in this pass, for each probe that ended; None when the
+    # pass probed nothing (it planned against the inventory an earlier pass left).
+    probe_seconds: dict[str, float] | None = None
 
     @property
     def ok(self) -> bool:

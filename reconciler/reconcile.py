@@ -34,22 +34,33 @@ from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, WaitKind, Waiting, plan as make_plan
-from reconciler.probe import probe_fleet
+from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import predicted_phases, unplaced_message, write_nodes_status, write_plan_status
 from reconciler.transport import FleetTransports, Transport, TransportPool
 
-ProbeFn = Callable[[Catalog, FleetTransports], Inventory]
+# A probe answers the fleet as it is; a FleetProbe also says how long each node's probe took.
+ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
 
 
-def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    inventory = probe_fleet(
+def timed_probe(catalog: Catalog, transports: FleetTransports) -> FleetProbe:
+    probed = probe_fleet_report(
         catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}), owner=catalog_owner(catalog)
     )
     # GPUs, engines, fabrics and weights come from the probe; node states, other jobs' GPUs and our jobs from Slurm.
-    return fold_slurm(catalog, transports, inventory)
+    return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
+
+
+def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
+    return timed_probe(catalog, transports).inventory
+
+
+def _probed(answer: "Inventory | FleetProbe") -> tuple[Inventory, dict[str, float] | None]:
+    if isinstance(answer, FleetProbe):
+        return answer.inventory, answer.durations()
+    return answer, None  # a probe that does not time its nodes (a reused inventory, a test's)
 
 
 def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
@@ -96,10 +107,10 @@ def run_pass(
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is.
-    inventory = (probe or default_probe)(catalog, fleet_transports)
+    inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
     # 2. Plan (pure): what to do about it.
     plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
-    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory)
+    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
         return result

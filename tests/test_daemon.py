@@ -479,3 +479,21 @@ def test_a_node_going_unreachable_and_coming_back_is_one_event_each(tmp_path):
     assert events[0]["reason"] == "timed out after 10s"
     body = d.metrics.render()
     assert 'reconciler_node_up{node="a"} 1.0' in body and 'reconciler_probe_failures_total{node="a"} 2.0' in body
+
+
+def test_probe_durations_stand_through_a_pass_that_probed_nothing_and_go_with_their_node():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from reconciler.metrics import FleetFigures, Metrics
+
+    def durations(metrics: Metrics) -> dict[str, float]:
+        families = {f.name: f for f in text_string_to_metric_families(metrics.render())}
+        return {s.labels["node"]: s.value for s in families["reconciler_node_probe_duration_seconds"].samples}
+
+    m = Metrics()
+    m.fleet(FleetFigures(node_up={"a": True, "b": False}, probe_seconds={"a": 0.25, "b": 10.0}))
+    assert durations(m) == {"a": 0.25, "b": 10.0}
+    m.fleet(FleetFigures(node_up={"a": True}, probe_seconds=None))  # reused inventory; b left fleet.yaml
+    assert durations(m) == {"a": 0.25}
+    m.fleet(FleetFigures(node_up={"a": True}, probe_seconds={}))  # a probe that ended for no node
+    assert durations(m) == {}

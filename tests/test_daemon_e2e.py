@@ -230,3 +230,21 @@ def test_an_invalid_commit_changes_nothing_on_the_node_and_the_next_valid_one_ap
     git(e2e.repo.path, "rm", "-q", "models/broken.yaml")
     e2e.repo.commit("drop the broken model")
     e2e.wait_ready("echo", 3)
+
+
+def test_each_node_s_probe_duration_is_a_gauge_in_seconds_from_the_real_pass(e2e):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    e2e.model("echo", 1)
+    e2e.repo.commit("echo: 1 replica")
+    d = e2e.daemon("--metrics-address", "127.0.0.1:0")
+    e2e.wait_ready("echo", 1)
+    address = d.wait_event("metrics.serving")[0]["address"]
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(body)}  # the official parser reads it whole
+    took = families["reconciler_node_probe_duration_seconds"]
+    assert took.type == "gauge" and took.unit in ("", "seconds")
+    [sample] = took.samples
+    assert sample.labels == {"node": "local"}
+    # The local node's probe runs a real python3 on this machine: it takes some time, well under its deadline.
+    assert 0 < sample.value < 30

@@ -146,5 +146,7 @@ def test_a_node_that_stops_answering_is_not_waited_on_while_a_commit_waits():
         assert by_id["fast"].state == "ready"
         assert by_id["stuck"].state == "unreachable" and "no answer yet" in by_id["stuck"].reason
         assert not gate.is_set()  # its probe was still running when the pass went on
+        # Only a probe that ended has a duration: the stuck one's is not the seconds the pass waited.
+        assert set(result.durations()) == {"fast"} and result.durations()["fast"] > 0
     finally:
         gate.set()

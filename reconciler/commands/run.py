@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import time
@@ -61,10 +62,11 @@ class ProbeFleet:
 
     def __call__(self, catalog, transports):
         sources = sorted({m.source for m in catalog.models})
-        inventory = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log,
-                                interrupt=self.pending).inventory
-        # As the one-shot pass's probe does: Slurm's node states and jobs on `launcher: slurm` nodes.
-        return fold_slurm(catalog, transports, inventory)
+        probed = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log,
+                             interrupt=self.pending)
+        # As the one-shot pass's probe does: Slurm's node states and jobs on `launcher: slurm` nodes;
+        # the FleetProbe whole, so the pass result carries each node's probe duration.
+        return dataclasses.replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
 class ReusedInventory:

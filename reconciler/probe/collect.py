@@ -41,6 +41,9 @@ class NodeProbe:
     warnings: tuple[str, ...] = ()
     reached: bool = True  # the transport ran the probe (False: could not connect at all)
     seconds: float = 0.0
+    # False: the pass went on without this node while its probe still ran (FleetProber), so
+    # `seconds` is how long the pass waited, not how long the probe took.
+    ended: bool = True
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class FleetProbe:
     @property
     def reached(self) -> int:
         return sum(1 for r in self.results if r.reached)
+
+    def durations(self) -> dict[str, float]:
+        """Node id -> seconds its probe took, for every probe that ended (answered or failed)."""
+        return {r.node.id: r.seconds for r in self.results if r.ended}
 
 
 _payload_lock = threading.Lock()
@@ -381,7 +388,7 @@ class FleetProber:
             waited = self._clock() - job.started
             # Its last reason as it was: a reason that counted seconds would rewrite status/nodes.yaml every pass.
             why = reason or "no answer yet (its probe is still running)"
-            results.append(NodeProbe(unreachable(spec, why, held), (), False, waited))
+            results.append(NodeProbe(unreachable(spec, why, held), (), False, waited, ended=False))
         return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
 
 
