@@ -79,8 +79,8 @@ def main() -> int:
         binaries = {"llama-server": bindir / "llama-server", "ggml-rpc-server": bindir / "ggml-rpc-server"}
         fleet.add_node("b1", binaries=binaries, fabrics=lan)
         fleet.add_node("b2", binaries=binaries, fabrics=lan)
-        for node in fleet.nodes.values():  # a path source must be on the node (only the head reads it)
-            (node.dir / "models" / model.name).symlink_to(model)
+        # A path source must be where it is read: on the head (b1) only; the worker gets its layers over RPC.
+        (fleet.node("b1").dir / "models" / model.name).symlink_to(model)
         source = f"{fleet.models_dir}/{model.name}"
         root = work / "catalog"
         (root / "models").mkdir(parents=True)

@@ -462,17 +462,19 @@ class Actor:
     # -- weights, before anything starts
 
     def weights_needed(self, actions: Sequence[Action]) -> list[tuple[Action, Model, str]]:
-        """(action, model, node) for every node a start or replace puts a replica on that was probed
-        without its weights, for models that say how to fetch them (without fetch, placement never
-        picks such a node)."""
+        """(action, model, node) for every node a start or replace puts a rank that reads the weights
+        on (a llama.cpp worker does not) and that was probed without them, for models that say how to
+        fetch them (without fetch, placement never picks such a node)."""
         needed = []
         for a in actions:
             if a.action not in ("start", "replace") or a.placement is None:
                 continue
-            model = self.catalog.model(a.model)
+            model, profile = self._model_profile(a)
             if model is None or model.fetch is None:
                 continue
             for assignment in a.placement.nodes:
+                if profile is not None and not profile.reads_weights(assignment.rank):
+                    continue
                 node = self.probed.node(assignment.node)
                 if node is not None and node.weights is not None and model.source not in node.weights:
                     needed.append((a, model, assignment.node))

@@ -171,6 +171,14 @@ class Profile:
     def class_label(self) -> str:
         return self.gpu_class or "cpu"
 
+    def reads_weights(self, rank: int) -> bool:
+        """Whether this rank loads the model's weights from its node's disk.
+
+        A llama.cpp worker (rank above 0) runs only the RPC server: the head loads the GGUF
+        and ships the tensors to it, so it never opens the file. Every rank of any other
+        engine loads its shard from its own disk."""
+        return rank == 0 or self.engine != "llama.cpp"
+
 
 # Placeholders a fetch command may use: it runs once per node for the weights, not per replica or rank.
 FETCH_PLACEHOLDERS = ("MODEL_SOURCE",)
@@ -442,6 +450,10 @@ class RejectKind(StrEnum):
     # Pool line: resource: the fabric; requested: nodes per replica; available: nodes qualifying;
     # detail: how many of them have llama-server and how many the RPC server
     LLAMA_ROLES = "llama_roles"
+    # Pool line, llama.cpp multi-node, a path source without fetch: no node that has llama-server holds the
+    # weights (only the head reads them). resource: the source; requested: nodes per replica;
+    # available: the qualifying nodes with llama-server; detail: the fabric
+    HEAD_WEIGHTS = "head_weights"
 
 
 def figure(x: float) -> str:
@@ -513,6 +525,9 @@ _REASON_TEXT = {
     RejectKind.LLAMA_ROLES: lambda r: (f"needs {r.requested} nodes on {r.resource}: a head with llama-server and "
                                        f"{int(r.requested) - 1} more with the RPC server (ggml-rpc-server or rpc-server); "
                                        f"of the {r.available} that qualify, {r.detail}"),
+    RejectKind.HEAD_WEIGHTS: lambda r: (f"needs a head (rank 0) on {r.detail} that holds the weights at {r.resource} "
+                                        f"(the model sets no fetch to copy them; only the head reads them): "
+                                        f"none of the {r.available} qualifying nodes with llama-server does"),
 }
 
 

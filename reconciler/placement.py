@@ -298,11 +298,49 @@ def llama_rank_reason(binaries, rank: int) -> Reason | None:
     return Reason(RejectKind.LLAMA_BINARY, RPC_SERVER_NAMES, "worker")
 
 
-def _assign_llama_roles(candidates: list, count: int) -> list | None:
-    """Rank order for a multi-node llama.cpp replica: a head that has llama-server, then
-    count-1 nodes that have the RPC server; candidates in preference order; None if impossible."""
+def _weights_on_every_node(model: Model, profile: Profile) -> bool:
+    """A path source without fetch is needed on every node of the replica (not only on its head)."""
+    return model.needs_weights_on_node and (profile.nodes <= 1 or profile.reads_weights(1))
+
+
+def _weights_reason(node, model: Model) -> Reason | None:
+    """A path source without `fetch` is a hard requirement, on nodes whose weights were probed."""
+    if model.needs_weights_on_node and node.weights is not None and model.source not in node.weights:
+        return Reason(RejectKind.WEIGHTS, model.source)
+    return None
+
+
+def _head_reason(node, model: Model) -> Reason | None:
+    """Why a node cannot be the head (rank 0) of a multi-node llama.cpp replica: its binary, then the weights."""
+    return llama_rank_reason(node.llama_cpp, 0) or _weights_reason(node, model)
+
+
+def _rank_reason(node, rank: int, model: Model, profile: Profile) -> Reason | None:
+    """What one rank of a multi-node llama.cpp replica asks of its node beyond the profile's
+    static filter (its role's binary; the weights on the head), or None."""
+    if profile.engine != LLAMA_CPP or profile.nodes <= 1:
+        return None
+    return _head_reason(node, model) if rank == 0 else llama_rank_reason(node.llama_cpp, rank)
+
+
+def _llama_roles_reason(qualified: list, model: Model, profile: Profile, fabric: str) -> Reason:
+    """Why enough qualifying nodes on a fabric still make no llama.cpp replica: the roles they can take."""
+    servers = [n for n in qualified if llama_rank_reason(n.llama_cpp, 0) is None]
+    heads = sum(1 for n in servers if _weights_reason(n, model) is None)
+    workers = sum(1 for n in qualified if llama_rank_reason(n.llama_cpp, 1) is None)
+    if servers and not heads:
+        # Only the head reads the weights: the workers are fine; no node that could lead holds them.
+        return Reason(RejectKind.HEAD_WEIGHTS, model.source, profile.nodes, len(servers), detail=fabric)
+    return Reason(RejectKind.LLAMA_ROLES, fabric, profile.nodes, len(qualified),
+                  detail=f"{heads} have llama-server and {workers} the RPC server")
+
+
+def _assign_llama_roles(candidates: list, count: int, model: Model) -> list | None:
+    """Rank order for a multi-node llama.cpp replica: a head that has llama-server (and the
+    weights, when they cannot be fetched), then count-1 nodes that have the RPC server;
+    candidates in preference order; None if impossible."""
     for head in candidates:
-        if llama_rank_reason(head.llama_cpp, 0) is not None:
+        if _head_reason(head, model) is not None:
             continue
         workers = [c for c in candidates if c is not head and llama_rank_reason(c.llama_cpp, 1) is None]
         if len(workers) >= count - 1:
@@ -388,13 +426,6 @@ class Placer:
         have = math.floor(node.disk_free_gib * 10) / 10
         return Reason(RejectKind.DISK, "disk", profile.min_disk_gb, have, detail=node.disk_path)
 
-    @staticmethod
-    def _weights_reason(node: _Node, model: Model) -> Reason | None:
-        """A path source without `fetch` is a hard requirement, on nodes whose weights were probed."""
-        if model.needs_weights_on_node and node.weights is not None and model.source not in node.weights:
-            return Reason(RejectKind.WEIGHTS, model.source)
-        return None
-
     def _base_list(self, profile: Profile) -> list[Reason | None]:
         """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
         base_key = _base_key(profile)
@@ -408,13 +439,14 @@ class Placer:
     def _static_list(self, model: Model, profile: Profile) -> list[Reason | None]:
         """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
         base = self._base_list(profile)
-        needs_weights = model.needs_weights_on_node
+        # A llama.cpp replica's workers never read the weights: only its head must hold them (_head_reason).
+        needs_weights = _weights_on_every_node(model, profile)
         if not profile.min_disk_gb and not needs_weights:
             return base
         key = _static_key(model, profile) + ((model.source,) if needs_weights else ())
         lst = self._static_reasons.get(key)
         if lst is None:
-            lst = [r if r is not None else (self._weights_reason(n, model) or
+            lst = [r if r is not None else ((_weights_reason(n, model) if needs_weights else None) or
                                             (self._disk_reason(n, model, profile) if profile.min_disk_gb else None))
                    for r, n in zip(base, self.nodes)]
             self._static_reasons[key] = lst
@@ -424,7 +456,7 @@ class Placer:
         """The indexes a replica is searched in, preferred first: the nodes holding the weights, then
         every eligible node (or, for weights that cannot be fetched, those never probed for them)."""
         holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
-        if model.needs_weights_on_node:
+        if _weights_on_every_node(model, profile):
             return holders, self._index(model, profile, fabric, ("unprobed",))
         return holders, self._index(model, profile, fabric, None)
 
@@ -647,7 +679,8 @@ class Placer:
         passes = [True] if model.spread != "preferred" else [True, False]
         for fabric in self.fabric_names:
             holders, main = self._candidates(model, profile, fabric)
-            if len(main.members) + (len(holders.members) if model.needs_weights_on_node and holders else 0) < profile.nodes:
+            apart = holders is not None and _weights_on_every_node(model, profile)  # holders are not in main
+            if len(main.members) + (len(holders.members) if apart else 0) < profile.nodes:
                 continue
             # A multi-node replica never mixes launchers: its ranks are one Slurm job, or all over SSH.
             for launcher in self.launchers:
@@ -668,7 +701,7 @@ class Placer:
                                 taken.add(i)
                                 if profile.engine == LLAMA_CPP:
                                     # Every rank needs its binary: the head llama-server, the others the RPC server.
-                                    ranked = (_assign_llama_roles(chosen, profile.nodes)
+                                    ranked = (_assign_llama_roles(chosen, profile.nodes, model)
                                               if len(chosen) >= profile.nodes else None)
                                     if ranked is not None:
                                         return fabric, ranked
@@ -744,8 +777,9 @@ class Placer:
                 continue
             static = self._static_list(model, profile)
             # In place the replica shares its nodes with whatever it shared them with before: no spread check.
-            reasons = [(n, static[n.idx] or self._dynamic_reason(n, model, profile, frozenset(), may_share=True))
-                       for n in nodes]
+            reasons = [(n, static[n.idx] or _rank_reason(n, rank, model, profile)
+                        or self._dynamic_reason(n, model, profile, frozenset(), may_share=True))
+                       for rank, n in enumerate(nodes)]
             why = next(((n, r) for n, r in reasons if r), None)
             if why is not None:
                 rejections.append(Rejection(profile.name, pool_name(fabric, profile), why[0].id, why[1]))
@@ -864,11 +898,7 @@ class Placer:
                                                                     max(by_launcher.values()), detail=counts)))
                 continue
             if profile.engine == LLAMA_CPP and qualify >= profile.nodes:
-                heads = sum(1 for n in qualified if llama_rank_reason(n.llama_cpp, 0) is None)
-                workers = sum(1 for n in qualified if llama_rank_reason(n.llama_cpp, 1) is None)
-                out.append(Rejection(profile.name, pool, "", Reason(
-                    RejectKind.LLAMA_ROLES, fabric, profile.nodes, qualify,
-                    detail=f"{heads} have llama-server and {workers} the RPC server")))
+                out.append(Rejection(profile.name, pool, "", _llama_roles_reason(qualified, model, profile, fabric)))
                 continue
             out.append(Rejection(profile.name, pool, "", Reason(RejectKind.FABRIC_SHORT, fabric, profile.nodes, qualify)))
         pool = pool_name(None, profile)

@@ -6,10 +6,12 @@ engine end to end is in test_real_llamacpp.py.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reconciler.catalog import load_catalog
 from reconciler.errors import CatalogInvalid, RenderError
@@ -24,7 +26,7 @@ from reconciler.model import (
     Placement,
     Profile,
 )
-from reconciler.placement import place, summarize
+from reconciler.placement import Placer, place, summarize
 from reconciler.probe.script import llama_cpp_binaries
 from reconciler.render import render_replica
 from tests import builders as b
@@ -117,8 +119,8 @@ def _fabric_nodes(*ids: str) -> list[NodeSpec]:
     return [b.node_spec(i, fabrics={"eth": ["eth0"]}) for i in ids]
 
 
-def _obs(node_id: str, binaries: LlamaCppBinaries | None) -> ObservedNode:
-    base = b.observed(node_id, engines=("llama.cpp",), fabrics={"eth": ["eth0"]})
+def _obs(node_id: str, binaries: LlamaCppBinaries | None, weights=None) -> ObservedNode:
+    base = b.observed(node_id, engines=("llama.cpp",), fabrics={"eth": ["eth0"]}, weights=weights)
     return ObservedNode(**{**base.__dict__, "llama_cpp": binaries})
 
 
@@ -174,6 +176,133 @@ def test_an_ipv6_node_is_excluded_from_multi_node_llama_cpp_with_its_reason():
     [outcome] = place([m], b.fleet(*specs), inv).unplaced
     by_node = {r.node: r.reason for r in outcome.rejections}
     assert by_node["n3"] == "has an IPv6 data address, and llama.cpp's RPC between ranks speaks IPv4 only"
+
+
+# Weights (SPEC section 7): a path source without fetch is needed where it is read. A llama.cpp
+# worker never reads it (the head loads the GGUF and ships tensors over RPC), so only rank 0 needs it.
+GGUF = "/models/gemma"  # b.model's source for "gemma"
+RPC_ONLY = LlamaCppBinaries(server=False, rpc_server="ggml-rpc-server")
+
+
+def test_only_the_head_of_a_multi_node_llama_replica_needs_the_weights():
+    specs = _fabric_nodes("n1", "n2")
+    inv = b.inventory(_obs("n1", BOTH, weights=[GGUF]), _obs("n2", RPC_ONLY, weights=[]))
+    [placement] = place([b.model("gemma", cpu_profile())], b.fleet(*specs), inv).placements
+    assert [(a.node, a.rank) for a in placement.nodes] == [("n1", 0), ("n2", 1)]
+
+
+def test_the_head_goes_to_the_node_that_holds_the_weights_when_either_could_lead():
+    specs = _fabric_nodes("n1", "n2")
+    inv = b.inventory(_obs("n1", BOTH, weights=[]), _obs("n2", BOTH, weights=[GGUF]))
+    [placement] = place([b.model("gemma", cpu_profile())], b.fleet(*specs), inv).placements
+    assert [(a.node, a.rank) for a in placement.nodes] == [("n2", 0), ("n1", 1)]
+
+
+def test_a_multi_node_vllm_replica_still_needs_the_weights_on_every_node():
+    gpu = b.profile("tp", engine="vllm", gpus_per_node=8, nodes=2)
+    specs = [b.node_spec(i, fabrics={"ib": ["mlx5_0"]}) for i in ("n1", "n2")]
+    inv = b.inventory(b.observed("n1", gpu=b.gpus(8), fabrics={"ib": ["mlx5_0"]}, weights=[GGUF]),
+                      b.observed("n2", gpu=b.gpus(8), fabrics={"ib": ["mlx5_0"]}, weights=[]))
+    [outcome] = place([b.model("gemma", gpu)], b.fleet(*specs), inv).unplaced
+    by_node = {r.node: r.reason for r in outcome.rejections}
+    assert by_node["n2"] == f"does not hold the weights at {GGUF} (the model sets no fetch to copy them)"
+
+
+def test_no_node_that_could_lead_holding_the_weights_says_so_and_blames_no_worker():
+    specs = _fabric_nodes("n1", "n2", "n3")
+    inv = b.inventory(_obs("n1", BOTH, weights=[]), _obs("n2", RPC_ONLY, weights=[GGUF]),
+                      _obs("n3", RPC_ONLY, weights=[]))
+    [outcome] = place([b.model("gemma", cpu_profile())], b.fleet(*specs), inv).unplaced
+    assert not [r for r in outcome.rejections if r.node], outcome.rejections  # every node qualifies on its own
+    [pool] = [r.reason for r in outcome.rejections if not r.node]
+    assert pool == (f"needs a head (rank 0) on eth that holds the weights at {GGUF} (the model sets no fetch "
+                    "to copy them; only the head reads them): none of the 1 qualifying nodes with llama-server does")
+    assert summarize(outcome.rejections, 3) == [f"3/3 nodes fit profile cpu: {pool}"]
+
+
+def test_an_in_place_replace_asks_the_weights_of_the_head_only():
+    specs = _fabric_nodes("n1", "n2")
+    m = b.model("gemma", cpu_profile())
+    old = Placement(replica="gemma-0", model="gemma", profile="cpu", fabric="eth", pool="eth/cpu",
+                    nodes=(Assignment(node="n1", rank=0, port=8080), Assignment(node="n2", rank=1, port=8080)),
+                    dist_port=29500)
+    placer = Placer(b.fleet(*specs), b.inventory(_obs("n1", BOTH, weights=[GGUF]), _obs("n2", RPC_ONLY, weights=[])), [m])
+    again = placer.place_on(m, "gemma-0", old)
+    assert [(a.node, a.rank) for a in again.placement.nodes] == [("n1", 0), ("n2", 1)]
+    # The head lost its weights: the in-place start is refused on it, with the reason.
+    placer = Placer(b.fleet(*specs), b.inventory(_obs("n1", BOTH, weights=[]), _obs("n2", RPC_ONLY, weights=[])), [m])
+    refused = placer.place_on(m, "gemma-0", old)
+    assert refused.placement is None
+    assert [(r.node, r.reason) for r in refused.rejections] == [
+        ("n1", f"does not hold the weights at {GGUF} (the model sets no fetch to copy them)")]
+
+
+@pytest.mark.parametrize("engine, fetched_to", [("llama.cpp", ["n1"]), ("vllm", ["n1", "n2"])])
+def test_a_fetch_copies_the_weights_only_to_the_ranks_that_read_them(engine, fetched_to):
+    from dataclasses import replace as with_fields
+
+    from reconciler.actor import Actor
+    from reconciler.model import Action, Catalog, FetchPolicy
+
+    prof = with_fields(cpu_profile(), engine=engine)
+    m = with_fields(b.model("gemma", prof), fetch=FetchPolicy(from_node=True))
+    inv = b.inventory(_obs("n1", BOTH, weights=[]), _obs("n2", BOTH, weights=[]), _obs("n3", BOTH, weights=[GGUF]))
+    placement = Placement(replica="gemma-0", model="gemma", profile="cpu", fabric="eth", pool="eth/cpu",
+                          nodes=(Assignment(node="n1", rank=0, port=8080), Assignment(node="n2", rank=1, port=8080)))
+    actor = Actor(Catalog(root=".", fleet=b.fleet(*_fabric_nodes("n1", "n2", "n3")), models=(m,)), inv,
+                  launcher=None, render=None, log=lambda *a, **k: None)
+    needed = actor.weights_needed([Action("start", "gemma-0", "gemma", placement=placement)])
+    assert [node for _, _, node in needed] == fetched_to
+
+
+LLAMA_FLEET_YAML = """\
+nodes:
+  - id: c1
+    address: 10.9.0.1
+    model_dirs: [/models]
+    fabrics: {eth: [eth0]}
+  - id: c2
+    address: 10.9.0.2
+    model_dirs: [/models]
+    fabrics: {eth: [eth0]}
+"""
+
+
+def _llama_snapshot(head_weights: list[str]) -> str:
+    def node(nid: str, server: bool, weights: list[str]) -> dict:
+        return {"id": nid, "state": "ready", "memory_total_mb": 65536, "engines": {"llama.cpp": ""},
+                "llama_cpp": {"server": server, "rpc_server": "ggml-rpc-server"},
+                "fabrics": [{"name": "eth", "hcas": ["eth0"]}],
+                "disks": [{"path": "/models", "free_bytes": 1 << 40, "total_bytes": 1 << 41}],
+                "weights": weights, "replicas": []}
+    return yaml.safe_dump({"nodes": [node("c1", True, head_weights), node("c2", False, [])]})
+
+
+@pytest.mark.parametrize("head_weights", [["/models/m.gguf"], []])
+def test_plan_and_explain_place_a_llama_pair_whose_worker_lacks_the_weights_or_name_the_head(
+        cli, tmp_path, head_weights):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "fleet.yaml").write_text(LLAMA_FLEET_YAML)
+    (tmp_path / "models" / "m.yaml").write_text(
+        "name: m\nsource: /models/m.gguf\nprofiles:\n  - name: cpu2\n    engine: llama.cpp\n    nodes: 2\n")
+    snap = tmp_path / "nodes.yaml"
+    snap.write_text(_llama_snapshot(head_weights))
+    plan = cli("plan", str(tmp_path), "--inventory", str(snap), "--format", "json")
+    assert plan.returncode == 0, plan.stderr
+    actions = json.loads(plan.stdout)["actions"]
+    explain = cli("explain", "m", str(tmp_path), "--inventory", str(snap))
+    assert explain.returncode == 0, explain.stderr
+    if head_weights:
+        [start] = [a for a in actions if a["action"] == "start"]
+        assert [(n["node"], n["rank"]) for n in start["nodes"]] == [("c1", 0), ("c2", 1)]
+        assert "m-0: would start on c1" in explain.stdout
+        assert "does not hold the weights" not in explain.stdout
+    else:
+        assert not [a for a in actions if a["action"] == "start"]
+        assert ("needs a head (rank 0) on eth that holds the weights at /models/m.gguf (the model sets no fetch to "
+                "copy them; only the head reads them): none of the 1 qualifying nodes with llama-server does"
+                in explain.stdout)
+        assert "c2: does not hold the weights" not in explain.stdout
 
 
 # --------------------------------------------------------------------------

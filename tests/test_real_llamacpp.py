@@ -33,10 +33,9 @@ def real():
 
 
 def place_weights(f: TestFleet, cached: Path) -> None:
-    """The model in every node's model dir (a path source without fetch must be on the node;
-    only the head reads it, the workers get their layers over RPC)."""
-    for node in f.nodes.values():
-        (node.dir / "models" / cached.name).symlink_to(cached)
+    """The model in the head's model dir only: a path source without fetch must be where it is read,
+    and only the head (rank 0) reads it; the workers get their layers over RPC."""
+    (f.node("c1").dir / "models" / cached.name).symlink_to(cached)
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +165,7 @@ def test_a_two_node_replica_offloads_to_its_worker_which_holds_part_of_the_model
     assert state["phase"] == "Ready", state
     assert [(n["node"], n["rank"]) for n in state["nodes"]] == [("c1", 0), ("c2", 1)]
 
+    assert not (fleet.node("c2").dir / "models" / model.name).exists()  # the worker never holds the file
     head, worker = record(fleet, "c1", "gemma-pair-0", 0), record(fleet, "c2", "gemma-pair-0", 1)
     worker_at = f"{fleet.node('c2').address}:{worker['port']}"
     assert worker["argv"][:5] == ["ggml-rpc-server", "-H", fleet.node("c2").address, "-p", str(worker["port"])]
