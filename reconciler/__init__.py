@@ -15,7 +15,8 @@ The modules, top layer first; a module imports only from the layers below it
 (.importlinter holds every contract, and CI checks it):
 
     cli, commands/      argument parsing and wiring; one module per command
-    daemon              watch, debounce, resync, git revision, lock, signals
+    daemon/             the loop and signals (loop), the revision in force (revisions), the
+                        watcher (watch), the lock (lock), the log (events), metrics (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor               the pass's effects: start, stop, replace, restart, through a Launcher
     readiness, memory,  pure phase judgement + the health request; what a pass hands the

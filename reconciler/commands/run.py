@@ -1,4 +1,4 @@
-"""`reconciler run`: the daemon. Wiring only; the loop lives in reconciler/daemon.py."""
+"""`reconciler run`: the daemon. Wiring only; the loop lives in reconciler/daemon/ (loop.py)."""
 
 from __future__ import annotations
 

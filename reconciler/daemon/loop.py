@@ -1,0 +1,267 @@
+"""`reconciler run`: the loop that watches the catalog, resyncs on an interval, and reconciles.
+
+One loop on the main thread does every pass, so passes never overlap and a
+signal is only ever a flag: SIGHUP asks for a pass now, SIGTERM/SIGINT ask the
+loop to stop after the step in progress (engines are left running; the next
+daemon adopts them). Everything that wakes the loop (the file watcher thread,
+the interval, a signal) only adds a reason and sets an event.
+
+Which revision is in force is revisions.py's; the log is events.py's, the
+lock lock.py's, the watcher watch.py's, metrics from a pass observe.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from reconciler import status as status_files
+from reconciler.constants import Exit
+from reconciler.daemon.events import EventLog
+from reconciler.daemon.lock import LOCK_NAME, CatalogLock
+from reconciler.daemon.observe import node_events, observe_pass
+from reconciler.daemon.revisions import DaemonState, LoadFn, Revisions, short as _short
+from reconciler.daemon.watch import FILE_CHANGE, GIT_CHANGE, Watcher
+from reconciler.errors import ReconcilerError
+from reconciler.gitrev import GitCatalog, GitError
+from reconciler.metrics import Metrics, MetricsServer
+from reconciler.model import Catalog
+from reconciler.outcomes import PassResult
+
+PassFn = Callable[..., "PassResult | None"]  # (catalog, log, *, trigger: str) -> the pass result
+
+
+@dataclass
+class DaemonOptions:
+    interval: float = 60.0
+    git_pull: bool = False
+    commit_status: bool = False
+    push: bool = False
+    metrics_address: str | None = None
+    max_passes: int | None = None
+    watch: bool = True
+
+
+class Daemon:
+    """Owns the loop. `pass_fn(catalog, log, trigger=...)` does one reconcile of a valid catalog.
+
+    trigger: "start", "commit", "files", "SIGHUP" or "interval": why this pass runs.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        pass_fn: PassFn,
+        load: LoadFn | None = None,
+        options: DaemonOptions | None = None,
+        log: EventLog | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise ReconcilerError(f"{root}: no such catalog directory")
+        self.pass_fn = pass_fn
+        if hasattr(pass_fn, "pending"):
+            # A pass may ask whether work waits (a commit during a slow probe) and stop waiting early.
+            pass_fn.pending = self._pending
+        self.load = load or _default_load
+        self.options = options or DaemonOptions()
+        self.log = log or EventLog()
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.git = GitCatalog.open(self.root)
+        self.state = DaemonState()
+        self.revisions = Revisions(self.root, self.git, self.load, self.log, self.state, self.options.git_pull)
+        self.passes = 0
+        self._reasons: set[str] = set()
+        self._reasons_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping: str | None = None
+        lock_path = self.git.private_dir / "daemon.lock" if self.git else self.root / LOCK_NAME
+        self.lock = CatalogLock(lock_path, str(self.root))
+
+    # ------------------------------------------------------------ waking
+
+    def request(self, *reasons: str) -> None:
+        with self._reasons_lock:
+            self._reasons.update(reasons)
+        self._wake.set()
+
+    def _pending(self) -> bool:
+        return self._wake.is_set()
+
+    def stop(self, why: str) -> None:
+        self._stopping = why
+        self._wake.set()
+
+    def _take(self) -> set[str]:
+        with self._reasons_lock:
+            reasons, self._reasons = self._reasons, set()
+            self._wake.clear()
+        return reasons
+
+    def _on_signal(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            self.request("SIGHUP")
+        elif self._stopping is not None and self._stopping != "max-passes":
+            # Asked twice: the operator does not want to wait for the step in progress.
+            self.log("daemon.interrupted", signal=name, msg="second stop signal: exiting now, engines left running")
+            raise SystemExit(128 + signum)
+        else:
+            self.log("daemon.stopping", signal=name, msg="finishing the step in progress, then exiting")
+            self.stop(name)
+
+    # ------------------------------------------------------------ the loop
+
+    def serve(self) -> int:
+        """Run until a stop signal (or --max-passes). Must be called on the main thread."""
+        self.state.took_over_from = self.lock.acquire(self.log)
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        for s in previous:
+            signal.signal(s, self._on_signal)
+        watcher = server = None
+        try:
+            self.revisions.restore_from_status()
+            if self.options.metrics_address:
+                server = MetricsServer(self.metrics, self.options.metrics_address)
+                server.start()
+                host, port = server.address
+                self.log("metrics.serving", address=f"{host}:{port}", msg="Prometheus metrics at /metrics")
+            if self.options.watch:
+                git_dirs = [self.git.git_dir, self.git.common_dir] if self.git else []
+                watcher = Watcher(self.root, git_dirs, lambda kinds: self.request(*kinds))
+                watcher.start()
+            self.log("daemon.started", catalog=str(self.root), pid=os.getpid(), interval=self.options.interval,
+                     git=("yes" if self.git else "no: the working tree is applied as it is"))
+            self.request("start")
+            next_resync = self.clock() + self.options.interval
+            while self._stopping is None:
+                reasons = self._take()
+                now = self.clock()
+                if not reasons and now >= next_resync:
+                    reasons = {"interval"}
+                if not reasons:
+                    self._wake.wait(timeout=max(0.0, next_resync - now))
+                    continue
+                if "watcher-failed" in reasons and watcher is not None:
+                    self.state.watcher_error = watcher.error
+                    self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
+                if self._wants_pass(reasons):
+                    self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
+                    next_resync = self.clock() + self.options.interval
+                    if self.options.max_passes is not None and self.passes >= self.options.max_passes:
+                        self.stop("max-passes")
+                else:
+                    self.refresh_status()
+            self.log("daemon.stopped", reason=self._stopping, msg="engines left running")
+            return Exit.OK
+        finally:
+            if watcher is not None:
+                watcher.stop()
+            if server is not None:
+                server.stop()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            close = getattr(self.pass_fn, "close", None)
+            if callable(close):
+                close()  # connections only: engines keep running
+            self.lock.release()
+
+    def _wants_pass(self, reasons: set[str]) -> bool:
+        """A full pass, or only a status refresh? Status commits and editor saves need no pass."""
+        if reasons & {"start", "interval", "SIGHUP"}:
+            return True
+        if self.git is None:
+            return FILE_CHANGE in reasons
+        return GIT_CHANGE in reasons and self.revisions.revision_moved()
+
+    # ------------------------------------------------------------ one pass
+
+    def reconcile(self, trigger: str = "manual", pull: bool = False) -> None:
+        """One cycle: pull, read the revision, load it, run the pass, write status (always)."""
+        started = self.clock()
+        result_kind = "error"
+        self.passes += 1
+        try:
+            if pull and self.options.git_pull and self.git is not None:
+                self.revisions.pull()
+            refused = self.revisions.load_revision()
+            catalog = self.state.in_force
+            if refused:
+                result_kind = "invalid"
+                self.log("pass.refused", revision=_short(self.state.attempted), errors=len(self.state.errors),
+                         applied=_short(self.state.applied),
+                         msg="the revision does not validate: nothing applied, the last good revision stays in force")
+            elif catalog is None:
+                result_kind = "invalid"
+                self.log("pass.skipped", msg="no valid revision has ever been applied: nothing to do")
+            else:
+                self.log("pass.start", trigger=trigger, revision=_short(catalog.revision))
+                result = self.pass_fn(catalog, self.log, trigger=trigger)
+                self._observe(result, catalog)
+                result_kind = "applied"
+        except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass
+            self.log("pass.failed", error=str(exc))
+        except Exception as exc:  # a bug: log it whole, keep the daemon alive
+            self.log("pass.error", error=f"{type(exc).__name__}: {exc}", msg="".join(traceback.format_exc()))
+        finally:
+            self._write_status()
+            elapsed = self.clock() - started
+            self.metrics.pass_ended(result_kind, elapsed)
+            self.metrics.revision(self.state.applied)
+            self.log("pass.end", trigger=trigger, result=result_kind, seconds=round(elapsed, 3))
+
+    def refresh_status(self) -> None:
+        """No pass: only bring the git facts in status up to date (uncommitted edits, branch)."""
+        try:
+            self.revisions.read_worktree_facts()
+        except GitError as exc:
+            self.log("git.error", error=str(exc))
+        self._write_status()
+
+    def status_document(self) -> dict:
+        return self.revisions.status_document()
+
+    def _write_status(self) -> None:
+        try:
+            status_files.write_document(status_files.status_dir(self.root) / "catalog.yaml", self.status_document())
+            self.metrics.catalog_valid.set(0.0 if self.state.errors else 1.0)
+            if self.options.commit_status and self.git is not None:
+                commit = self.git.commit_status(self.state.applied, self.state.attempted, push=self.options.push)
+                if commit.commit:
+                    self.metrics.status_commits.inc()
+                    self.log("status.committed", commit=_short(commit.commit),
+                             revision=_short(self.state.applied),
+                             pushed=("yes" if commit.pushed else "no"), msg=commit.message or None)
+        except (OSError, ReconcilerError) as exc:
+            self.log("status.error", error=str(exc))
+
+    def _observe(self, result: PassResult | None, catalog: Catalog) -> None:
+        """Metrics and node events from a pass result."""
+        if result is None:
+            return
+        observe_pass(self.metrics, result, catalog)
+        nodes = result.inventory.nodes if result.inventory is not None else ()
+        self.state.unreachable = node_events(self.log, nodes, self.state.unreachable)
+
+
+def _trigger_name(reasons: set[str]) -> str:
+    for name in ("SIGHUP", "start", GIT_CHANGE, FILE_CHANGE, "interval"):
+        if name in reasons:
+            return {"git": "commit"}.get(name, name)
+    return ",".join(sorted(reasons))
+
+
+def _default_load(path: str) -> Catalog:
+    from reconciler.catalog import load_catalog
+
+    return load_catalog(path)

@@ -1,0 +1,44 @@
+"""What the daemon takes from a pass result: metrics, and a log line when a node goes or comes back."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from reconciler.daemon.events import EventLog
+from reconciler.metrics import FleetFigures, Metrics, count_by
+from reconciler.model import OBSERVED_STATES, PHASES, Catalog, ObservedNode
+from reconciler.outcomes import PassResult
+
+
+def observe_pass(metrics: Metrics, result: PassResult, catalog: Catalog) -> None:
+    """Metrics from a pass result."""
+    for decision in result.decisions:
+        metrics.action(decision.action, decision.ok)
+    states = list(result.replicas.values())
+    unplaced = [o.model for o in result.plan.unplaced] if result.plan is not None else []
+    restarts = result.plan.restarts if result.plan is not None else {}
+    nodes = result.inventory.nodes if result.inventory is not None else ()
+    metrics.fleet(FleetFigures(
+        phases=count_by((s.phase for s in states), PHASES),
+        desired={m.name: m.replicas for m in catalog.models},
+        ready={m.name: sum(1 for s in states if s.model == m.name and s.phase == "Ready") for m in catalog.models},
+        unplaced={m.name: unplaced.count(m.name) for m in catalog.models},
+        restarts={m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models},
+        node_states=count_by((n.state for n in nodes), OBSERVED_STATES) if nodes else {},
+        node_up={n.id: n.state != "unreachable" for n in nodes},
+        probe_seconds=result.probe_seconds,
+    ))
+
+
+def node_events(log: EventLog, nodes: Iterable[ObservedNode], was_unreachable: set[str]) -> set[str]:
+    """One log line when a node stops answering and one when it answers again, not one per pass.
+    Returns the nodes unreachable now (the next call's `was_unreachable`)."""
+    nodes = tuple(nodes)
+    down = {n.id: n.reason for n in nodes if n.state == "unreachable"}
+    for node, reason in sorted(down.items()):
+        if node not in was_unreachable:
+            log("node.unreachable", node=node, reason=reason)
+    for node in sorted(was_unreachable):
+        if node not in down and any(n.id == node for n in nodes):
+            log("node.reachable", node=node, msg="answers again")
+    return set(down)
