@@ -25,7 +25,7 @@ The modules, top layer first; a module imports only from the layers below it
     status, launcher/,  (SSH node agent); the only paramiko user; git; metrics
     ssh, gitrev, metrics
     plan                desired x observed -> ordered actions (pure)
-    placement, render   where replicas go (pure, every rejection kept); the exact argv of each rank
+    placement/, render  where replicas go (pure, every rejection kept); the exact argv of each rank
     engines/            one adapter per engine (pure)
     inventory,          the snapshot document <-> Inventory; transports (argv in, bytes out);
     transport, snapshot snapshot arithmetic (pure)

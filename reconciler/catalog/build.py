@@ -1,0 +1,133 @@
+"""The frozen values (model.Fleet, model.Model) built from documents that passed every check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler.model import (
+    DEFAULT_PORTS,
+    FetchPolicy,
+    Fleet,
+    Model,
+    NodeSpec,
+    Profile,
+    SlurmSettings,
+    SshSettings,
+    UpdatePolicy,
+    SecretRef,
+    frozen_map,
+)
+
+
+def _plain(value: Any) -> Any:
+    """ruamel's commented containers to plain dict/list (for frozen dataclasses)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _ssh(base: SshSettings, overrides: dict | None) -> SshSettings:
+    o = overrides or {}
+    return SshSettings(
+        user=o.get("user", base.user),
+        port=o.get("port", base.port),
+        identity_file=o.get("identity_file", base.identity_file),
+        known_hosts=o.get("known_hosts", base.known_hosts),
+        connect_timeout_s=float(o.get("connect_timeout_s", base.connect_timeout_s)),
+        command_timeout_s=float(o.get("command_timeout_s", base.command_timeout_s)),
+    )
+
+
+def build_fleet(data: dict) -> Fleet:
+    data = _plain(data)
+    defaults = _ssh(SshSettings(), data.get("ssh"))
+    fleet_state_dir = data.get("state_dir", NodeSpec.state_dir)
+    nodes = []
+    for n in data.get("nodes") or []:
+        nodes.append(
+            NodeSpec(
+                id=n["id"],
+                address=n["address"],
+                data_address=n.get("data_address", n["address"]),
+                labels=frozen_map(n.get("labels")),
+                state=n.get("state", "ready"),
+                model_dirs=tuple(n.get("model_dirs") or ()),
+                fabrics=frozen_map({k: tuple(v) for k, v in (n.get("fabrics") or {}).items()}),
+                ssh=_ssh(defaults, n.get("ssh")),
+                transport=n.get("transport", "ssh"),
+                gpu_class=n.get("gpu_class"),
+                state_dir=n.get("state_dir", fleet_state_dir),
+                socket_ifname=n.get("socket_ifname"),
+                launcher=n.get("launcher", "ssh"),
+                slurm_name=n.get("slurm_name", ""),
+            )
+        )
+    slurm = data.get("slurm")
+    slurm_settings = None
+    if slurm is not None:
+        slurm_settings = SlurmSettings(
+            submit_via=slurm["submit_via"],
+            partition=slurm.get("partition"),
+            account=slurm.get("account"),
+            qos=slurm.get("qos"),
+            time_limit=str(slurm.get("time_limit", "UNLIMITED")),
+            extra_args=tuple(str(a) for a in slurm.get("extra_args") or ()),
+            command_timeout_s=float(slurm.get("command_timeout_s", 30)),
+        )
+    return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"),
+                 unreachable_grace_s=float(data.get("unreachable_grace_s", Fleet.unreachable_grace_s)))
+
+
+def build_profile(p: dict) -> Profile:
+    gpu_class = p.get("gpu_class")
+    return Profile(
+        name=p["name"],
+        engine=p["engine"],
+        gpu_class=gpu_class,
+        gpus_per_node=p.get("gpus_per_node", 1) if gpu_class else 0,
+        nodes=p.get("nodes", 1),
+        priority=p.get("priority", 0),
+        node_selector=frozen_map(p.get("node_selector")),
+        min_memory_gb=p.get("min_memory_gb", 0),
+        min_disk_gb=p.get("min_disk_gb", 0),
+        port=p.get("port", DEFAULT_PORTS.get(p["engine"], 0)),
+        args=tuple(p.get("args") or ()),
+        env=frozen_map({k: _env_value(v) for k, v in (p.get("env") or {}).items()}),
+        health_path=p.get("health_path", "/health"),
+        start_timeout_s=float(p.get("start_timeout_s", 900)),
+        command=tuple(p["command"]) if "command" in p else None,
+    )
+
+
+def _env_value(value: Any) -> "str | SecretRef":
+    """A string, or (the schema allows exactly one key) a reference to a secret."""
+    if isinstance(value, dict):
+        [(kind, name)] = value.items()
+        return SecretRef(kind, name)
+    return value
+
+
+def build_model(data: dict, rel: str) -> Model:
+    data = _plain(data)
+    profiles = [build_profile(p) for p in data["profiles"]]
+    # Stable: among equal priorities, catalog order decides.
+    profiles.sort(key=lambda p: -p.priority)
+    update = data.get("update")
+    fetch = data.get("fetch")
+    return Model(
+        name=data["name"],
+        source=data["source"],
+        replicas=data.get("replicas", 1),
+        spread=data.get("spread", "required"),
+        profiles=tuple(profiles),
+        file=rel,
+        update=None if update is None else UpdatePolicy(update.get("max_surge", 0), update.get("max_unavailable", 0)),
+        fetch=None if fetch is None else FetchPolicy(
+            from_node=bool(fetch.get("from_node", False)),
+            command=tuple(fetch["command"]) if "command" in fetch else None,
+            max_parallel=fetch.get("max_parallel", 2),
+        ),
+    )

@@ -1,0 +1,191 @@
+"""The catalog directory: fleet.yaml, models/*.yaml, stray model files outside models/; every
+problem of every file in one CatalogInvalid, sorted by file and position.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any, Iterator
+
+from reconciler.constants import STATUS_DIR
+from reconciler.errors import CatalogInvalid, Problem
+from reconciler.model import Catalog, Fleet, Model
+from reconciler.catalog.build import build_fleet, build_model
+from reconciler.catalog.documents import Document, position, read_bounded, read_fast, read_positioned
+from reconciler.catalog.rules import fleet_problems, llama_ipv6_problems, model_problems
+from reconciler.catalog.schema_check import schema_problems
+
+FLEET_FILE = "fleet.yaml"
+MODELS_DIR = "models"
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _stray_yaml(root: Path) -> Iterator[Path]:
+    """YAML files outside models/ that look like model files: they would be silently ignored."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and not (rel_dir == Path(".") and d in (STATUS_DIR,))
+        )
+        for f in sorted(filenames):
+            if not f.endswith(YAML_SUFFIXES):
+                continue
+            p = Path(dirpath) / f
+            rel = p.relative_to(root)
+            if rel == Path(FLEET_FILE) or (rel.parent == Path(MODELS_DIR)):
+                continue
+            yield p
+
+
+def _looks_like_model(path: Path) -> bool:
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
+        text = read_bounded(path).decode(errors="replace")
+    except OSError:
+        return False
+    return bool(re.search(r"(?m)^profiles\s*:", text)) and bool(re.search(r"(?m)^(source|name)\s*:", text))
+
+
+def field_locator(root: str | os.PathLike):
+    """(file, path) -> (line, column) of a field in a catalog file, for problems found after loading.
+
+    The file is read again with positions, once, on the first question. A str step on a
+    list picks the item with that `name` (("profiles", "h100-tp8", "gpus_per_node")).
+    """
+    root = Path(root)
+    docs: dict[str, Any] = {}
+
+    def locate(rel: str, path: tuple) -> tuple[int, int]:
+        if rel not in docs:
+            doc, _ = read_positioned(root, root / rel, rel)
+            docs[rel] = doc.data if doc is not None else None
+        data = docs[rel]
+        if data is None:
+            return 1, 1
+        steps, node = [], data
+        for step in path:
+            if isinstance(step, str) and isinstance(node, list):
+                step = next((i for i, item in enumerate(node) if isinstance(item, dict) and item.get("name") == step), None)
+                if step is None:
+                    break
+            steps.append(step)
+            try:
+                node = node[step]
+            except (KeyError, IndexError, TypeError):
+                break
+        return position(data, tuple(steps), key=True)
+
+    return locate
+
+
+def git_revision(root: Path) -> str | None:
+    """The catalog's revision as the daemon names it (gitrev.catalog_revision_of), or None outside git."""
+    from reconciler.gitrev import catalog_revision_of  # git runs only when a revision is asked for
+
+    return catalog_revision_of(root)
+
+
+def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_revision: bool = True) -> Catalog:
+    """Load and validate the catalog at `path`. Raises CatalogInvalid with every problem found."""
+    root = Path(path)
+    if not root.exists():
+        raise CatalogInvalid([Problem(str(path), 1, 1, "catalog directory does not exist")])
+    if not root.is_dir():
+        raise CatalogInvalid([Problem(str(path), 1, 1, "not a directory; a catalog is a directory with fleet.yaml and models/")])
+    root = root.resolve()
+    try:
+        # Positions cost ten times the parse (ruamel's round-trip loader reads a 4,000-node
+        # fleet.yaml in seconds) and are only needed to report a problem: read with the C
+        # loader first, and read again with positions only when something is wrong.
+        fleet, models = _load(root, read_fast)
+    except CatalogInvalid:
+        fleet, models = _load(root, read_positioned)
+    rev = revision if revision is not None else (git_revision(root) if with_revision else None)
+    return Catalog(root=str(root), fleet=fleet, models=tuple(models), revision=rev)
+
+
+def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
+    fleet_path = root / FLEET_FILE
+    if not fleet_path.exists() and not (root / MODELS_DIR).exists():
+        # Not a catalog at all (validate run in the wrong directory): one line that says where,
+        # not a "looks like a model file" for every YAML file of every project below it.
+        raise CatalogInvalid([Problem(FLEET_FILE, 1, 1, f"missing: {root} is not a catalog; "
+                                      "a catalog is a directory with fleet.yaml and models/")])
+    problems: list[Problem] = []
+    fleet, fleet_doc = _load_fleet(root, read, problems)
+    models = _load_models(root, read, problems)
+    for stray in _stray_yaml(root):
+        if stray.resolve().is_relative_to(root) and _looks_like_model(stray):
+            rel = str(stray.relative_to(root))
+            problems.append(Problem(rel, 1, 1, f"looks like a model file but is outside models/, so it would be ignored; move it to models/{stray.name}"))
+
+    if fleet_doc is not None:
+        problems += llama_ipv6_problems(fleet_doc, models)
+    if problems or fleet is None:
+        order = {FLEET_FILE: 0}
+        problems.sort(key=lambda p: (order.get(p.file, 1), p.file, p.line, p.column))
+        raise CatalogInvalid(problems)
+    models.sort(key=lambda m: m.name)
+    return fleet, models
+
+
+def _load_fleet(root: Path, read, problems: list[Problem]) -> tuple[Fleet | None, Document | None]:
+    """fleet.yaml, checked and built; (None, None) with its problems added when it is missing or wrong."""
+    fleet_path = root / FLEET_FILE
+    if not fleet_path.exists():
+        problems.append(Problem(FLEET_FILE, 1, 1, "missing: a catalog needs fleet.yaml listing its nodes"))
+        return None, None
+    doc, errs = read(root, fleet_path, FLEET_FILE)
+    problems += errs
+    if doc is None:
+        return None, None
+    errs = schema_problems(doc, "fleet")
+    if not errs:
+        errs = fleet_problems(doc)
+    problems += errs
+    if errs:
+        return None, None
+    return build_fleet(doc.data), doc
+
+
+def _load_models(root: Path, read, problems: list[Problem]) -> list[Model]:
+    """Every models/*.yaml that passes its checks, in file name order; the problems of the others added."""
+    models: list[Model] = []
+    names: dict[str, tuple[str, int, int]] = {}
+    models_dir = root / MODELS_DIR
+    if not models_dir.is_dir():
+        if models_dir.exists():  # a file named models: every model it was meant to hold would be silently absent
+            problems.append(Problem(MODELS_DIR, 1, 1, "not a directory; models/ holds one YAML file per model"))
+        return models
+    for p in sorted(models_dir.iterdir()):
+        rel = f"{MODELS_DIR}/{p.name}"
+        if p.name.startswith("."):
+            continue
+        if p.is_dir():
+            problems.append(Problem(rel, 1, 1, "model files go directly in models/, not in a subdirectory"))
+            continue
+        if not p.name.endswith(YAML_SUFFIXES):
+            continue
+        doc, errs = read(root, p, rel)
+        problems += errs
+        if doc is None:
+            continue
+        errs = schema_problems(doc, "model")
+        if not errs:
+            errs = model_problems(doc)
+        problems += errs
+        if errs:
+            continue
+        model = build_model(doc.data, rel)
+        if model.name in names:
+            first = names[model.name]
+            problems.append(doc.at(("name",), f"duplicate model name '{model.name}' (also in {first[0]}:{first[1]}:{first[2]})"))
+            continue
+        line, col = position(doc.data, ("name",))
+        names[model.name] = (rel, line, col)
+        models.append(model)
+    return models

@@ -1,0 +1,220 @@
+"""Layer 3 of the catalog's checks: what a schema cannot say. Unique ids and names, engines that
+can run without GPUs, loopback addresses in a multi-node fleet, placeholders only where they are
+resolved, one fabric per HCA, owned engine flags, llama.cpp over IPv6.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterator, Mapping
+
+from reconciler.errors import Problem
+from reconciler.model import CPU_CAPABLE_ENGINES, FETCH_PLACEHOLDERS, PLACEHOLDERS, Model, is_path_source
+from reconciler.engines import ADAPTERS
+from reconciler.engines.flags import describe, option_uses, owned_uses
+from reconciler.engines.llamacpp import NGL, offloads_nothing
+from reconciler.host import Host
+from reconciler.render import placeholders_in
+from reconciler.catalog.documents import Document
+
+
+def fleet_problems(doc: Document) -> list[Problem]:
+    problems: list[Problem] = []
+    nodes = doc.data.get("nodes") or []
+    seen: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        nid = node["id"]
+        if nid in seen:
+            problems.append(doc.at(("nodes", i, "id"), f"duplicate node id '{nid}' (first defined as nodes[{seen[nid]}])"))
+        else:
+            seen[nid] = i
+        owner: dict[str, str] = {}
+        for fabric, hcas in (node.get("fabrics") or {}).items():
+            for j, hca in enumerate(hcas):
+                if hca in owner:
+                    problems.append(
+                        doc.at(("nodes", i, "fabrics", fabric, j), f"node {nid}: HCA {hca} is declared on both fabric {owner[hca]} and {fabric}")
+                    )
+                owner[hca] = fabric
+    for i, node in enumerate(nodes):
+        # Engines get the data address as a command-line value (`--rpc a:1,b:2`, `--master-addr a`):
+        # a comma, colon or space in a name would splice in another endpoint or break the flag.
+        field = "data_address" if "data_address" in node else "address"
+        value = str(node.get(field, ""))
+        if value and not Host(value).is_valid:
+            hint = "" if field == "data_address" else " (an ~/.ssh/config alias works for address; then set data_address)"
+            problems.append(doc.at(("nodes", i, field), f"node {node['id']}: {field} {value!r} is not a host name or an IP address{hint}"))
+    problems += _slurm_problems(doc, nodes, seen)
+    if len(nodes) > 1:
+        for i, node in enumerate(nodes):
+            for field in ("address", "data_address"):
+                value = node.get(field)
+                if value is not None and Host(str(value)).is_loopback:
+                    problems.append(
+                        doc.at(
+                            ("nodes", i, field),
+                            f"node {node['id']}: {field} {value} is loopback; in a fleet of several nodes a loopback "
+                            "address makes every multi-node replica talk to itself",
+                        )
+                    )
+    return problems
+
+
+def _slurm_problems(doc: Document, nodes: list, ids: Mapping[str, int]) -> list[Problem]:
+    """SPEC section 8: `launcher: slurm` needs the `slurm:` section, whose submit_via names a node or `local`."""
+    problems: list[Problem] = []
+    slurm = doc.data.get("slurm")
+    if slurm is not None:
+        via = slurm.get("submit_via")
+        if via != "local" and via not in ids:
+            problems.append(doc.at(("slurm", "submit_via"), f"submit_via {via!r} is neither a node id of this fleet nor `local`"))
+    names: dict[str, str] = {}
+    for i, node in enumerate(nodes):
+        if node.get("launcher") == "slurm" and slurm is None:
+            problems.append(doc.at(("nodes", i, "launcher"), f"node {node['id']}: launcher: slurm needs a `slurm:` section in fleet.yaml (where sbatch runs)"))
+        if node.get("launcher") == "slurm":
+            name = node.get("slurm_name", node["id"])
+            if name in names:
+                problems.append(doc.at(("nodes", i, "slurm_name" if "slurm_name" in node else "id"),
+                                       f"node {node['id']}: Slurm node {name} is also node {names[name]}"))
+            names[name] = node["id"]
+    return problems
+
+
+def model_problems(doc: Document) -> list[Problem]:
+    problems: list[Problem] = []
+    data = doc.data
+    seen: dict[str, int] = {}
+    for i, prof in enumerate(data.get("profiles") or []):
+        base = ("profiles", i)
+        name, engine = prof["name"], prof["engine"]
+        where = f"profile {name}"
+        if name in seen:
+            problems.append(doc.at(base + ("name",), f"duplicate profile name '{name}' (first defined as profiles[{seen[name]}])"))
+        else:
+            seen[name] = i
+        if "gpu_class" not in prof:
+            if engine not in CPU_CAPABLE_ENGINES:
+                problems.append(
+                    doc.at(base + ("engine",), f"{where}: engine {engine} needs GPUs; set gpu_class (CPU-only serving works with llama.cpp or command)")
+                )
+            if "gpus_per_node" in prof:
+                problems.append(doc.at(base + ("gpus_per_node",), f"{where}: gpus_per_node needs gpu_class; without it the profile is CPU-only"))
+        if engine == "command":
+            if "command" not in prof:
+                problems.append(doc.at(base, f"{where}: engine command needs a 'command' (the argv to run)", key=True))
+            if "port" not in prof:
+                problems.append(doc.at(base, f"{where}: engine command needs a 'port' (there is no default to guess)", key=True))
+        elif "command" in prof:
+            problems.append(doc.at(base + ("command",), f"{where}: 'command' is only for engine: command; engine {engine} builds its own command line"))
+        problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
+        problems.extend(_args_problems(doc, base, prof))
+    problems.extend(_rollout_problems(doc))
+    if str(data.get("source", "")).startswith("-"):
+        # Render refuses it at launch; saying so here keeps it out of a merged catalog.
+        problems.append(doc.at(("source",), f"source '{data['source']}' starts with '-', which an engine would read as a flag, not as the weights"))
+    if "$" in data.get("source", ""):
+        for name in placeholders_in(data["source"]):
+            problems.append(doc.at(("source",), f"placeholder ${{{name}}} is not allowed in source; placeholders work only in a command profile's command and env"))
+    return problems
+
+
+def _rollout_problems(doc: Document) -> Iterator[Problem]:
+    """update and fetch: what their schema cannot say."""
+    data = doc.data
+    update = data.get("update")
+    if update is not None and not update.get("max_surge", 0) and not update.get("max_unavailable", 0):
+        yield doc.at(("update",), "update: max_surge and max_unavailable are both 0, so a spec change could never "
+                                  "roll out; allow a surge (max_surge: 1) or an in-place replace (max_unavailable: 1)")
+    fetch = data.get("fetch")
+    if fetch is None:
+        return
+    source = str(data.get("source", ""))
+    if not is_path_source(source):
+        yield doc.at(("fetch",), f"fetch needs a path source; {source!r} is a hub id, which the engine downloads "
+                                 "itself (set source to a path under the nodes' model_dirs to fetch it)")
+    if ("from_node" in fetch) == ("command" in fetch):
+        yield doc.at(("fetch",), "fetch needs exactly one of from_node: true (copy from a fleet node that holds the "
+                                 "weights) or command: [...] (run on the node)")
+    for j, value in enumerate(fetch.get("command") or ()):
+        for name in placeholders_in(value) if "$" in value else ():
+            if name not in FETCH_PLACEHOLDERS:
+                known = ", ".join("${" + k + "}" for k in FETCH_PLACEHOLDERS)
+                yield doc.at(("fetch", "command", j), f"unknown placeholder ${{{name}}} in fetch.command; "
+                                                      f"known: {known}; write $$ for a literal $")
+
+
+def _args_problems(doc: Document, base: tuple, prof: dict) -> Iterator[Problem]:
+    """Args that set what the reconciler sets per rank, read the way the engine's parser reads them."""
+    engine, args = prof["engine"], [str(a) for a in prof.get("args") or ()]
+    if engine == "command" or not args:
+        return
+    adapter = ADAPTERS[engine]
+    where = f"profile {prof['name']}"
+    for use in owned_uses(engine, args, adapter.owned_flags):
+        yield doc.at(base + ("args", use.index),
+                     f"{where}: args[{use.index}] {describe(use)} is set by the reconciler for each rank; remove it")
+    if engine == "llama.cpp" and prof.get("nodes", 1) > 1:
+        for use in option_uses(engine, args, frozenset({NGL})):
+            if use.option == NGL and offloads_nothing(use.value):
+                yield doc.at(base + ("args", use.index),
+                             f"{where}: args[{use.index}] {use.token} {use.value} keeps every layer on the head, so the "
+                             f"other {prof['nodes'] - 1} rank(s) would hold no part of the model; leave -ngl out or give a count above 0")
+
+
+def llama_ipv6_problems(fleet_doc: Document, models: list[Model]) -> list[Problem]:
+    """An IPv6 data address on a node a multi-node llama.cpp profile may place a rank on.
+
+    ggml's RPC speaks IPv4 only: the head aborts on `--rpc [v6]:port` and the RPC server
+    exits 0 without serving on a v6 host, so such a replica could never run there.
+    """
+    problems = []
+    nodes = fleet_doc.data.get("nodes") or []
+    profiles = [(m, p) for m in models for p in m.profiles if p.engine == "llama.cpp" and p.nodes > 1]
+    for i, node in enumerate(nodes):
+        field = "data_address" if "data_address" in node else "address"
+        if not Host(str(node.get(field, ""))).is_ipv6:
+            continue
+        labels = node.get("labels") or {}
+        for model, prof in profiles:
+            if all(labels.get(k) == v for k, v in prof.node_selector.items()):
+                problems.append(fleet_doc.at(
+                    ("nodes", i, field),
+                    f"node {node['id']}: {field} {node[field]} is IPv6, and model {model.name} profile {prof.name} "
+                    f"(llama.cpp on {prof.nodes} nodes) may place a rank here; llama.cpp's RPC speaks IPv4 only: give "
+                    "the node an IPv4 data_address, or the profile a node_selector that leaves it out",
+                ))
+                break
+    return problems
+
+
+def _placeholder_problems(doc: Document, base: tuple, prof: dict, resolvable: bool) -> Iterator[Problem]:
+    known = set(PLACEHOLDERS)
+    for field, path, value in _string_fields(prof, base):
+        names = placeholders_in(value) if "$" in value else []
+        for name in names:
+            if resolvable and field in ("command", "env"):
+                if name not in known:
+                    hint = difflib.get_close_matches(name, PLACEHOLDERS, n=1)
+                    extra = f" (did you mean ${{{hint[0]}}}?)" if hint else f"; known: {', '.join('${' + k + '}' for k in PLACEHOLDERS)}"
+                    yield doc.at(path, f"profile {prof['name']}: unknown placeholder ${{{name}}} in {field}{extra}; write $$ for a literal $")
+            else:
+                yield doc.at(
+                    path,
+                    f"profile {prof['name']}: placeholder ${{{name}}} in {field} is never resolved; placeholders work only in a "
+                    "command profile's command and env (write $$ for a literal $)",
+                )
+
+
+def _string_fields(prof: dict, base: tuple) -> Iterator[tuple[str, tuple, str]]:
+    for field, value in prof.items():
+        if isinstance(value, str):
+            yield field, base + (field,), value
+        elif isinstance(value, list):
+            for j, item in enumerate(value):
+                if isinstance(item, str):
+                    yield field, base + (field, j), item
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                if isinstance(item, str):
+                    yield field, base + (field, k), item

@@ -1,0 +1,202 @@
+"""What placement works on during one pass: each node's facts and what is taken on it so far
+(GPUs, ports, replicas hosted), and the nodes that pass one filter, bucketed by how much they
+have free.
+
+Mutable, and private to one Placer: built from the fleet and a snapshot, changed only by the
+Placer's hold and release.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import Iterator
+
+from reconciler.model import ObservedNode
+
+MAX_PORT = 65535
+
+
+# --------------------------------------------------------------------------
+# Working state of one node during a placement pass
+# --------------------------------------------------------------------------
+
+
+def _state(spec, obs: ObservedNode | None) -> tuple[str, str]:
+    """(state, why). Operator intent (fleet.yaml) wins for state; an unreachable or unseen node is
+    unreachable whatever it says, and a scheduler's drain (Slurm DRAIN) is a fact of the node: it
+    takes nothing new."""
+    if obs is None:
+        return "unreachable", "missing from the inventory snapshot"
+    if obs.state in ("unreachable", "unusable"):
+        return obs.state, obs.reason
+    if obs.state == "cordoned" and spec.state == "ready":
+        return "cordoned", obs.reason
+    return spec.state, ""
+
+
+def _model_disk(spec, obs: ObservedNode | None) -> tuple[str | None, float | None]:
+    """(path, GiB free) of the disk the node keeps weights on: its first model_dir, else the first disk seen."""
+    if obs is None or not obs.disks:
+        return None, None
+    want = spec.model_dirs[0] if spec.model_dirs else None
+    disk = next((d for d in obs.disks if d.path == want), None) if want else obs.disks[0]
+    return (disk.path, disk.free_bytes / (1 << 30)) if disk is not None else (None, None)
+
+
+def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
+    """Fabric membership: what the operator declared, else what the probe observed."""
+    if spec.fabrics:
+        return {name: tuple(hcas) for name, hcas in spec.fabrics.items()}
+    return {f.name: tuple(f.hcas) for f in obs.fabrics} if obs is not None else {}
+
+
+class NodeCapacity:
+    """One node as placement sees it in a pass: what it is (state, labels, engines, memory, disk,
+    fabrics, GPUs by class, launcher) and what is taken on it so far (GPUs, ports, replicas hosted)."""
+
+    __slots__ = (
+        "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
+        "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
+        "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked", "launcher", "held",
+        "llama_cpp", "data_ipv6",
+    )
+
+    def __init__(self, idx: int, spec, obs: ObservedNode | None):
+        self.idx = idx
+        self.id = spec.id
+        self.obs = obs
+        self.state, self.state_reason = _state(spec, obs)
+        self.launcher = getattr(spec, "launcher", "ssh")
+        self.labels = spec.labels
+        self.engines = obs.engines if obs is not None else None
+        self.llama_cpp = obs.llama_cpp if obs is not None else None
+        self.data_ipv6 = spec.data_host.is_ipv6
+        self.memory_gib = obs.memory_total_mb / 1024 if obs is not None and obs.memory_total_mb else None
+        self.disk_path, self.disk_free_gib = _model_disk(spec, obs)
+        self.weights = frozenset(obs.weights) if obs is not None and obs.weights is not None else None
+        self.fabrics = _fabrics(spec, obs)
+        self.gpu_class: dict[int, str] = {}
+        self.free: dict[str, set[int]] = {}
+        self.total: dict[str, int] = {}
+        self.busy: dict[int, str] = {}  # gpu index -> who holds it
+        self.held: dict[str, list[str]] = {}  # class -> other scheduler jobs holding its GPUs here
+        self.nvlink: dict[int, tuple[int, ...]] = {}
+        for g in obs.gpus if obs is not None else ():
+            self._add_gpu(g, spec.gpu_class or g.gpu_class)
+        indices = set(self.nvlink)
+        self.all_nvlinked = len(indices) > 1 and all(
+            set(peers) | {g} >= indices for g, peers in self.nvlink.items()
+        )
+        self.ranks = 0
+        self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
+        self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
+        self.ports_used: set[int] = set(self.ports_observed)
+
+    def _add_gpu(self, g, cls: str) -> None:
+        self.gpu_class[g.index] = cls
+        self.total[cls] = self.total.get(cls, 0) + 1
+        self.nvlink[g.index] = g.nvlink_peers
+        if g.held_by:
+            self.busy[g.index] = g.held_by
+            self.held.setdefault(cls, []).append(g.held_by)
+        elif g.processes:
+            p = g.processes[0]
+            self.busy[g.index] = f"foreign process {p.pid} ({p.name})" if p.name else f"foreign process {p.pid}"
+        else:
+            self.free.setdefault(cls, set()).add(g.index)
+
+    def level(self, gpu_class: str | None) -> int:
+        if gpu_class is None:
+            return self.ranks
+        free = self.free.get(gpu_class)
+        return len(free) if free else 0
+
+    def free_port(self, start: int, also_taken: int | None = None) -> int | None:
+        p = start
+        used = self.ports_used
+        while p in used or p == also_taken:
+            p += 1
+        return p if p <= MAX_PORT else None
+
+
+def pick_gpus(n: NodeCapacity, gpu_class: str, want: int) -> tuple[int, ...]:
+    """`want` free GPUs of the class, inside one NVLink domain when one has room.
+
+    A tensor-parallel group that falls back to PCIe for its all-reduces runs
+    several times slower. Among domains that have room, the smallest is used,
+    keeping larger domains whole for larger groups. Without topology (or no
+    domain large enough) this takes the lowest free indices.
+    """
+    free = sorted(n.free[gpu_class])
+    if want == 1 or want == len(free) or n.all_nvlinked:
+        # One GPU, all of them, or every GPU linked to every other: any set is one domain.
+        return tuple(free[:want])
+    free_set = set(free)
+    seen: set[int] = set()
+    domains: list[list[int]] = []
+    for g in free:
+        if g in seen:
+            continue
+        comp, stack = [], [g]
+        seen.add(g)
+        while stack:
+            cur = stack.pop()
+            comp.append(cur)
+            for peer in n.nvlink.get(cur, ()):
+                if peer in free_set and peer not in seen:
+                    seen.add(peer)
+                    stack.append(peer)
+        domains.append(sorted(comp))
+    fitting = [d for d in domains if len(d) >= want and len(d) > 1]
+    if fitting:
+        best = min(fitting, key=lambda d: (len(d), d[0]))
+        return tuple(best[:want])
+    return tuple(free[:want])
+
+
+# --------------------------------------------------------------------------
+# Indexes: eligible nodes bucketed by level, each bucket sorted by node index
+# --------------------------------------------------------------------------
+
+
+class LevelIndex:
+    """The nodes that pass one static filter, bucketed by their level.
+
+    The level is the count of free GPUs of the index's class, or, for CPU-only
+    work, the number of replica ranks a node hosts. Node indices follow node id
+    order, so the first entry of a bucket is the deterministic tie-break.
+    """
+
+    __slots__ = ("gpu_class", "buckets", "levels", "members")
+
+    def __init__(self, gpu_class: str | None):
+        self.gpu_class = gpu_class
+        self.buckets: dict[int, list[int]] = {}
+        self.levels: list[int] = []  # every level that has had a bucket, ascending
+        self.members: set[int] = set()
+
+    def _bucket(self, level: int) -> list[int]:
+        b = self.buckets.get(level)
+        if b is None:
+            b = self.buckets[level] = []
+            insort(self.levels, level)
+        return b
+
+    def add(self, idx: int, level: int) -> None:
+        self.members.add(idx)
+        insort(self._bucket(level), idx)
+
+    def move(self, idx: int, old: int, new: int) -> None:
+        if old == new:
+            return
+        b = self.buckets[old]
+        del b[bisect_left(b, idx)]
+        insort(self._bucket(new), idx)
+
+    def scan(self, min_level: int, descending: bool) -> Iterator[int]:
+        levels = self.levels[bisect_left(self.levels, min_level):]
+        buckets = self.buckets
+        for level in reversed(levels) if descending else levels:
+            b = buckets[level]
+            if b:
+                yield from b
