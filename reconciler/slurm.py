@@ -42,6 +42,14 @@ def job_name(owner: str, replica: str) -> str:
     return f"{JOB_PREFIX}.{owner}.{replica}"
 
 
+# Where a job's output goes (sbatch --output): written by Slurm on the job's first node (its batch host).
+OUTPUT_DIR = "/tmp"
+
+
+def output_path(owner: str, replica: str, job_id: str) -> str:
+    return f"{OUTPUT_DIR}/{job_name(owner, replica)}.{job_id}.out"
+
+
 def replica_of_job(owner: str, name: str) -> str | None:
     prefix = f"{JOB_PREFIX}.{owner}."
     return name[len(prefix):] if name.startswith(prefix) and len(name) > len(prefix) else None
@@ -165,7 +173,7 @@ def sbatch_argv(settings: SlurmSettings, owner: str, launches: Sequence[RankLaun
         "--ntasks-per-node=1",
         f"--nodelist={','.join(slurm_names.get(l.node, l.node) for l in ordered)}",
         f"--time={settings.time_limit}",
-        f"--output=/tmp/{job_name(owner, ordered[0].replica)}.%j.out",
+        f"--output={output_path(owner, ordered[0].replica, '%j')}",
     ]
     if gpus:
         argv.append(f"--gres=gpu:{gpus}")
@@ -366,12 +374,14 @@ class JobDetail:
     state: str
     user: str
     gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # Slurm node name -> GPU indices
+    batch_host: str = ""  # the Slurm node that runs the batch script and writes the job's output
 
 
 _JOB_ID = re.compile(r"^JobId=(\d+)")
 _JOB_NAME = re.compile(r"\sJobName=(.*?)\s+UserId=")
 _JOB_USER = re.compile(r"\sUserId=([^\s(]*)")
 _JOB_STATE = re.compile(r"\sJobState=(\S+)")
+_JOB_BATCH_HOST = re.compile(r"\sBatchHost=(\S+)")
 _JOB_GROUP = re.compile(r"\sNodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
 
 
@@ -390,8 +400,10 @@ def parse_show_jobs(stdout: str) -> dict[str, JobDetail]:
             _, idx = gpu_gres(group.group(2))
             for n in expand_hostlist(group.group(1)):
                 gpus[n] = tuple(sorted(set(gpus.get(n, ())) | set(idx or ())))
+        batch = _JOB_BATCH_HOST.search(line)
+        host = batch.group(1) if batch and batch.group(1) not in ("(null)", "None") else ""
         jobs[m.group(1)] = JobDetail(m.group(1), name.group(1) if name else "", state.group(1) if state else "",
-                                     user.group(1) if user else "", gpus)
+                                     user.group(1) if user else "", gpus, host)
     return jobs
 
 
@@ -401,5 +413,6 @@ def scontrol_nodes_argv(names: Iterable[str] | None = None) -> list[str]:
     return argv + [",".join(names)] if names else argv
 
 
-def scontrol_jobs_argv() -> list[str]:
-    return ["scontrol", "-o", "show", "job", "-d"]
+def scontrol_jobs_argv(job_id: str | None = None) -> list[str]:
+    argv = ["scontrol", "-o", "show", "job", "-d"]
+    return argv + [job_id] if job_id else argv

@@ -40,10 +40,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from reconciler.slurm import OUTPUT_DIR
+
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # this machine: hybrid cgroup v1 (slurm 22.05 refuses v2 in hybrid mode)
+JOB_IDS_PER_RUN = 10_000  # more jobs than any run submits
 COMMAND_DEADLINE_S = 20.0  # srun/sbatch wait forever on down or drained nodes
 
 
@@ -77,6 +80,9 @@ class SlurmCluster:
         self.conf = self.root / "etc" / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.ctld_port = 0
+        # Job ids name files outside the run's directory (the jobs' output in /tmp, SPEC section 8):
+        # each run numbers its jobs from its own random start, so two runs never write the same file.
+        self.first_job_id = secrets.randbelow(60_000_000) + 1_000
         self.munged: subprocess.Popen | None = None
         self.slurmctld: subprocess.Popen | None = None
         self.slurmds: dict[str, subprocess.Popen] = {}
@@ -126,6 +132,7 @@ class SlurmCluster:
             "SlurmctldTimeout=10",
             f"KillWait={self.kill_wait_s}",
             f"MinJobAge={self.min_job_age_s}",
+            f"FirstJobId={self.first_job_id}",
             "InactiveLimit=0",
             "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -310,6 +317,14 @@ class SlurmCluster:
                             break
                         time.sleep(0.05)
         shutil.rmtree(self.root, ignore_errors=True)
+        self._remove_job_output()
+
+    def _remove_job_output(self) -> None:
+        """The output files this run's jobs left in /tmp (every job sbatch names with --output)."""
+        for path in Path(OUTPUT_DIR).glob("llmrc.*.out"):
+            job = path.name[:-len(".out")].rpartition(".")[2]
+            if job.isdigit() and self.first_job_id <= int(job) < self.first_job_id + JOB_IDS_PER_RUN:
+                path.unlink(missing_ok=True)
 
     @staticmethod
     def _wait(ready, what: str, proc: subprocess.Popen, timeout: float = 15) -> None:

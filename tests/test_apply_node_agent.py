@@ -293,3 +293,31 @@ def test_a_rank_that_never_listens_is_stopped_and_reported_after_the_bounded_wai
     assert outcome.reason.startswith(f"did not listen on port {launch.port} within 0.5s; last log lines: warming up")
     assert launcher.ranks("n1") == []
     assert not is_running(int(pidfile.read_text()))  # stopped, not left behind
+
+
+def test_a_slurm_job_output_gives_each_rank_its_own_lines_and_the_job_s_own_to_all(launcher, tmp_path):
+    # As `srun --label` writes it: Slurm numbers the tasks by its node order (task 0 runs rank 1 here),
+    # the step runner's first line of each task says which rank it is.
+    out = tmp_path / "llmrc.o.m-0.17.out"
+    out.write_text(
+        "0: --- llm-reconciler: starting rank 1 of m-0 on s1\n"
+        "1: --- llm-reconciler: starting rank 0 of m-0 on s2\n"
+        "1: INFO rendezvous listening on port 29500\n"
+        "0: INFO joined head at 10.0.0.2:29500\n"
+        "1: INFO worker rank 1 joined: 1: not a label\n"
+    )
+    head = launcher.job_output("n1", str(out), 0)
+    assert head.exists and head.lines == ("INFO rendezvous listening on port 29500", "INFO worker rank 1 joined: 1: not a label")
+    assert launcher.job_output("n1", str(out), 1).lines == ("INFO joined head at 10.0.0.2:29500",)
+    assert launcher.job_output("n1", str(out), 0, lines=1).lines == ("INFO worker rank 1 joined: 1: not a label",)
+    assert launcher.job_output("n1", str(out), 1, lines=0).lines == ()
+
+    # Following: what was appended since, for that rank, whole lines only; srun's own lines belong to every rank.
+    offset = launcher.job_output("n1", str(out), 1).offset
+    with out.open("a") as f:
+        f.write("1: INFO received signal 15\n0: INFO received signal 15, shutting down\n"
+                "srun: error: s1: task 0: Exited with exit code 1\n0: half a li")
+    follow = launcher.job_output("n1", str(out), 1, offset=offset)
+    assert follow.lines == ("INFO received signal 15, shutting down", "srun: error: s1: task 0: Exited with exit code 1")
+    assert launcher.job_output("n1", str(out), 1, offset=follow.offset).lines == ()
+    assert not launcher.job_output("n1", str(tmp_path / "llmrc.o.m-0.18.out"), 0).exists

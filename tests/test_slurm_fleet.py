@@ -9,6 +9,12 @@ The fake vLLM ranks really rendezvous: rank 1 connects to the head's address.
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +29,9 @@ from reconciler.probe import probe_fleet
 from reconciler.slurm import job_name
 from reconciler.ssh import TransportPool
 from tests import slurm_cluster
+from tests.conftest import REPO
 from tests.fleet import TestFleet
+from tests.gitcatalog import wait_for
 from tests.test_apply_fleet import alive
 from tests.slurm_cluster import SlurmCluster
 
@@ -318,3 +326,90 @@ def test_a_killed_slurmd_puts_its_replica_under_the_node_loss_rules(cluster, poo
     finally:
         cluster.start_slurmd(lost)
         cluster.wait_nodes([lost], "IDLE", "MIXED")
+
+
+def slurm_pass_of(catalog_dir: Path, pool, records: Path, name: str, nodes: int = 1, ready_wait_s: float = 2):
+    """A pass over one model of one replica."""
+    records.mkdir(exist_ok=True)
+    write_model(catalog_dir, name, records, nodes=nodes)
+    return slurm_pass(catalog_dir, pool, ready_wait_s=ready_wait_s)
+
+
+def ready_job(cluster: SlurmCluster, catalog_dir: Path, pool, records: Path, name: str, nodes: int):
+    """One model of one replica, applied and Ready: (the pass, its Slurm job)."""
+    result = slurm_pass_of(catalog_dir, pool, records, name, nodes, ready_wait_s=30)
+    assert result.replicas[f"{name}-0"].phase == "Ready", result.replicas[f"{name}-0"].message
+    return result, our_jobs(cluster)[f"llmrc.tests.{name}-0"]
+
+
+def test_logs_reads_a_slurm_replica_s_job_output_rank_by_rank_and_follows_it(cluster, pool, catalog_dir, tmp_path, cli):
+    first, job = ready_job(cluster, catalog_dir, pool, tmp_path / "engines", "pair", nodes=2)
+    head_node = first.replicas["pair-0"].nodes[0].node
+
+    def rank_log(rank: int) -> list[str]:
+        r = cli("logs", "pair-0", str(catalog_dir), "--rank", str(rank))
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    # Each rank's own lines, without srun's task labels: the head listens, the worker joins it.
+    head, worker = rank_log(0), rank_log(1)
+    assert any("rendezvous listening" in line for line in head) and not any("joined head" in line for line in head)
+    assert any(f"joined head at {cluster.fleet.node(head_node).address}:" in line for line in worker)
+    assert not any("rendezvous listening" in line for line in worker)
+    assert not any(line.startswith(("0: ", "1: ")) for line in head + worker)
+    last = cli("logs", "pair-0", str(catalog_dir), "--rank", "1", "--tail", "1")
+    assert last.stdout.splitlines() == worker[-1:]
+
+    # --follow brings what the worker writes next (here: what it says when Slurm signals the job).
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    follow = subprocess.Popen([sys.executable, "-m", "reconciler", "logs", "pair-0", str(catalog_dir), "--rank", "1",
+                               "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout], daemon=True).start()
+    seen: list[str] = []
+
+    def arrives(text: str) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+            if text in seen[-1]:
+                return True
+        return False
+
+    try:
+        assert arrives("joined head at"), seen  # the tail first
+        cluster.run(["scancel", "--signal=TERM", job["id"]])
+        assert arrives("received signal 15"), seen
+    finally:
+        follow.send_signal(signal.SIGINT)
+        follow.wait(timeout=30)
+    assert follow.returncode == 130 and "Traceback" not in follow.stderr.read()
+
+    # The job ended; its output stays readable, one rank at a time: each said it once.
+    wait_for(lambda: our_jobs(cluster)["llmrc.tests.pair-0"]["state"] not in ("RUNNING", "COMPLETING"), 20,
+             "the signalled job to end")
+    for rank in (0, 1):
+        assert sum("received signal 15" in line for line in rank_log(rank)) == 1
+
+
+def test_logs_of_a_pending_slurm_job_or_with_slurm_silent_say_so_in_one_line(cluster, pool, catalog_dir, tmp_path, cli):
+    write_fleet(catalog_dir, cluster, extra_args=["--begin=now+600"])  # every job waits ten minutes to start
+    state = slurm_pass_of(catalog_dir, pool, tmp_path / "engines", "later").replicas["later-0"]
+    assert state.phase == "Pending", state
+    job = our_jobs(cluster)["llmrc.tests.later-0"]
+
+    pending = cli("logs", "later-0", str(catalog_dir))
+    assert pending.returncode == 1
+    assert pending.stderr.strip() == f"reconciler: later-0 rank 0: no log yet (its Slurm job {job['id']} is pending (BeginTime))"
+
+    cluster.fleet.cut("login1")  # submit_via: nobody to ask which job, or where its output is
+    try:
+        silent = cli("logs", "later-0", str(catalog_dir), timeout=90)
+    finally:
+        cluster.fleet.restore("login1")
+    assert silent.returncode == 3, silent.stderr
+    assert silent.stderr.startswith("reconciler: later-0 rank 0: Slurm did not answer (on login1)")
+    assert len(silent.stderr.strip().splitlines()) == 1 and "Traceback" not in silent.stderr

@@ -51,6 +51,12 @@ def test_job_details_give_gpu_indices_per_node_through_host_ranges():
     assert jobs["8"].state == "PENDING" and jobs["8"].gpus == {}
 
 
+def test_a_job_s_batch_host_is_where_its_output_is_written():
+    jobs = parse_show_jobs((DATA / "show_job_d.txt").read_text())
+    assert jobs["1"].batch_host == "a1"
+    assert jobs["8"].batch_host == ""  # pending: no node yet
+
+
 def test_hostlists_and_gres():
     assert expand_hostlist("a[1-3,5],login1") == ["a1", "a2", "a3", "a5", "login1"]
     assert expand_hostlist("gpu-b[01-02]") == ["gpu-b01", "gpu-b02"]

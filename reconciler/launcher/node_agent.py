@@ -487,6 +487,20 @@ def op_status(req):
     return {"ok": True, "ranks": ranks}
 
 
+def appended(path, size, offset):
+    """(the whole lines written since byte `offset`, where the next read starts)."""
+    start = int(offset)
+    if start > size:
+        start = 0  # rotated (or truncated) since the last call: the new file from its start
+    start = max(start, size - TAIL_BYTES)  # far behind: the recent part, not megabytes at once
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(size - start)
+    # Only whole lines: a line still being written comes whole with the next call.
+    end = data.rfind(b"\n") + 1
+    return data[:end].decode("utf-8", "replace").splitlines(), start + end
+
+
 def op_logs(req):
     """A rank's log: its last `lines` lines (of the latest run), or with `offset` what was
     appended since that byte offset (`reconciler logs --follow` polls with it)."""
@@ -501,17 +515,67 @@ def op_logs(req):
     offset = req.get("offset")
     if offset is None:
         return {"ok": True, "log": path, "exists": True, "lines": tail(path, int(req.get("lines", 50))), "offset": size}
-    start = int(offset)
-    if start > size:
-        start = 0  # rotated (or truncated) since the last call: the new file from its start
-    start = max(start, size - TAIL_BYTES)  # far behind: the recent part, not megabytes at once
+    lines, offset = appended(path, size, offset)
+    return {"ok": True, "log": path, "exists": True, "offset": offset, "lines": lines}
+
+
+# A Slurm job's output (launcher: slurm): one file for every rank, each line labelled with its
+# Slurm task number by `srun --label` ("0: ..."); the step runner's first line of each task
+# names the rank that task is ("0: --- llm-reconciler: starting rank 1 of m-0 on s2").
+STEP_START = START_MARK + "rank "
+
+
+def labelled(line):
+    """(task, text) of a line `srun --label` wrote, or (None, line) for srun's and slurmstepd's own."""
+    label, sep, text = line.partition(": ")
+    if sep and label.strip().isdigit():
+        return label.strip(), text
+    return None, line
+
+
+def task_of_rank(path, rank):
+    """The Slurm task that runs `rank`, from the step runner's start lines; None before it wrote one."""
     with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(size - start)
-    # Only whole lines: a line still being written comes whole with the next call.
-    end = data.rfind(b"\n") + 1
-    return {"ok": True, "log": path, "exists": True, "offset": start + end,
-            "lines": data[:end].decode("utf-8", "replace").splitlines()}
+        head = f.read(TAIL_BYTES)
+    for line in head.decode("utf-8", "replace").splitlines():
+        task, text = labelled(line)
+        if task is not None and text.startswith(STEP_START) and text[len(STEP_START):].split(" ")[0] == str(rank):
+            return task
+    return None
+
+
+def lines_of_task(lines, task):
+    """One rank's lines, unlabelled; the job's own lines (srun, slurmstepd: why it ended) belong to every rank."""
+    out = []
+    for line in lines:
+        label, text = labelled(line)
+        if label is None:
+            out.append(line)
+        elif label == task and not text.startswith(STEP_START):
+            out.append(text)
+    return out
+
+
+def op_output(req):
+    """A rank's lines of a Slurm job's output file: like `logs`, the last `lines` or, with `offset`,
+    what was appended since."""
+    path = req["path"]
+    try:
+        size = os.path.getsize(path)
+        task = task_of_rank(path, int(req["rank"]))
+    except OSError:
+        return {"ok": True, "log": path, "exists": False, "lines": [], "offset": 0}
+    offset = req.get("offset")
+    if offset is None:
+        # The last TAIL_BYTES hold every rank's lines: the rank's own last `lines` are among them.
+        lines, offset = appended(path, size, max(0, size - TAIL_BYTES))
+        if size > TAIL_BYTES and lines:
+            lines = lines[1:]  # the read began mid-line
+        wanted = int(req.get("lines", 50))
+        lines = lines_of_task(lines, task)[-wanted:] if wanted > 0 else []
+        return {"ok": True, "log": path, "exists": True, "lines": lines, "offset": offset}
+    lines, offset = appended(path, size, offset)
+    return {"ok": True, "log": path, "exists": True, "offset": offset, "lines": lines_of_task(lines, task)}
 
 
 def op_port(req):
@@ -519,7 +583,7 @@ def op_port(req):
     return {"ok": problem is None, "reason": problem or ""}
 
 
-OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs, "port": op_port}
+OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs, "output": op_output, "port": op_port}
 
 
 _TERM_REQUESTED = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from reconciler.errors import CommandTimeout, TransportError
@@ -37,6 +37,7 @@ from reconciler.slurm import (
     SlurmNode,
     batch_script,
     job_name,
+    output_path,
     parse_comment,
     parse_sbatch,
     parse_show_jobs,
@@ -158,6 +159,16 @@ def rank_states(jobs: OurJobs, details: Mapping[str, JobDetail], slurm_names: Ma
                 gpus=tuple(gpus or ()), slurm_job=job.job_id, waiting=job.reason if job.pending else "",
             ))
     return out
+
+
+@dataclass(frozen=True)
+class JobOutput:
+    """A replica's Slurm job and where its output file is: on its batch host, the job's first node."""
+
+    job: QueuedJob
+    batch_host: str  # Slurm's node name; "" while the job has no nodes (pending)
+    node: str | None  # that node's fleet id; None when the fleet has no node of that name
+    path: str
 
 
 class SlurmLauncher:
@@ -290,6 +301,20 @@ class SlurmLauncher:
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         jobs = OurJobs(self.owner, self.client.queue())
         return rank_states(jobs, self._details_for(jobs), self.slurm_names, node=node, replica=replica)
+
+    def job_output(self, replica: str) -> JobOutput | None:
+        """Where the replica's job (the live one, else the latest that ended) writes its output,
+        as Slurm says now; None when Slurm knows no job of it. Raises SlurmUnavailable."""
+        found = OurJobs(self.owner, self.client.queue()).by_replica.get(replica)
+        if found is None:
+            return None
+        job = found[0]
+        # check=False: a job that ended may leave scontrol's memory between the two questions.
+        rc, out, _ = self.client.run(scontrol_jobs_argv(job.job_id), check=False)
+        detail = parse_show_jobs(out).get(job.job_id) if rc == 0 else None
+        batch_host = detail.batch_host if detail is not None else ""
+        by_slurm_name = {name: nid for nid, name in self.slurm_names.items()}
+        return JobOutput(job, batch_host, by_slurm_name.get(batch_host), output_path(self.owner, replica, job.job_id))
 
 
 # --------------------------------------------------------------------------

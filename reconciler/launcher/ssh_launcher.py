@@ -185,9 +185,17 @@ class SshLauncher:
         """A rank's log on its node: the last `lines` lines, or what came after `offset`.
 
         Raises TransportError when the node cannot answer."""
-        request = {"op": "logs", "replica": replica, "rank": rank, "lines": lines}
+        return self._log_chunk(node, {"op": "logs", "replica": replica, "rank": rank, "lines": lines}, offset)
+
+    def job_output(self, node: str, path: str, rank: int, *, lines: int = 100, offset: int | None = None) -> LogChunk:
+        """One rank's lines of a Slurm job's output file on `node` (the job's batch host), as `logs`.
+
+        Raises TransportError when the node cannot answer."""
+        return self._log_chunk(node, {"op": "output", "path": path, "rank": rank, "lines": lines}, offset)
+
+    def _log_chunk(self, node: str, request: dict, offset: int | None) -> LogChunk:
         if offset is not None:
-            request["offset"] = offset
+            request = {**request, "offset": offset}
         answer = self._call(node, request)
         return LogChunk(
             exists=bool(answer.get("exists", True)),
