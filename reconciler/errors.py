@@ -15,7 +15,7 @@
 
 Each names where: file:line:column, the node, or the replica.
 
-Foreign exceptions (paramiko, socket, OSError, ruamel) are translated into
+Foreign exceptions (asyncssh, socket, OSError, ruamel) are translated into
 these at one boundary each, so the CLI can print a message instead of a
 traceback for anything a user or a node did.
 

@@ -1,8 +1,8 @@
 """How commands reach a node: an argv in, exit code and bytes out.
 
 Everything that acts on nodes (probe, apply) goes through this interface, so
-tests and the `local` transport need no SSH, and `ssh.py` stays the only
-module that knows paramiko. An argv is quoted exactly once, by the transport
+tests and the `local` transport need no SSH, and the `ssh` package stays the
+only one that knows an SSH library. An argv is quoted exactly once, by the transport
 that turns it into a remote command line (shlex.join); no caller ever builds a
 shell line from catalog values.
 """

@@ -161,10 +161,10 @@ NR_OPEN = "/proc/sys/fs/nr_open"
 def raise_open_files_limit(log) -> tuple[int, int] | None:
     """Raise the soft limit of open files to the hard limit, and say so; (before, after), or None.
 
-    The daemon holds about three descriptors per node for as long as its connection is open
-    (the SSH socket, and the pipe pair paramiko makes for a channel that is waited on), so
-    systemd's default soft limit of 1024 (examples/systemd sets no LimitNOFILE) ran out at
-    about 330 nodes: connections failed and status files could not be written. The hard
+    The daemon holds a descriptor per node for as long as its connection is open (the SSH
+    socket; the paramiko transport before it held three), so systemd's default soft limit of
+    1024 (examples/systemd sets no LimitNOFILE) runs out below 1,000 nodes (at about 330 with
+    paramiko): connections fail and status files cannot be written. The hard
     limit is the operator's word on the ceiling; the soft one is only a default.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
