@@ -19,12 +19,17 @@ each node gets it with its own GPU UUIDs.
 
 The catalog has the fleet and no models, so every pass after the first is an idle pass: probe
 every node over the open connections, plan, write status. The daemon (`reconciler run`, the
-real one, paramiko transport) runs in a child process with its soft NOFILE limit set to
+real one: its SSH transport is asyncssh, every connection in one event loop thread, and its
+probe asks each open probe session through that loop with no thread per node) runs in a child
+process with its soft NOFILE limit set to
 --nofile (systemd's default is 1024; examples/systemd sets no LimitNOFILE) and node names
 resolved through a per-run /etc/hosts bound over the real one in a private mount namespace
 (`unshare -m`; node addresses must not be loopback literals in a multi-node fleet.yaml).
 Measured from /proc every 0.2 s: peak RSS (VmHWM), threads, open descriptors; pass times from
-the daemon's own `pass.end` log events. Needs root (unshare, mount) and asyncssh (bench only).
+the daemon's own `pass.end` log events, and how long the daemon takes to exit after it logs
+`daemon.stopped` (closing every connection). `--client asyncssh` runs the same probe passes from
+a bare asyncssh client (no reconciler transport: no deadlines, backoff, prologue or caps), the
+floor the daemon's figures compare with. Needs root (unshare, mount).
 """
 
 from __future__ import annotations
@@ -211,8 +216,8 @@ async def asyncssh_passes(root: Path, names_to_addr: dict[str, str], host_key: P
     """Connect to every node, open its probe session, and run `passes` probe passes over the open
     connections, each ending in the Inventory and status/nodes.yaml the daemon would write.
 
-    Not the reconciler's transport (that is paramiko): the figures say what one event loop with
-    no thread per connection costs for the same conversation with the same nodes.
+    Not the reconciler's transport (reconciler/ssh): the bare conversation on asyncssh, with none of
+    its deadlines, backoff, prologue or output caps, as the floor the daemon's figures compare with.
     """
     import asyncssh
 
@@ -477,7 +482,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="give up on a daemon run after this long (s)")
     ap.add_argument("--keep", metavar="DIR", help="work here and keep it (logs, catalogs)")
     ap.add_argument("--client", choices=("daemon", "asyncssh", "both"), default="both",
-                    help="daemon: the real daemon (paramiko); asyncssh: the same probe passes from one asyncssh "
+                    help="daemon: the real daemon; asyncssh: the same probe passes from a bare asyncssh client "
                          "event loop, for comparison; both (default)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--client-of", help=argparse.SUPPRESS)
@@ -507,7 +512,7 @@ def main() -> int:
             r = measure(n, args, work, report, model_dir)
             rows.append((n, r))
             print(f"  {n} nodes done (exit {r['rc']})", file=sys.stderr)
-        print("The real daemon (`reconciler run`, paramiko) against simulated SSH nodes on loopback, one asyncssh")
+        print("The real daemon (`reconciler run`, asyncssh transport) against simulated SSH nodes on loopback, one asyncssh")
         print(f"process serving them all; daemon soft NOFILE {args.nofile} at start; peak figures from /proc.\n")
         print(f"{'nodes':>6} {'probe pass s':>12} {'idle pass s (each)':>24} {'RSS MB':>7} {'threads':>7} "
               f"{'fds':>6} {'unreach':>7} {'exit':>4}")
@@ -518,7 +523,7 @@ def main() -> int:
             print(f"{n:>6} {first:>12} {idle:>24} {r['rss_mb']:>7} {r['threads']:>7} {r['fds']:>6} "
                   f"{r['unreachable']:>7} {r['rc']:>4}")
         if any("asyncssh" in r for _, r in rows):
-            print("\nThe same probe passes from one asyncssh event loop (bench only, not the reconciler's transport):")
+            print("\nThe same probe passes from a bare asyncssh client (no reconciler transport; the floor):")
             print(f"{'nodes':>6} {'connect s':>9} {'probe pass s (each)':>28} {'RSS MB':>7} {'threads':>7} {'fds':>6} {'reached':>7}")
             for n, r in rows:
                 a = r.get("asyncssh")

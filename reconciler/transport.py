@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 from reconciler.errors import CommandTimeout, TransportError
 
@@ -56,6 +57,20 @@ class Stream(Protocol):
     def request(self, line: bytes, *, timeout: float) -> bytes: ...
 
     def close(self) -> None: ...
+
+
+class SubmittingStream(Stream, Protocol):
+    """A Stream whose request can also be made without a thread waiting on it (the SSH event loop)."""
+
+    def submit(self, line: bytes, *, timeout: float) -> "Future[bytes]": ...
+
+
+@runtime_checkable
+class KeepsStreams(Protocol):
+    """A transport that can say, without any I/O, whether a stream it started is still running,
+    so a caller with thousands of nodes asks each for its answer with no thread per node."""
+
+    def open_stream(self, key: str) -> SubmittingStream | None: ...
 
 
 class Transport(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 import traceback
@@ -27,7 +28,7 @@ from reconciler.model import (
 )
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
 from reconciler.probe.script import BOOTSTRAP, payload
-from reconciler.transport import Transport, TransportPool
+from reconciler.transport import KeepsStreams, Transport, TransportPool
 
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
 PYTHON = "python3"
@@ -171,20 +172,43 @@ def probe_node(
         # Anything odd about it falls through to the one-shot probe below, whose
         # exit code and output say what is wrong with the node.
         argv, preamble = session_command()
-        request = json.dumps(probe_args(spec, sources, owner), sort_keys=True, separators=(",", ":")).encode()
-        try:
-            line = open_stream(SESSION_KEY, argv, preamble=preamble, timeout=timeout).request(request, timeout=timeout)
-            report = _decode_report(line)
-            if "error" not in report:
-                return _from_report(spec, report, started, clock, owner)
-        except CommandTimeout:
-            return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
-        except OutputTooLarge as exc:
-            return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
-        except (TransportError, ValueError):
-            # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
-            # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
-            pass
+        request = session_request(spec, sources, owner)
+        warm = warm_result(
+            spec, lambda: open_stream(SESSION_KEY, argv, preamble=preamble, timeout=timeout).request(request, timeout=timeout),
+            timeout, started, clock, owner)
+        if warm is not None:
+            return warm
+    return probe_once(spec, transport, sources=sources, timeout=timeout, started=started, clock=clock, owner=owner)
+
+
+def session_request(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> bytes:
+    """One request line for a running probe session: the probe's arguments as JSON."""
+    return json.dumps(probe_args(spec, sources, owner), sort_keys=True, separators=(",", ":")).encode()
+
+
+def warm_result(spec: NodeSpec, answer: Callable[[], bytes], timeout: float, started: float, clock, owner: str | None) -> NodeProbe | None:
+    """The node's probe from its running session's answer (`answer()` returns the line or raises);
+    None when the one-shot probe should say what is wrong instead."""
+    try:
+        report = _decode_report(answer())
+        if "error" not in report:
+            return _from_report(spec, report, started, clock, owner)
+    except CommandTimeout:
+        return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
+    except OutputTooLarge as exc:
+        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
+    except (TransportError, ValueError):
+        # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
+        # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
+        pass
+    return None
+
+
+def probe_once(
+    spec: NodeSpec, transport: Transport, *, sources: Iterable[str] | None, timeout: float, started: float,
+    clock: Callable[[], float] = time.monotonic, owner: str | None = None,
+) -> NodeProbe:
+    """The one-shot probe (`python3 -` with the program on stdin), within what is left of `timeout`."""
     argv, stdin = probe_command(spec, sources, owner)
     left = max(1.0, timeout - (clock() - started))
     try:
@@ -262,10 +286,61 @@ class _InFlight:
         self.result: NodeProbe | None = None
 
 
+# Threads for the probes that must block (a connection to open, the one-shot probe), at most this
+# many at once; a node whose probe session is open is asked through its transport's event loop.
+BLOCKING_PROBES = 64
+# A worker thread idle this long ends: between passes over healthy nodes none is left waiting.
+WORKER_IDLE_S = 10.0
+
+
+class _Workers:
+    """A few daemon threads running queued jobs; a job stuck past every deadline never keeps the process from exiting."""
+
+    def __init__(self, size: int, idle_s: float = WORKER_IDLE_S):
+        self._size, self._idle_s = size, idle_s
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._idle = self._pending = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += 1
+            start = self._threads < self._size and self._pending > self._idle
+            if start:
+                self._threads += 1
+        self._queue.put(job)
+        if start:
+            threading.Thread(target=self._serve, name="probe-worker", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._queue.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._pending == 0:  # else a job was queued as the wait ended: take it
+                        self._threads -= 1
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
+            job()
+
+
+class _OneShot(Exception):
+    """The node's probe session did not give a usable answer: the one-shot probe is to say why."""
+
+
 class FleetProber:
     """The daemon's probe: one bad node never holds a pass back.
 
-    Each node's probe runs in its own thread with its own deadline. A pass waits
+    Each node's probe has its own deadline. A node whose probe session is open is asked
+    through its transport's event loop, with no thread waiting on it; the others (a
+    connection to open, the one-shot probe) run on a few worker threads. A pass waits
     for the nodes that answered last time; a node that did not (down, or its
     previous probe still running) is probed in the background, used if it answers
     while the others are probed, and otherwise reported by its last reason without
@@ -280,6 +355,7 @@ class FleetProber:
         self._inflight: dict[str, _InFlight] = {}
         self._down: dict[str, tuple[float, str]] = {}  # node id -> (epoch seconds since, reason)
         self._last_failure: dict[str, str] = {}  # node id -> kind of its last failure
+        self._workers = _Workers(BLOCKING_PROBES)
 
     def down(self) -> dict[str, tuple[float, str]]:
         with self._lock:
@@ -288,22 +364,51 @@ class FleetProber:
     def _start(self, spec: NodeSpec, pool: TransportPool, sources, owner, log) -> _InFlight:
         job = _InFlight(spec, self._clock())
         with self._lock:
-            self._inflight[spec.id] = job  # before the thread starts: it removes itself when it ends
-
-        def work() -> None:
-            try:
-                job.result = _probe_one(spec, pool, sources, None, owner)
-            except Exception as exc:  # noqa: BLE001  a bug in the probe: that node unreachable, the daemon goes on
-                job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}", BUG), (), False)
-                if log is not None:
-                    log("probe.error", node=spec.id, error=f"{type(exc).__name__}: {exc}", msg=traceback.format_exc())
-            finally:
-                self._settle(job, log)
-                job.done.set()
-
-        # A daemon thread: a probe stuck past every deadline never keeps the process from exiting.
-        threading.Thread(target=work, name=f"probe-{spec.id}", daemon=True).start()
+            self._inflight[spec.id] = job  # before the probe starts: it removes itself when it ends
+        if not self._ask_session(job, pool, sources, owner, log):
+            self._workers.submit(lambda: self._finish(job, log, lambda: _probe_one(spec, pool, sources, None, owner)))
         return job
+
+    def _finish(self, job: _InFlight, log, probe: Callable[[], NodeProbe]) -> None:
+        spec = job.spec
+        try:
+            job.result = probe()
+        except _OneShot:
+            return  # handed to a worker thread, which finishes the job
+        except Exception as exc:  # noqa: BLE001  a bug in the probe: that node unreachable, the daemon goes on
+            job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}", BUG), (), False)
+            if log is not None:
+                log("probe.error", node=spec.id, error=f"{type(exc).__name__}: {exc}", msg=traceback.format_exc())
+        self._settle(job, log)
+        job.done.set()
+
+    def _ask_session(self, job: _InFlight, pool: TransportPool, sources, owner, log) -> bool:
+        """Ask the node's running probe session for its report with no thread waiting, where the
+        transport keeps one open; False: the probe has to block (connect, start the session)."""
+        spec = job.spec
+        try:
+            transport = pool.transport_for(spec)
+        except TransportError:
+            return False  # the worker's probe says why
+        stream = transport.open_stream(SESSION_KEY) if isinstance(transport, KeepsStreams) else None
+        if stream is None:
+            return False
+        timeout = command_timeout(spec)
+        answer = stream.submit(session_request(spec, sources, owner), timeout=timeout)
+
+        def one_shot() -> NodeProbe:
+            return probe_once(spec, transport, sources=sources, timeout=timeout, started=job.started, clock=self._clock, owner=owner)
+
+        def from_session() -> NodeProbe:
+            warm = warm_result(spec, answer.result, timeout, job.started, self._clock, owner)
+            if warm is None:
+                self._workers.submit(lambda: self._finish(job, log, one_shot))
+                raise _OneShot
+            return warm
+
+        # Runs in the event loop's thread once the answer (or its error) is there.
+        answer.add_done_callback(lambda _: self._finish(job, log, from_session))
+        return True
 
     def _settle(self, job: _InFlight, log) -> None:
         r = job.result
