@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
-from reconciler.errors import RenderError, TransportError
+from reconciler.errors import PERMANENT, TEMPORARY, RenderError, TransportError
 from reconciler.fetch import Fetcher, choose_source, progress_message
 from reconciler.launcher import Launcher, StartOutcome
 from reconciler.model import Action, Assignment, Catalog, Fleet, Inventory, Model, Placement, Profile, RankLaunch
@@ -185,18 +185,20 @@ class Actor:
         return ActionOutcome(state.replica, action, ok, state)
 
     def fail(self, action: str, replica: str, model: str, profile: str | None, message: str, node: str = "-",
-             placement: Placement | None = None) -> ActionOutcome:
+             placement: Placement | None = None, failure: str = TEMPORARY) -> ActionOutcome:
+        """The replica is Failed; `failure` (errors.TEMPORARY or PERMANENT) says whether a retry can help."""
         self.decide(replica, node, "fail", message, ok=False)
         return self.settle(action, ReplicaState(
             replica, model, profile, FAILED, message, placement.nodes if placement else (),
             replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
+            failure=failure,
         ), ok=False)
 
-    def fail_action(self, action: Action, message: str) -> ActionOutcome:
+    def fail_action(self, action: Action, message: str, failure: str = TEMPORARY) -> ActionOutcome:
         """fail() with the profile and placement the action names."""
         _, profile = self._model_profile(action)
         return self.fail(action.action, action.replica, action.model, profile.name if profile else None, message,
-                         placement=action.placement)
+                         placement=action.placement, failure=failure)
 
     # -- actions
 
@@ -265,9 +267,9 @@ class Actor:
             # still run an older spec.
             launches = [replace(l, revision=self.catalog.revision)
                         for l in self.render(model, profile, placement, self.catalog.fleet, self.inventory)]
-        except RenderError as exc:
+        except RenderError as exc:  # the catalog has to change first
             return self.fail(verb, action.replica, action.model, profile.name, f"launch refused: {exc}",
-                             placement=placement)
+                             placement=placement, failure=PERMANENT)
 
         # Against the snapshot as probed: memory our own ranks held then (stopped since, in a
         # restart or a replace) is ours to reuse, not a foreign tenant's.
@@ -282,9 +284,9 @@ class Actor:
 
         failed = self.launch_ranks(launches, reason or action.reason or "missing")
         if failed is not None:
-            launch, message = failed
+            launch, message, failure = failed
             return self.fail(verb, action.replica, action.model, profile.name, message, node=launch.node,
-                             placement=placement)
+                             placement=placement, failure=failure)
 
         self.pending[action.replica] = StartedReplica(launches, action.model, profile, placement, self.clock())
         return self.settle(verb, ReplicaState(
@@ -314,8 +316,9 @@ class Actor:
         self.forget(replica, targets)
         return True
 
-    def launch_ranks(self, launches: Sequence[RankLaunch], why: str) -> tuple[RankLaunch, str] | None:
-        """Start every rank, workers first; on the first failure roll back and return (that rank, why)."""
+    def launch_ranks(self, launches: Sequence[RankLaunch], why: str) -> tuple[RankLaunch, str, str] | None:
+        """Start every rank, workers first; on the first failure roll back and return (that rank, why,
+        the failure's kind: errors.TEMPORARY or PERMANENT, as the launcher typed it)."""
         outcomes: list[tuple[RankLaunch, StartOutcome]] = []
         for launch in start_order(launches):
             outcome = self.launcher.start(launch)
@@ -348,7 +351,7 @@ class Actor:
         if outcome.port_in_use:
             # The snapshot written after this pass says so, and the next plan picks another port.
             self.taken_ports.setdefault(launch.node, set()).add(outcome.port_in_use)
-        return launch, message
+        return launch, message, outcome.failure or TEMPORARY
 
     def roll_back(self, outcomes: Sequence[tuple[RankLaunch, StartOutcome]], message: str) -> None:
         """Nothing half-started: take back the ranks that did start, and the one whose node

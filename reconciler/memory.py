@@ -2,19 +2,60 @@
 
 The daemon keeps a PassMemory in memory; a one-shot `apply` persists it as a
 JSON-able document, so restart backoff and grace periods survive between runs.
-`remember` is pure: the memory after a pass, from the memory before it.
+`remember` is pure: the memory after a pass, from the memory before it (the
+jitter comes in as a function).
+
+A start that failed leaves nothing on its nodes, so the plan would start it
+again on every pass. Its failure's kind decides instead (`hold_failed_starts`):
+temporary (a timeout, a taken port) is retried after a capped exponential
+backoff with jitter; permanent (the engine's binary is not on the node, a
+launch that cannot be rendered) stalls until the catalog or the node changes
+(`attempt_key`), checked again every PERMANENT_RECHECK_S in case the change is
+one the probe cannot see (a secret file put in place).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import random
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
-from reconciler.model import Inventory
+from reconciler.model import Action, Catalog, Inventory, spec_hash
 from reconciler.outcomes import FAILED, ReplicaState
-from reconciler.plan import Plan, ReplicaHistory
+from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay
+
+# A permanent failure is tried again this often even when nothing the probe sees has changed
+# (the same period as a node stalled on a refused host key).
+PERMANENT_RECHECK_S = 300.0
+# Each backoff is shortened by up to this fraction at random, so replicas that failed together
+# do not come back in lockstep (as the SSH transport's per-node backoff does).
+JITTER_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """A start that failed and left nothing running: what the next passes do about it.
+
+    kind      errors.TEMPORARY or PERMANENT, from the typed outcome (never from the message)
+    attempts  failed starts in a row
+    retry_at  epoch seconds: the earliest next try (temporary), the next recheck (permanent)
+    key       attempt_key of what was tried: a change of it (the catalog, the node) retries at once
+    message   why it failed, for status while it waits
+    nodes     the nodes it was tried on
+    """
+
+    kind: str
+    attempts: int
+    retry_at: float
+    key: str
+    message: str
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -31,6 +72,7 @@ class PassMemory:
     unreachable_since: Mapping[str, float] = field(default_factory=dict)
     last_seen: Inventory | None = None
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    start_failures: Mapping[str, StartFailure] = field(default_factory=dict)
 
 
 def remember(
@@ -40,8 +82,13 @@ def remember(
     acted: Mapping[str, ReplicaState],
     now: float,
     desired: Iterable[str] | None = None,
+    attempt_keys: Mapping[str, str] | None = None,
+    jitter: Callable[[], float] = random.random,
 ) -> PassMemory:
-    """The memory after a pass (pure)."""
+    """The memory after a pass (pure, given `jitter`).
+
+    attempt_keys: replica -> attempt_key of the start tried this pass (start_failures needs it).
+    """
     desired = None if desired is None else set(desired)
     unreachable = {}
     last_nodes = []
@@ -57,14 +104,98 @@ def remember(
     for rid, state in acted.items():
         if state.nodes and state.phase != FAILED:
             placed_on[rid] = tuple(a.node for a in state.nodes)
+    failures = start_failures_after(memory.start_failures, inventory, acted, now, attempt_keys or {}, jitter)
     if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
         placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
+        failures = {rid: f for rid, f in failures.items() if rid in desired}
     return PassMemory(
         history=dict(plan.history if plan is not None else memory.history),
         unreachable_since=unreachable,
         last_seen=Inventory(tuple(last_nodes)),
         placed_on=placed_on,
+        start_failures=failures,
     )
+
+
+def start_failures_after(before: Mapping[str, StartFailure], inventory: Inventory, acted: Mapping[str, ReplicaState],
+                         now: float, attempt_keys: Mapping[str, str], jitter: Callable[[], float]
+                         ) -> dict[str, StartFailure]:
+    """A failed start that left no record is remembered with its kind; a start that took is forgotten.
+    (A start that left a record, a crash, is the plan's restart backoff's: ReplicaHistory.)"""
+    recorded = {r.id for n in inventory.nodes for r in n.replicas}
+    failures = dict(before)
+    for rid, state in acted.items():
+        if state.phase != FAILED:
+            failures.pop(rid, None)
+            continue
+        if rid in recorded or rid not in attempt_keys or not state.failure:
+            continue
+        attempts = failures[rid].attempts + 1 if rid in failures else 1
+        if state.failure == PERMANENT:
+            retry_at = now + PERMANENT_RECHECK_S
+        else:
+            retry_at = now + backoff_delay(attempts) * (1.0 - JITTER_FRACTION * jitter())
+        failures[rid] = StartFailure(state.failure, attempts, retry_at, attempt_keys[rid], state.message,
+                                     tuple(dict.fromkeys(a.node for a in state.nodes)))
+    return dict(sorted(failures.items()))
+
+
+def attempt_key(catalog: Catalog, inventory: Inventory, action: Action) -> str:
+    """A digest of what a start depends on: the spec, where it goes, and those nodes as probed (engines,
+    llama.cpp binaries, weights, state). Equal keys: trying again would meet the same failure."""
+    model = catalog.model(action.model)
+    placement = action.placement
+    if model is None or placement is None:
+        return ""
+    profile = model.profile(placement.profile)
+    nodes = []
+    for a in placement.nodes:
+        n = inventory.node(a.node)
+        facts = None if n is None else [n.state, sorted((n.engines or {}).items()), repr(n.llama_cpp),
+                                         sorted(n.weights or ())]
+        nodes.append([a.node, a.rank, list(a.gpus), a.port, facts])
+    shape = [spec_hash(model, profile) if profile is not None else placement.profile, nodes]
+    return hashlib.sha256(json.dumps(shape, default=str).encode()).hexdigest()[:16]
+
+
+def attempt_keys(catalog: Catalog, inventory: Inventory, plan: Plan) -> dict[str, str]:
+    """attempt_key of every start (and restart, replace) the plan tries, for `remember`."""
+    return {a.replica: attempt_key(catalog, inventory, a) for a in plan.actions if a.placement is not None}
+
+
+def hold_failed_starts(plan: Plan, catalog: Catalog, inventory: Inventory, failures: Mapping[str, StartFailure],
+                       now: float) -> Plan:
+    """The plan with the starts that failed before and may not be tried yet turned into waits (pure).
+
+    Tried again: once the backoff is over (temporary), at the recheck (permanent), or at once when
+    attempt_key changed (the catalog changed the spec, the node changed, or it goes elsewhere)."""
+    if not failures:
+        return plan
+    actions, waiting = [], list(plan.waiting)
+    for a in plan.actions:
+        f = failures.get(a.replica) if a.action == "start" else None
+        if f is None or now >= f.retry_at or attempt_key(catalog, inventory, a) != f.key:
+            actions.append(a)
+            continue
+        waiting.append(held_start(a, f))
+    if len(actions) == len(plan.actions):
+        return plan
+    return dataclasses.replace(plan, actions=tuple(actions), waiting=tuple(sorted(waiting, key=lambda w: w.replica)))
+
+
+def held_start(action: Action, f: StartFailure) -> Waiting:
+    tries = f"{f.attempts} failed start{'s' * (f.attempts != 1)}"
+    if f.kind == PERMANENT:
+        where = f"node {', '.join(f.nodes)}" if f.nodes else "the node"
+        reason = (f"{f.message}; stalled until the catalog or {where} changes ({tries}; checked again after "
+                  f"{iso_time(f.retry_at)})")
+        return Waiting(action.replica, action.model, reason, f.retry_at, kind=WaitKind.STALLED, nodes=f.nodes)
+    reason = f"{f.message}; retried after {iso_time(f.retry_at)} ({tries}, backing off)"
+    return Waiting(action.replica, action.model, reason, f.retry_at, kind=WaitKind.START_BACKOFF, nodes=f.nodes)
+
+
+def iso_time(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def memory_to_document(memory: PassMemory) -> dict:
@@ -74,6 +205,7 @@ def memory_to_document(memory: PassMemory) -> dict:
         "unreachable_since": dict(sorted(memory.unreachable_since.items())),
         "last_seen": inventory_to_document(memory.last_seen) if memory.last_seen is not None else None,
         "placed_on": {rid: list(nodes) for rid, nodes in sorted(memory.placed_on.items())},
+        "start_failures": {rid: dataclasses.asdict(f) for rid, f in sorted(memory.start_failures.items())},
     }
 
 
@@ -85,6 +217,15 @@ def memory_from_document(doc: Any) -> PassMemory:
             unreachable_since={n: float(t) for n, t in (doc.get("unreachable_since") or {}).items()},
             last_seen=inventory_from_document(doc["last_seen"]) if doc.get("last_seen") else None,
             placed_on={rid: tuple(nodes) for rid, nodes in (doc.get("placed_on") or {}).items()},
+            start_failures={rid: _start_failure(f) for rid, f in (doc.get("start_failures") or {}).items()},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return PassMemory()
+
+
+def _start_failure(doc: Mapping[str, Any]) -> StartFailure:
+    kind = doc["kind"]
+    if kind not in (TEMPORARY, PERMANENT):
+        raise ValueError(kind)
+    return StartFailure(kind, int(doc["attempts"]), float(doc["retry_at"]), str(doc["key"]), str(doc["message"]),
+                        tuple(doc.get("nodes") or ()))

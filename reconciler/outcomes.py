@@ -53,6 +53,10 @@ class ReplicaState:
     # Failed because it was not Ready by its profile's start_timeout_s: its processes are to be ended.
     start_timed_out: bool = False
     revision: str | None = None  # the catalog revision its processes were started from
+    # Failed: whether retrying can help. errors.TEMPORARY: retried with capped exponential backoff and
+    # jitter (a timeout, a crash, a taken port); errors.PERMANENT: stalled until the catalog or the node
+    # changes (the engine's binary is not on the node, a launch that cannot be rendered). "" otherwise.
+    failure: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Is a replica serving? Phase judgement as pure functions, and the one health request.
 
+A replica judged Failed here crashed or did not become Ready in time: a temporary failure
+(errors.TEMPORARY), restarted with the plan's capped backoff.
+
 Ready means the head answers its health path with 200, asked from the
 management host at the head's data address, AND every rank's process is
 alive: a head that answers while a worker is dead is not serving anything.
@@ -15,6 +18,7 @@ import http.client
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
+from reconciler.errors import TEMPORARY
 from reconciler.launcher import RankState
 from reconciler.model import Placement, Profile, RankLaunch
 from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ReplicaState
@@ -110,7 +114,8 @@ def judge_started(base: ReplicaState, started: StartedReplica, *, answered: bool
     """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
     dead = liveness.dead(started.launches)
     if dead:
-        return replace(base, phase=FAILED, message=failure_message(dead, liveness.states, "exited"))
+        return replace(base, phase=FAILED, message=failure_message(dead, liveness.states, "exited"),
+                       failure=TEMPORARY)
     if answered and not liveness.unreachable:
         return replace(base, phase=READY)
     queued = queued_message(liveness.states.values())
@@ -120,7 +125,7 @@ def judge_started(base: ReplicaState, started: StartedReplica, *, answered: bool
     timeout = started.profile.start_timeout_s
     if now - started.started_at >= timeout:
         message = failure_message(started.launches, liveness.states, f"not Ready after {timeout:g}s: {seen}")
-        return replace(base, phase=FAILED, message=message, start_timed_out=True)
+        return replace(base, phase=FAILED, message=message, start_timed_out=True, failure=TEMPORARY)
     if final:
         return replace(base, phase=STARTING, message=f"waiting for {seen or 'all ranks'}")
     return None
@@ -153,11 +158,12 @@ def judge_records(base: ReplicaState, ranks: RankRecords) -> ReplicaState | None
         return replace(base, phase=UNKNOWN, message="; ".join(f"node {n.id} unreachable: {n.reason}" for n in gone))
     dead = [(n, r) for n, r in ranks if not r.alive]
     if dead:
-        return replace(base, phase=FAILED, message="; ".join(f"rank {r.rank} on {n.id} is not running" for n, r in dead))
+        return replace(base, phase=FAILED, message="; ".join(f"rank {r.rank} on {n.id} is not running" for n, r in dead),
+                       failure=TEMPORARY)
     head = next((r for _, r in ranks if r.rank == 0), ranks[0][1])
     missing = head.nnodes - len(ranks)
     if missing > 0:
-        return replace(base, phase=FAILED, message=f"{missing} of {head.nnodes} ranks are missing")
+        return replace(base, phase=FAILED, message=f"{missing} of {head.nnodes} ranks are missing", failure=TEMPORARY)
     queued = queued_message(r for _, r in ranks)
     if queued:
         return replace(base, phase=PENDING, message=queued)
@@ -181,4 +187,4 @@ def judge_unanswered(base: ReplicaState, *, seen: str, head_state: RankState | N
         return replace(base, phase=STARTING, message=f"waiting for {seen}")
     tail = " | ".join(head_state.log_tail) if head_state is not None and head_state.log_tail else "(no log)"
     return replace(base, phase=FAILED, message=f"not Ready after {timeout_s:g}s: {seen}; last log lines: {tail}",
-                   start_timed_out=head_state is not None)
+                   start_timed_out=head_state is not None, failure=TEMPORARY)

@@ -28,7 +28,7 @@ from reconciler.errors import ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
-from reconciler.memory import PassMemory, remember
+from reconciler.memory import PassMemory, attempt_keys, hold_failed_starts, remember
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
@@ -38,7 +38,13 @@ from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import predicted_phases, unplaced_message, write_nodes_status, write_plan_status
+from reconciler.status import (
+    predicted_failures,
+    predicted_phases,
+    unplaced_message,
+    write_nodes_status,
+    write_plan_status,
+)
 from reconciler.transport import FleetTransports, Transport, TransportPool
 
 # A probe answers the fleet as it is; a FleetProbe also says how long each node's probe took.
@@ -64,11 +70,13 @@ def _probed(answer: "Inventory | FleetProbe") -> tuple[Inventory, dict[str, floa
 
 
 def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
-    """The pass's plan; `plan` and `explain` call it too, with the memory `apply` keeps, so they predict it."""
-    return make_plan(
+    """The pass's plan; `plan` and `explain` call it too, with the memory `apply` keeps, so they predict it.
+    Starts that failed before wait out their backoff, or stay stalled (memory.hold_failed_starts)."""
+    planned = make_plan(
         catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
     )
+    return hold_failed_starts(planned, catalog, inventory, memory.start_failures, now)
 
 
 def run_pass(
@@ -143,7 +151,8 @@ def run_pass(
                 actor.end_stalled_start(rid, [(a.node, a.rank) for a in state.nodes])
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
-        result.memory = remember(memory, plan, result.inventory, actor.states, now, desired)
+        result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
+                                 attempt_keys=attempt_keys(catalog, inventory, plan))
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
@@ -165,9 +174,12 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[],
             return
         last[0] = now
         phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in list(actor.states.items())}}
-        messages = {rid: st.message for rid, st in list(actor.states.items()) if st.message}
+        states = list(actor.states.items())
+        messages = {rid: st.message for rid, st in states if st.message}
+        failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
         try:
-            write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages)
+            write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
+                              failures=failures)
         except ReconcilerError:
             pass  # the pass's own write at the end reports it
 
@@ -229,6 +241,9 @@ def _not_running_state(rid: str, model: str, w: Waiting | None, plan: Plan, unpl
         # Its node does not answer: we cannot say how it is, only where it was.
         where = plan.observed.get(rid)
         return ReplicaState(rid, model, where.profile if where else None, UNKNOWN, w.reason, where.nodes if where else ())
+    if w is not None and w.kind in (WaitKind.START_BACKOFF, WaitKind.STALLED):
+        # Its last start failed: Failed, with the kind that decides when it is tried again.
+        return ReplicaState(rid, model, None, FAILED, w.reason, failure=predicted_failures(plan)[rid])
     if unplaced is not None:
         why = unplaced_message(unplaced)
     else:
@@ -268,7 +283,8 @@ def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
     # in the next, quiet one, and status does not change for nothing.
     observed_plan = replace(result.plan, actions=(), waiting=())
     revisions = {rid: st.revision for rid, st in result.replicas.items()}
-    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions)
+    failures = {rid: st.failure for rid, st in result.replicas.items() if st.failure}
+    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures)
     if result.inventory is not None:
         written += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return [str(p) for p in written]

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from reconciler.constants import STATUS_DIR
-from reconciler.errors import StatusWriteError
+from reconciler.errors import PERMANENT, TEMPORARY, StatusWriteError
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
@@ -120,7 +120,7 @@ def predicted_phases(plan: Plan) -> dict[str, str]:
     for rid, out in plan.outcomes.items():
         phases[rid] = "Ready" if out.kept else "Pending"
     for w in plan.waiting:
-        if w.kind is WaitKind.BACKOFF:
+        if w.kind in (WaitKind.BACKOFF, WaitKind.START_BACKOFF, WaitKind.STALLED):
             phases[w.replica] = "Failed"
         elif w.kind is WaitKind.NODE_UNREACHABLE:
             phases[w.replica] = "Unknown"
@@ -128,6 +128,13 @@ def predicted_phases(plan: Plan) -> dict[str, str]:
         if a.action in ("restart", "replace") and a.replica in phases:
             phases[a.replica] = "Pending" if a.placement is not None else phases[a.replica]
     return phases
+
+
+def predicted_failures(plan: Plan) -> dict[str, str]:
+    """The failure kind (errors.TEMPORARY / PERMANENT) of each replica the plan holds because it failed:
+    a crash waiting out its restart backoff, a failed start backing off (temporary), or stalled (permanent)."""
+    kinds = {WaitKind.BACKOFF: TEMPORARY, WaitKind.START_BACKOFF: TEMPORARY, WaitKind.STALLED: PERMANENT}
+    return {w.replica: kinds[w.kind] for w in plan.waiting if w.kind in kinds}
 
 
 def unplaced_message(out, show_all: bool = False) -> str:
@@ -144,13 +151,16 @@ def rejection_document(r: Rejection) -> dict:
 
 def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
                           messages: Mapping[str, str] | None = None, show_all: bool = False,
-                          revisions: Mapping[str, str | None] | None = None) -> dict:
+                          revisions: Mapping[str, str | None] | None = None,
+                          failures: Mapping[str, str] | None = None) -> dict:
     """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
 
     phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
     messages: replica id -> message, overriding the plan's own reasons.
+    failures: replica id -> the kind of a Failed replica's failure; predicted_failures(plan) when None.
     """
     phases = predicted_phases(plan) if phases is None else phases
+    failures = predicted_failures(plan) if failures is None else failures
     messages = messages or {}
     revisions = predicted_revisions(plan) if revisions is None else revisions
     reasons: dict[str, str] = {}
@@ -179,6 +189,10 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
             "message": messages.get(rid, ""),
             "restarts": plan.restarts.get(rid, 0),
         }
+        if entry["phase"] == "Failed" and failures.get(rid):
+            # Beside the message: whether retrying can help (temporary) or not until something changes (permanent).
+            entry = {**{k: v for k, v in entry.items() if k != "restarts"}, "failure": failures[rid],
+                     "restarts": entry["restarts"]}
         if revisions.get(rid):  # known only for a catalog in git; absent rather than a null on every line
             entry["revision"] = revisions[rid]
         if out is not None and out.placement is None:
@@ -251,7 +265,8 @@ def observed_revisions(inventory: Inventory) -> dict[str, str | None]:
 
 def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
                       messages: Mapping[str, str] | None = None,
-                      revisions: Mapping[str, str | None] | None = None) -> list[Path]:
+                      revisions: Mapping[str, str | None] | None = None,
+                      failures: Mapping[str, str] | None = None) -> list[Path]:
     """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
 
     Returns the paths whose content changed.
@@ -263,7 +278,8 @@ def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: P
     for model in catalog.models:
         path = root / "models" / f"{model.name}.yaml"
         wanted.add(path.name)
-        if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages, revisions=revisions)):
+        if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages, revisions=revisions,
+                                                       failures=failures)):
             changed.append(path)
     models_dir = root / "models"
     if models_dir.is_dir():

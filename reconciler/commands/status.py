@@ -1,7 +1,8 @@
 """`reconciler status [CATALOG] [--format text|json]`: what runs now, from status/ alone (no SSH).
 
 One row per replica: MODEL REPLICA PHASE NODES ENDPOINT RESTARTS MESSAGE. The
-phase is coloured on a terminal and plain when piped, so `| grep Failed` works.
+phase is coloured on a terminal and plain when piped, so `| grep Failed` works;
+a Failed replica's MESSAGE ends with its failure kind, (temporary) or (permanent).
 """
 
 from __future__ import annotations
@@ -34,13 +35,21 @@ def endpoint_text(replica: dict) -> str:
     return (head or {}).get("endpoint") or "-"
 
 
+def message_text(replica: dict) -> str:
+    """The message on one line; a Failed replica's failure kind beside it, as `nodes` shows a node's:
+    temporary (retried with backoff) or permanent (stalled until the catalog or the node changes)."""
+    message = " ".join(str(replica.get("message") or "").split())
+    failure = replica.get("failure")
+    return f"{message} ({failure})" if failure in ("temporary", "permanent") else message
+
+
 def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
     out = []
     for model in status.models:
         for r in model["replicas"]:
             out.append((model["name"], r, [
                 model["name"], r["id"], str(r.get("phase") or "Unknown"), nodes_text(r), endpoint_text(r),
-                str(r.get("restarts") or 0), " ".join(str(r.get("message") or "").split()),
+                str(r.get("restarts") or 0), message_text(r),
             ]))
     return out
 

@@ -36,6 +36,7 @@ import time
 # cold interpreter they cost a third of a status call (base64 likewise: binascii is enough).
 
 MANAGED_BY = "llm-reconciler"
+PERMANENT = "permanent"  # a refusal no retry mends until the node changes (errors.PERMANENT)
 TAIL_BYTES = 256 * 1024
 START_MARK = "--- llm-reconciler: starting "  # the line written before each start
 LOG_ROTATE_BYTES = 64 * 1024 * 1024
@@ -313,13 +314,14 @@ def start_locked(req, records_dir, logs_dir):
             with open(path, "rb") as f:
                 value = f.read().decode("utf-8")
         except OSError as exc:
-            return {"ok": False, "reason": "env %s: {from_file: %s}: %s on this node" % (key, path, exc.strerror or exc)}
+            return {"ok": False, "reason": "env %s: {from_file: %s}: %s on this node" % (key, path, exc.strerror or exc),
+                    "failure": PERMANENT}
         except UnicodeDecodeError:
-            return {"ok": False, "reason": "env %s: {from_file: %s}: not UTF-8 text" % (key, path)}
+            return {"ok": False, "reason": "env %s: {from_file: %s}: not UTF-8 text" % (key, path), "failure": PERMANENT}
         if value.endswith("\n"):  # `echo token > file` leaves one newline that is no part of the token
             value = value[:-2] if value.endswith("\r\n") else value[:-1]
         if "\x00" in value:
-            return {"ok": False, "reason": "env %s: {from_file: %s}: holds a NUL byte" % (key, path)}
+            return {"ok": False, "reason": "env %s: {from_file: %s}: holds a NUL byte" % (key, path), "failure": PERMANENT}
         env[key] = value
     env["LLM_RECONCILER_REPLICA"] = name
     argv = [str(a) for a in req["argv"]]
@@ -338,9 +340,9 @@ def start_locked(req, records_dir, logs_dir):
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, close_fds=True)
         except FileNotFoundError:
-            return {"ok": False, "reason": "cannot run %s: no such file on this node's PATH" % argv[0]}
+            return {"ok": False, "reason": "cannot run %s: no such file on this node's PATH" % argv[0], "failure": PERMANENT}
         except PermissionError:
-            return {"ok": False, "reason": "cannot run %s: permission denied" % argv[0]}
+            return {"ok": False, "reason": "cannot run %s: permission denied" % argv[0], "failure": PERMANENT}
         except OSError as exc:
             return {"ok": False, "reason": "cannot run %s: %s" % (argv[0], exc.strerror or exc)}
     finally:

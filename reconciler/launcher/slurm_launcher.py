@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from reconciler.errors import CommandTimeout, TransportError
+from reconciler.errors import PERMANENT, CommandTimeout, TransportError
 from reconciler.launcher import RankState, StartOutcome, StopOutcome
 from reconciler.model import Fleet, Inventory, RankLaunch, RunningRank
 from reconciler.owner import catalog_owner
@@ -200,7 +200,7 @@ class SlurmLauncher:
             # The batch script would carry a value into slurmctld's spool (a file on the controller),
             # and the step runner does not read from_file yet: refused, never dropped silently.
             names = ", ".join(f"{k} {v}" for k, v in sorted(launch.secret_env.items()))
-            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, failure=PERMANENT,
                                 reason=f"env {names}: secret references are not supported on launcher: slurm nodes yet")
         with self._lock:
             held = self._held.setdefault(launch.replica, {})

@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
-from reconciler.errors import TransportError
+from reconciler.errors import PERMANENT, TEMPORARY, TransportError, kind_of
 from reconciler.launcher import LogChunk, RankState, StartOutcome, StopOutcome
 from reconciler.model import RankLaunch, SshSettings
 from reconciler.transport import Transport
@@ -109,7 +109,7 @@ class SshLauncher:
                 continue
             value = os.environ.get(ref.name)
             if value is None:
-                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False,
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, failure=PERMANENT,
                                     reason=f"env {name}: {ref} is not set in the reconciler's environment")
             env[name] = value  # travels on the agent's stdin, never in an argv
         request = {
@@ -134,7 +134,8 @@ class SshLauncher:
             base = self._timeout(transport) if transport is not None else DEFAULT_COMMAND_TIMEOUT_S
             answer = self._call(launch.node, request, timeout=base + (launch.listen_timeout_s or 0))
         except TransportError as exc:
-            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=exc.reason, uncertain=True)
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=exc.reason, uncertain=True,
+                                failure=kind_of(exc))
         return StartOutcome(
             launch.node,
             launch.replica,
@@ -146,6 +147,8 @@ class SshLauncher:
             already_running=bool(answer.get("already_running")),
             port_in_use=answer.get("port_in_use"),
             revision=answer.get("revision") if isinstance(answer.get("revision"), str) else None,
+            # The agent says which of its refusals no retry can mend (a binary not on the node).
+            failure=answer.get("failure") if answer.get("failure") in (TEMPORARY, PERMANENT) else "",
         )
 
     def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
