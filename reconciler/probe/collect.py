@@ -581,61 +581,17 @@ def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None =
     """
     # What a node says is kept bounded: a few dozen warnings of a few hundred characters.
     warnings = [str(w)[:500] for w in list(report.get("warnings") or ())[:50]]
-    gpus = []
-    for g in report.get("gpus") or ():
-        try:
-            total = _int(g.get("memory_total_mb"))
-            gpus.append(
-                Gpu(
-                    index=int(g["index"]),
-                    uuid=str(g.get("uuid", "")),
-                    name=str(g.get("name", "")),
-                    gpu_class=spec.gpu_class or gpu_class(str(g.get("name", "")), total),
-                    memory_total_mb=total,
-                    memory_used_mb=_int(g.get("memory_used_mb")),
-                    nvlink_peers=tuple(sorted(int(p) for p in g.get("nvlink_peers") or ())),
-                    processes=tuple(
-                        GpuProcess(int(p["pid"]), str(p.get("name", "")), _int(p.get("used_mb")))
-                        for p in g.get("processes") or ()
-                    ),
-                )
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            warnings.append(f"unreadable GPU entry in the probe report: {exc}")
-    replicas = []
-    foreign_ports: set[int] = set()
-    for rec in report.get("replicas") or ():
-        try:
-            rank = _rank(rec)
-        except (KeyError, TypeError, ValueError) as exc:
-            warnings.append(f"managed-process record {rec.get('file', '?')} lacks {exc}")
-            continue
-        if is_own(rec, owner):
-            replicas.append(rank)
-        elif rank.alive:
-            who = f"{rank.id} rank {rank.rank} of owner {str(rec.get('owner'))[:40]}"
-            for i, g in enumerate(gpus):
-                if g.index in rank.gpus and not any(p.pid == rank.pid for p in g.processes):
-                    gpus[i] = replace(g, processes=g.processes + (GpuProcess(rank.pid or 0, who, 0),))
-            if rank.port:
-                foreign_ports.add(rank.port)
+    gpus = _gpus(spec, report, warnings)
+    replicas, foreign = _split_records(report, owner, warnings)
+    gpus = _with_foreign_processes(gpus, foreign)
+    state, reason, failure = _gpu_verdict(spec, report)
     engines = report.get("engines")
     weights = report.get("weights")
-    state, reason = spec.state, ""
-    gpu_error = report.get("gpu_error")
-    if gpu_error:
-        # nvidia-smi is there but said nothing usable (garbage, a hang): the node's GPUs are
-        # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
-        # there stays (its records were read), nothing new goes there.
-        said = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(gpu_error)[:300])
-        reason = f"GPUs unknown: {said}"
-        if state == "ready":
-            state = "unusable"
     node = ObservedNode(
         id=spec.id,
         state=state,
         reason=reason,
-        failure=PERMANENT if gpu_error else "",
+        failure=failure,
         labels=spec.labels,
         memory_total_mb=report.get("memory_total_mb") if isinstance(report.get("memory_total_mb"), int) else None,
         engines=None if not isinstance(engines, dict) else frozen_map({str(k): str(v or "") for k, v in sorted(engines.items())}),
@@ -646,11 +602,83 @@ def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None =
         ),
         weights=None if weights is None else tuple(sorted(str(w) for w in weights)),
         replicas=tuple(sorted(replicas, key=lambda r: (r.id, r.rank))),
-        ports_in_use=tuple(sorted(set(int(p) for p in report.get("ports_in_use") or ()) | foreign_ports)),
+        ports_in_use=tuple(sorted(set(int(p) for p in report.get("ports_in_use") or ())
+                                  | {r.port for r, _ in foreign if r.port})),
         llama_cpp=_llama_cpp(report.get("llama_cpp")),
-        cpu_count=report.get("cpu_count") if isinstance(report.get("cpu_count"), int) and report["cpu_count"] > 0 else None,
+        cpu_count=_positive_int(report.get("cpu_count")),
     )
     return node, warnings
+
+
+def _positive_int(value) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _gpus(spec: NodeSpec, report: Mapping, warnings: list[str]) -> list[Gpu]:
+    """The report's GPUs; an entry that cannot be read is left out, with a warning."""
+    gpus = []
+    for g in report.get("gpus") or ():
+        try:
+            gpus.append(_gpu(spec, g))
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.append(f"unreadable GPU entry in the probe report: {exc}")
+    return gpus
+
+
+def _gpu(spec: NodeSpec, g: Mapping) -> Gpu:
+    total = _int(g.get("memory_total_mb"))
+    return Gpu(
+        index=int(g["index"]),
+        uuid=str(g.get("uuid", "")),
+        name=str(g.get("name", "")),
+        gpu_class=spec.gpu_class or gpu_class(str(g.get("name", "")), total),
+        memory_total_mb=total,
+        memory_used_mb=_int(g.get("memory_used_mb")),
+        nvlink_peers=tuple(sorted(int(p) for p in g.get("nvlink_peers") or ())),
+        processes=tuple(
+            GpuProcess(int(p["pid"]), str(p.get("name", "")), _int(p.get("used_mb")))
+            for p in g.get("processes") or ()
+        ),
+    )
+
+
+def _split_records(report: Mapping, owner: str | None,
+                   warnings: list[str]) -> tuple[list[RunningRank], list[tuple[RunningRank, str]]]:
+    """The node's process records: (this catalog's ranks, [(another owner's live rank, who it is)])."""
+    ours: list[RunningRank] = []
+    foreign: list[tuple[RunningRank, str]] = []
+    for rec in report.get("replicas") or ():
+        try:
+            rank = _rank(rec)
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.append(f"managed-process record {rec.get('file', '?')} lacks {exc}")
+            continue
+        if is_own(rec, owner):
+            ours.append(rank)
+        elif rank.alive:
+            foreign.append((rank, f"{rank.id} rank {rank.rank} of owner {str(rec.get('owner'))[:40]}"))
+    return ours, foreign
+
+
+def _with_foreign_processes(gpus: list[Gpu], foreign: Sequence[tuple[RunningRank, str]]) -> list[Gpu]:
+    """Each GPU another owner's live rank holds carries that rank as a process (taken, to placement)."""
+    for rank, who in foreign:
+        for i, g in enumerate(gpus):
+            if g.index in rank.gpus and not any(p.pid == rank.pid for p in g.processes):
+                gpus[i] = replace(g, processes=g.processes + (GpuProcess(rank.pid or 0, who, 0),))
+    return gpus
+
+
+def _gpu_verdict(spec: NodeSpec, report: Mapping) -> tuple[str, str, str]:
+    """(state, reason, failure) of the node, given what its probe said about its GPUs."""
+    gpu_error = report.get("gpu_error")
+    if not gpu_error:
+        return spec.state, "", ""
+    # nvidia-smi is there but said nothing usable (garbage, a hang): the node's GPUs are
+    # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
+    # there stays (its records were read), nothing new goes there.
+    said = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(gpu_error)[:300])
+    return ("unusable" if spec.state == "ready" else spec.state), f"GPUs unknown: {said}", PERMANENT
 
 
 def _llama_cpp(reported) -> LlamaCppBinaries | None:
