@@ -278,89 +278,136 @@ def op_start(req):
         os.close(lock)
 
 
+class Refused(Exception):
+    """A start that cannot go on: `answer` is what the agent says ("ok": false and why)."""
+
+    def __init__(self, reason, **extra):
+        Exception.__init__(self, reason)
+        self.answer = dict({"ok": False, "reason": reason}, **extra)
+
+
 def start_locked(req, records_dir, logs_dir):
-    import subprocess
     replica, rank, port = req["replica"], int(req["rank"]), int(req["port"])
     owner = owner_of(req)
     name = record_name(replica, rank, owner)
     record_path = os.path.join(records_dir, name + ".json")
     log_path = os.path.join(logs_dir, name + ".log")
+    try:
+        existing = existing_record(records_dir, record_path, replica, rank, owner)
+        if existing is not None and rank_alive(existing):
+            return running_answer(existing, req, log_path)
+        problem = port_problem(port)
+        if problem:
+            raise Refused(problem, port_in_use=port)
+        env = engine_env(req)
+        env["LLM_RECONCILER_REPLICA"] = name
+        argv = [str(a) for a in req["argv"]]
+        proc = launch(argv, env, log_path, req)
+        record = new_record(req, proc, argv, log_path, owner)
+        # Written before answering: if the connection drops now, the next probe still finds this rank.
+        write_atomically(record_path, json.dumps(record, sort_keys=True, indent=1))
+        if req.get("listen_timeout_s"):
+            confirm_listening(proc, record, record_path, req, log_path)
+    except Refused as refusal:
+        return refusal.answer
+    return {"ok": True, "already_running": False, "pid": proc.pid, "pgid": proc.pid, "log": log_path,
+            "start_time": record["start_time"]}
 
+
+def existing_record(records_dir, record_path, replica, rank, owner):
+    """The rank's record on this node, if it has one."""
     existing = read_record(record_path)
     if existing is None and owner is not None:
         # A rank started before records carried an owner is still this replica's rank.
         legacy = read_record(os.path.join(records_dir, record_name(replica, rank) + ".json"))
         if legacy is not None and is_mine(legacy, owner):
             existing = legacy
-    if existing is not None and rank_alive(existing):
-        if existing.get("spec_hash") == req["spec_hash"] and existing.get("port") == port:
-            # Launched before (a retried pass, a restarted reconciler): never launch twice.
-            return {"ok": True, "already_running": True, "pid": existing["pid"],
-                    "pgid": existing.get("pgid"), "log": existing.get("log", log_path),
-                    "revision": existing.get("revision")}
-        return {"ok": False, "reason": "%s rank %d already runs here (pid %d, spec %s, port %s); stop it first"
-                % (replica, rank, existing["pid"], existing.get("spec_hash"), existing.get("port"))}
+    return existing
 
-    problem = port_problem(port)
-    if problem:
-        return {"ok": False, "reason": problem, "port_in_use": port}
 
+def running_answer(existing, req, log_path):
+    """The answer for a rank that runs already: adopted when it is this very start, else refused."""
+    if existing.get("spec_hash") == req["spec_hash"] and existing.get("port") == int(req["port"]):
+        # Launched before (a retried pass, a restarted reconciler): never launch twice.
+        return {"ok": True, "already_running": True, "pid": existing["pid"],
+                "pgid": existing.get("pgid"), "log": existing.get("log", log_path),
+                "revision": existing.get("revision")}
+    return {"ok": False, "reason": "%s rank %d already runs here (pid %d, spec %s, port %s); stop it first"
+            % (req["replica"], int(req["rank"]), existing["pid"], existing.get("spec_hash"), existing.get("port"))}
+
+
+def engine_env(req):
+    """The engine's environment: this node's, the request's, and each secret read from its file here."""
     env = dict(os.environ)
     env.update(req.get("env") or {})
     for key, path in sorted((req.get("env_files") or {}).items()):
         # A secret the catalog names by its path on this node: read now, handed to the engine's
         # environment only (never written anywhere, never in an argv).
-        try:
-            with open(path, "rb") as f:
-                value = f.read().decode("utf-8")
-        except OSError as exc:
-            return {"ok": False, "reason": "env %s: {from_file: %s}: %s on this node" % (key, path, exc.strerror or exc),
-                    "failure": PERMANENT}
-        except UnicodeDecodeError:
-            return {"ok": False, "reason": "env %s: {from_file: %s}: not UTF-8 text" % (key, path), "failure": PERMANENT}
-        if value.endswith("\n"):  # `echo token > file` leaves one newline that is no part of the token
-            value = value[:-2] if value.endswith("\r\n") else value[:-1]
-        if "\x00" in value:
-            return {"ok": False, "reason": "env %s: {from_file: %s}: holds a NUL byte" % (key, path), "failure": PERMANENT}
-        env[key] = value
-    env["LLM_RECONCILER_REPLICA"] = name
-    argv = [str(a) for a in req["argv"]]
+        env[key] = read_secret(key, path)
+    return env
+
+
+def read_secret(key, path):
+    try:
+        with open(path, "rb") as f:
+            value = f.read().decode("utf-8")
+    except OSError as exc:
+        raise Refused("env %s: {from_file: %s}: %s on this node" % (key, path, exc.strerror or exc), failure=PERMANENT)
+    except UnicodeDecodeError:
+        raise Refused("env %s: {from_file: %s}: not UTF-8 text" % (key, path), failure=PERMANENT)
+    if value.endswith("\n"):  # `echo token > file` leaves one newline that is no part of the token
+        value = value[:-2] if value.endswith("\r\n") else value[:-1]
+    if "\x00" in value:
+        raise Refused("env %s: {from_file: %s}: holds a NUL byte" % (key, path), failure=PERMANENT)
+    return value
+
+
+def rotate_log(log_path):
     try:
         if os.path.getsize(log_path) > LOG_ROTATE_BYTES:
             os.replace(log_path, log_path + ".1")  # one generation kept: enough to read why the last run died
     except OSError:
         pass
+
+
+def launch(argv, env, log_path, req):
+    """The engine started in its own session, its output appended to its log after a start line."""
+    import subprocess
+    rotate_log(log_path)
     log = open(log_path, "ab")
     try:
         log.write((START_MARK + "%s rank %d, spec %s, at %s\n"
-                   % (replica, rank, req["spec_hash"], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))).encode())
+                   % (req["replica"], int(req["rank"]), req["spec_hash"],
+                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))).encode())
         log.flush()
         try:
             # Own session and process group: survives the SSH session, and stop can signal every process it spawned.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, close_fds=True)
         except FileNotFoundError:
-            return {"ok": False, "reason": "cannot run %s: no such file on this node's PATH" % argv[0], "failure": PERMANENT}
+            raise Refused("cannot run %s: no such file on this node's PATH" % argv[0], failure=PERMANENT)
         except PermissionError:
-            return {"ok": False, "reason": "cannot run %s: permission denied" % argv[0], "failure": PERMANENT}
+            raise Refused("cannot run %s: permission denied" % argv[0], failure=PERMANENT)
         except OSError as exc:
-            return {"ok": False, "reason": "cannot run %s: %s" % (argv[0], exc.strerror or exc)}
+            raise Refused("cannot run %s: %s" % (argv[0], exc.strerror or exc))
     finally:
         log.close()
 
+
+def new_record(req, proc, argv, log_path, owner):
     stat = proc_stat(proc.pid)
     record = {
-        "id": replica,
+        "id": req["replica"],
         "model": req["model"],
         "profile": req["profile"],
-        "rank": rank,
+        "rank": int(req["rank"]),
         "nnodes": int(req.get("nnodes", 1)),
         "spec_hash": req["spec_hash"],
         "pid": proc.pid,
         "pgid": proc.pid,
         "start_time": stat[3] if stat else None,
         "started_at": time.time(),
-        "port": port,
+        "port": int(req["port"]),
         "gpus": list(req.get("gpus") or []),
         "argv": argv,
         "env_keys": sorted(set(req.get("env") or {}) | set(req.get("env_files") or {})),
@@ -370,21 +417,23 @@ def start_locked(req, records_dir, logs_dir):
     }
     if owner is not None:
         record["owner"] = owner
-    # Written before answering: if the connection drops now, the next probe still finds this rank.
-    write_atomically(record_path, json.dumps(record, sort_keys=True, indent=1))
-    if req.get("listen_timeout_s"):
-        problem = await_listening(proc, port, float(req["listen_timeout_s"]), log_path, int(req.get("log_lines", 16)))
-        if problem is not None:
-            if proc.poll() is None:
-                stop_rank(record, 5.0)
-            proc.poll()
-            try:
-                os.unlink(record_path)  # it did not start; its log stays for `logs`
-            except OSError:
-                pass
-            return {"ok": False, "reason": problem}
-    return {"ok": True, "already_running": False, "pid": proc.pid, "pgid": proc.pid, "log": log_path,
-            "start_time": record["start_time"]}
+    return record
+
+
+def confirm_listening(proc, record, record_path, req, log_path):
+    """Refused, its processes ended and its record gone, unless the rank listens within the deadline."""
+    port = int(req["port"])
+    problem = await_listening(proc, port, float(req["listen_timeout_s"]), log_path, int(req.get("log_lines", 16)))
+    if problem is None:
+        return
+    if proc.poll() is None:
+        stop_rank(record, 5.0)
+    proc.poll()
+    try:
+        os.unlink(record_path)  # it did not start; its log stays for `logs`
+    except OSError:
+        pass
+    raise Refused(problem)
 
 
 def group_listens(pgid, port):
