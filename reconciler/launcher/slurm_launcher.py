@@ -364,11 +364,36 @@ def fold(fleet: Fleet, owner: str, inventory: Inventory, queue: Sequence[QueuedJ
     """
     slurm_specs = {n.id: n for n in fleet.nodes if n.launcher == "slurm"}
     names = {n.id: n.slurm_node_name for n in fleet.nodes}
-    jobs = OurJobs(owner, queue)
+    jobs = _counted_jobs(OurJobs(owner, queue), desired)
+    ours = {job.job_id for job, _ in jobs.by_replica.values()}
+    ranks_by_node = _ranks_by_node(jobs, details, names)
+    foreign = _foreign_gpus(details, ours)
+    out = []
+    for node in inventory.nodes:
+        spec = slurm_specs.get(node.id)
+        if spec is None:
+            out.append(node)
+            continue
+        node = replace(node, replicas=tuple(ranks_by_node.get(node.id, ())))
+        snode = nodes.get(spec.slurm_node_name)
+        if snode is None:
+            out.append(replace(node, state="unreachable", reason=f"Slurm has no node {spec.slurm_node_name}"))
+            continue
+        node = replace(node, gpus=_gpus_held(node, snode, foreign.get(spec.slurm_node_name, {})))
+        out.append(_with_slurm_state(node, spec.slurm_node_name, snode))
+    return Inventory(tuple(out))
+
+
+def _counted_jobs(jobs: OurJobs, desired: set[str] | None) -> OurJobs:
     if desired is not None:
         jobs.by_replica = {rid: (job, shape) for rid, (job, shape) in jobs.by_replica.items()
                            if rid in desired or job.live or job.state in ENDING_STATES}
-    ours = {job.job_id for job, _ in jobs.by_replica.values()}
+    return jobs
+
+
+def _ranks_by_node(jobs: OurJobs, details: Mapping[str, JobDetail],
+                   names: Mapping[str, str]) -> dict[str, list[RunningRank]]:
+    """Our jobs as the running ranks of the nodes they run on."""
     ranks_by_node: dict[str, list[RunningRank]] = {}
     for state in rank_states(jobs, details, names):
         ranks_by_node.setdefault(state.node, []).append(RunningRank(
@@ -376,49 +401,50 @@ def fold(fleet: Fleet, owner: str, inventory: Inventory, queue: Sequence[QueuedJ
             port=state.port, spec_hash=state.spec_hash, nnodes=state.nnodes, alive=state.alive,
             slurm_job=state.slurm_job, waiting=state.waiting,
         ))
-    # GPUs other jobs hold, by index where Slurm says which.
+    return ranks_by_node
+
+
+def _foreign_gpus(details: Mapping[str, JobDetail], ours: set[str]) -> dict[str, dict[int, str]]:
+    """Slurm node name -> GPU index -> which other running job holds it, where Slurm says which."""
     foreign: dict[str, dict[int, str]] = {}
     for detail in details.values():
         if detail.job_id in ours or detail.state != "RUNNING":
             continue
+        holder = f"Slurm job {detail.job_id}" + (f" of {detail.user}" if detail.user else "")
         for sname, idx in detail.gpus.items():
             for g in idx:
-                foreign.setdefault(sname, {})[g] = f"Slurm job {detail.job_id}" + (f" of {detail.user}" if detail.user else "")
-    out = []
-    for node in inventory.nodes:
-        spec = slurm_specs.get(node.id)
-        if spec is None:
-            out.append(node)
-            continue
-        snode = nodes.get(spec.slurm_node_name)
-        node = replace(node, replicas=tuple(ranks_by_node.get(node.id, ())))
-        if snode is None:
-            out.append(replace(node, state="unreachable", reason=f"Slurm has no node {spec.slurm_node_name}"))
-            continue
-        held = dict(foreign.get(spec.slurm_node_name, {}))
-        mine = {g for r in node.replicas if r.alive for g in r.gpus}
-        # GresUsed counts every job's GPUs; where Slurm named no index for some, take the lowest unclaimed ones.
-        unnamed = snode.gpus_used - len(mine) - len(held)
-        gpus = []
-        for g in sorted(node.gpus, key=lambda g: g.index):
-            if g.index in held:
-                gpus.append(replace(g, held_by=held[g.index]))
-            elif unnamed > 0 and g.index not in mine:
-                gpus.append(replace(g, held_by="another Slurm job"))
-                unnamed -= 1
-            else:
-                gpus.append(g)
-        node = replace(node, gpus=tuple(gpus))
-        if node.state != "unreachable":
-            if snode.unreachable:
-                flags = "+".join(sorted(snode.flags))
-                node = replace(node, state="unreachable",
-                               reason=f"Slurm reports {spec.slurm_node_name} {flags}" + (f": {snode.reason}" if snode.reason else ""))
-            elif snode.cordoned and node.state == "ready":
-                node = replace(node, state="cordoned",
-                               reason=f"Slurm drains {spec.slurm_node_name}" + (f": {snode.reason}" if snode.reason else ""))
-        out.append(node)
-    return Inventory(tuple(out))
+                foreign.setdefault(sname, {})[g] = holder
+    return foreign
+
+
+def _gpus_held(node, snode: SlurmNode, held: Mapping[int, str]) -> tuple:
+    """The node's GPUs, those other jobs hold marked taken."""
+    mine = {g for r in node.replicas if r.alive for g in r.gpus}
+    # GresUsed counts every job's GPUs; where Slurm named no index for some, take the lowest unclaimed ones.
+    unnamed = snode.gpus_used - len(mine) - len(held)
+    gpus = []
+    for g in sorted(node.gpus, key=lambda g: g.index):
+        if g.index in held:
+            gpus.append(replace(g, held_by=held[g.index]))
+        elif unnamed > 0 and g.index not in mine:
+            gpus.append(replace(g, held_by="another Slurm job"))
+            unnamed -= 1
+        else:
+            gpus.append(g)
+    return tuple(gpus)
+
+
+def _with_slurm_state(node, slurm_name: str, snode: SlurmNode):
+    """DOWN/NOT_RESPONDING: unreachable; DRAIN: cordoned (a node the probe could not reach stays so)."""
+    said = f": {snode.reason}" if snode.reason else ""
+    if node.state == "unreachable":
+        return node
+    if snode.unreachable:
+        flags = "+".join(sorted(snode.flags))
+        return replace(node, state="unreachable", reason=f"Slurm reports {slurm_name} {flags}{said}")
+    if snode.cordoned and node.state == "ready":
+        return replace(node, state="cordoned", reason=f"Slurm drains {slurm_name}{said}")
+    return node
 
 
 class RoutingLauncher:
@@ -439,10 +465,6 @@ class RoutingLauncher:
 
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         return self._for(node).ranks(node, replica, log_lines=log_lines)
-
-    def log_tail(self, node: str, replica: str, rank: int, lines: int = 20) -> list[str]:
-        launcher = self._for(node)
-        return launcher.log_tail(node, replica, rank, lines) if hasattr(launcher, "log_tail") else []
 
 
 # --------------------------------------------------------------------------
