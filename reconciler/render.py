@@ -268,22 +268,9 @@ def _render_rank(ctx: RankContext, adapter) -> tuple[list[str], dict[str, str], 
     # output is logged); they only have to be names the engine can receive and not clash with ours.
     secrets = {k: v for k, v in profile.env.items() if isinstance(v, SecretRef)}
     user_env = {k: v for k, v in profile.env.items() if not isinstance(v, SecretRef)}
-    for k, ref in secrets.items():
-        if k in ours:
-            raise RenderError(rid, f"{where}: profile {profile.name} sets env {k} to {ref}, but the reconciler sets "
-                                   f"{k} for this placement")
-        if not ENV_NAME_RE.match(k):
-            raise RenderError(rid, f"{where}: env name {k!r} is not a valid variable name")
-
+    _check_secret_names(rid, where, profile, secrets, ours)
     if profile.engine == "command":
-        values = placeholder_values(ctx)
-        for name, value in values.items():
-            if value is not None and placeholders_in(value):
-                raise RenderError(
-                    rid, f"{where}: value of ${{{name}}} ({value!r}) itself holds placeholder ${placeholders_in(value)[0]}"
-                )
-        argv = [_resolve(rid, where, f"command[{i}]", v, values) for i, v in enumerate(argv)]
-        user_env = {k: _resolve(rid, where, f"env {k}", v, values) for k, v in user_env.items()}
+        argv, user_env = _substituted(ctx, where, argv, user_env)
     else:
         # Belt and braces: no engine resolves placeholders outside `command`, so
         # anything placeholder-shaped in the final argv is a launch refused.
@@ -293,7 +280,38 @@ def _render_rank(ctx: RankContext, adapter) -> tuple[list[str], dict[str, str], 
             _refuse_placeholders(rid, where, f"env {k}", v)
     for k, v in ours.items():
         _refuse_placeholders(rid, where, f"env {k}", v)
+    env = _merged_env(rid, where, profile, ours, user_env)
+    _check_argv(rid, where, argv)
+    return argv, env, secrets
 
+
+def _check_secret_names(rid: str, where: str, profile: Profile, secrets: Mapping[str, SecretRef],
+                        ours: Mapping[str, str]) -> None:
+    for k, ref in secrets.items():
+        if k in ours:
+            raise RenderError(rid, f"{where}: profile {profile.name} sets env {k} to {ref}, but the reconciler sets "
+                                   f"{k} for this placement")
+        if not ENV_NAME_RE.match(k):
+            raise RenderError(rid, f"{where}: env name {k!r} is not a valid variable name")
+
+
+def _substituted(ctx: RankContext, where: str, argv: list[str],
+                 user_env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """A command profile's argv and env with their placeholders resolved for this rank."""
+    rid = ctx.replica
+    values = placeholder_values(ctx)
+    for name, value in values.items():
+        if value is not None and placeholders_in(value):
+            raise RenderError(
+                rid, f"{where}: value of ${{{name}}} ({value!r}) itself holds placeholder ${placeholders_in(value)[0]}"
+            )
+    argv = [_resolve(rid, where, f"command[{i}]", v, values) for i, v in enumerate(argv)]
+    return argv, {k: _resolve(rid, where, f"env {k}", v, values) for k, v in user_env.items()}
+
+
+def _merged_env(rid: str, where: str, profile: Profile, ours: Mapping[str, str],
+                user_env: Mapping[str, str]) -> dict[str, str]:
+    """The reconciler's variables and the profile's; a profile may not set one of ours differently."""
     for k, v in user_env.items():
         if k in ours and ours[k] != v:
             raise RenderError(
@@ -305,12 +323,15 @@ def _render_rank(ctx: RankContext, adapter) -> tuple[list[str], dict[str, str], 
             raise RenderError(rid, f"{where}: env name {k!r} is not a valid variable name")
         if "\x00" in v:
             raise RenderError(rid, f"{where}: env {k} holds a NUL byte, which no process can receive")
+    return env
+
+
+def _check_argv(rid: str, where: str, argv: list[str]) -> None:
     for i, v in enumerate(argv):
         if "\x00" in v:
             raise RenderError(rid, f"{where}: argv[{i}] holds a NUL byte, which no process can receive")
     if not argv or not argv[0]:
         raise RenderError(rid, f"{where}: empty command")
-    return argv, env, secrets
 
 
 def _resolve(rid: str, where: str, field: str, value: str, values: Mapping[str, str | None]) -> str:
