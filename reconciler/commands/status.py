@@ -90,7 +90,14 @@ def print_text(status: CatalogStatus) -> None:
         phase = cells[2]
         styled = Text(phase, style=PHASE_STYLE.get(phase, "yellow"))
         table.add_row(*cells[:2], styled, *cells[3:])
-    console.print(table)
+    if tty:
+        console.print(table)
+    else:
+        # rich pads every cell to its column's width, the last one too: piped rows end in spaces
+        # that `grep 'Failed$'` or a diff would trip on.
+        with console.capture() as captured:
+            console.print(table)
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     console.print(summary(status))
 
 
