@@ -25,6 +25,16 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def pool():
+    """The SSH pool `reconciler apply` uses, closed after the test (tests/test_ssh.py has its own, without backoff)."""
+    from reconciler.ssh import TransportPool
+
+    p = TransportPool()
+    yield p
+    p.close()
+
+
 def copy_tracked(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
     """Copy the files of `src` that this repository tracks, and nothing else.
 

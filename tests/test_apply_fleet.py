@@ -43,13 +43,6 @@ def fleet():
 
 
 @pytest.fixture
-def pool():
-    p = TransportPool()
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def catalog_dir(tmp_path, fleet, pool):
     root = tmp_path / "catalog"
     (root / "models").mkdir(parents=True)

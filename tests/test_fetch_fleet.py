@@ -24,7 +24,6 @@ from reconciler.probe import probe_fleet
 from tests.builders import model
 from tests.conftest import REPO
 from tests.fleet import TestFleet
-from tests.test_apply_fleet import pool  # noqa: F401  (a fixture)
 
 SIZES = {"config.json": 57, "tokenizer.json": 3 * 1000 * 1000 + 7, "empty.txt": 0,
          "weights/model-00001.safetensors": 9 * 1024 * 1024 + 3, "weights/model-00002.safetensors": 5 * 1024 * 1024}

@@ -13,7 +13,7 @@ import yaml
 from reconciler.catalog import load_catalog
 from reconciler.reconcile import run_pass
 from tests.fleet import TestFleet
-from tests.test_apply_fleet import alive, catalog_dir, pool, write_model  # noqa: F401  (fixtures: pool, catalog_dir)
+from tests.test_apply_fleet import alive, catalog_dir, write_model  # noqa: F401  (a fixture: catalog_dir)
 from tests.test_fetch_fleet import files_under
 
 WEIGHTS = {"config.json": 123, "model.safetensors": 6 * 1024 * 1024 + 11}

@@ -58,13 +58,6 @@ def cluster():
 
 
 @pytest.fixture
-def pool():
-    p = TransportPool()
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def catalog_dir(tmp_path, cluster, pool):
     root = tmp_path / "catalog"
     (root / "models").mkdir(parents=True)
