@@ -526,45 +526,11 @@ def collect(args, cache=None):
     held = cache.get("sglang") if cache is not None else None
     sglang_fresh = held is not None and _now() - held[0] < SGLANG_RECHECK_S
     sglang = None if sglang_fresh else start_sglang_check()
-    gpus, smi = None, None
-    try:
-        import pynvml  # noqa: F811 - optional on nodes
+    gpus = gpus_from_pynvml(report, warnings)
+    smi = start_nvidia_smi(args, cache, warnings) if gpus is None else None
 
-        try:
-            gpus = gpus_from_nvml(pynvml)
-            report["gpu_source"] = "nvml"
-        except pynvml.NVMLError as e:
-            # No library or no driver is simply a machine without NVIDIA GPUs (pynvml is often
-            # installed with Python packages everywhere); anything else is worth saying.
-            if getattr(e, "value", None) not in (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND):
-                warnings.append("NVML unusable (%s), trying nvidia-smi" % e)
-    except ImportError:
-        pass
-    if gpus is None:
-        binary = which("nvidia-smi")
-        if binary:
-            try:
-                smi = NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache)
-            except OSError as e:
-                warnings.append("cannot run nvidia-smi: %s" % (e.strerror or e))
-
-    try:
-        report["memory_total_mb"] = parse_meminfo(read_text("/proc/meminfo"))
-    except (OSError, ParseError) as e:
-        report["memory_total_mb"] = None
-        warnings.append("host memory unknown: %s" % e)
-    report["disks"] = disks(model_dirs, warnings)
-    sources = args.get("sources")
-    report["weights"] = None if sources is None else [s for s in sources if isinstance(s, str) and source_present(s, model_dirs)]
-    report["hcas"] = infiniband(warnings)
-    engines = {}
-    for engine, binary in sorted(ENGINE_BINARIES.items()):
-        if which(binary):
-            engines[engine] = ""
-    try:
-        report["cpu_count"] = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        report["cpu_count"] = os.cpu_count()
+    host_facts(report, args, model_dirs, warnings)
+    engines = engines_on_path()
     llama_cpp = llama_cpp_binaries()
     report["llama_cpp"] = llama_cpp
     if llama_cpp["server"] or llama_cpp["rpc_server"]:
@@ -574,6 +540,63 @@ def collect(args, cache=None):
     report["replicas"] = records
     report["ports_in_use"] = listening_ports(warnings)
 
+    gpus = finish_gpus(report, gpus, smi, warnings)
+    # Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign.
+    exclude_managed(gpus, [r for r in records if owner is None or r.get("owner") in (None, owner)])
+    report["gpus"] = gpus
+    if sglang_installed(args, cache, held if sglang_fresh else None, sglang, warnings):
+        add_sglang(engines, warnings)
+    report["engines"] = engines
+    return report
+
+
+def sglang_installed(args, cache, held, proc, warnings):
+    """Whether sglang imports: the session's answer while fresh (`held`), else the check's (`proc`)."""
+    if held is not None:
+        installed, notes = held[1], held[2]
+    else:
+        notes = []
+        installed = proc is not None and finish_sglang_check(proc, float(args.get("sglang_timeout_s", 20)), notes)
+        if cache is not None:
+            cache["sglang"] = (_now(), installed, notes)
+    warnings.extend(notes)
+    return installed
+
+
+def gpus_from_pynvml(report, warnings):
+    """The GPUs through NVML where pynvml is installed and works; None: ask nvidia-smi."""
+    try:
+        import pynvml  # noqa: F811 - optional on nodes
+    except ImportError:
+        return None
+    try:
+        gpus = gpus_from_nvml(pynvml)
+    except pynvml.NVMLError as e:
+        # No library or no driver is simply a machine without NVIDIA GPUs (pynvml is often
+        # installed with Python packages everywhere); anything else is worth saying.
+        if getattr(e, "value", None) not in (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND):
+            warnings.append("NVML unusable (%s), trying nvidia-smi" % e)
+        return None
+    except ImportError:  # a part of pynvml that does not load: as if it were not installed
+        return None
+    report["gpu_source"] = "nvml"
+    return gpus
+
+
+def start_nvidia_smi(args, cache, warnings):
+    """nvidia-smi started (it runs while the rest is read), or None where there is none."""
+    binary = which("nvidia-smi")
+    if not binary:
+        return None
+    try:
+        return NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache)
+    except OSError as e:
+        warnings.append("cannot run nvidia-smi: %s" % (e.strerror or e))
+        return None
+
+
+def finish_gpus(report, gpus, smi, warnings):
+    """The GPUs, from NVML or from nvidia-smi's answer; [] where neither said anything."""
     if smi is not None:
         gpus = smi.collect(warnings)
         report["gpu_source"] = "nvidia-smi" if gpus is not None else "none"
@@ -582,24 +605,40 @@ def collect(args, cache=None):
     if gpus is None:
         gpus = []
         report.setdefault("gpu_source", "none")
-    # Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign.
-    exclude_managed(gpus, [r for r in records if owner is None or r.get("owner") in (None, owner)])
-    report["gpus"] = gpus
-    if sglang_fresh:
-        sglang_installed, notes = held[1], held[2]
+    return gpus
+
+
+def host_facts(report, args, model_dirs, warnings):
+    """Memory, disks, weights, InfiniBand ports and CPUs: files this process reads itself."""
+    try:
+        report["memory_total_mb"] = parse_meminfo(read_text("/proc/meminfo"))
+    except (OSError, ParseError) as e:
+        report["memory_total_mb"] = None
+        warnings.append("host memory unknown: %s" % e)
+    report["disks"] = disks(model_dirs, warnings)
+    sources = args.get("sources")
+    report["weights"] = None if sources is None else [s for s in sources if isinstance(s, str) and source_present(s, model_dirs)]
+    report["hcas"] = infiniband(warnings)
+    report["cpu_count"] = usable_cpus()
+
+
+def usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def engines_on_path():
+    return {engine: "" for engine, binary in sorted(ENGINE_BINARIES.items()) if which(binary)}
+
+
+def add_sglang(engines, warnings):
+    """SGLang imports: counted where its command is on the PATH too (what a launch runs)."""
+    if which(SGLANG_COMMAND):
+        engines["sglang"] = ""
     else:
-        notes = []
-        sglang_installed = sglang is not None and finish_sglang_check(sglang, float(args.get("sglang_timeout_s", 20)), notes)
-        if cache is not None:
-            cache["sglang"] = (_now(), sglang_installed, notes)
-    warnings.extend(notes)
-    if sglang_installed:
-        if which(SGLANG_COMMAND):
-            engines["sglang"] = ""
-        else:
-            warnings.append("sglang imports but its `sglang` command is not on the PATH: not counted as installed")
-    report["engines"] = engines
-    return report
+        warnings.append("sglang imports but its `sglang` command is not on the PATH: not counted as installed")
 
 
 SESSION_IDLE_EXIT_S = 900  # a session nobody asks for a quarter of an hour ends itself
