@@ -78,6 +78,9 @@ class Waiting:
     until: float | None = None  # backoff: the earliest time the restart is allowed; grace: when it ends
     kind: "WaitKind | None" = None
     nodes: tuple[str, ...] = ()  # the nodes that do not answer, for the unreachable kinds
+    # What the plan does about it, without what is wrong ("waiting for backoff until ..."): for a
+    # message that already says what is wrong (an observed crash names its dead ranks itself).
+    next_step: str = ""
 
 
 @dataclass(frozen=True)
@@ -468,9 +471,9 @@ class _Diff:
         streak = hist.streak
         ready_at = (hist.last_restart or 0.0) + backoff_delay(streak)
         if hist.last_restart is not None and self.now < ready_at:
-            self.waiting.append(Waiting(rid, model.name,
-                                        f"{'; '.join(what)}; waiting for backoff until {_iso(ready_at)} "
-                                        f"(restart {hist.restarts + 1})", ready_at, kind=WaitKind.BACKOFF))
+            wait = f"waiting for backoff until {_iso(ready_at)} (restart {hist.restarts + 1})"
+            self.waiting.append(Waiting(rid, model.name, f"{'; '.join(what)}; {wait}", ready_at,
+                                        kind=WaitKind.BACKOFF, next_step=wait))
             self.new_history[rid] = hist
             return
         self.new_history[rid] = ReplicaHistory(hist.restarts + 1, streak + 1, self.now)

@@ -255,7 +255,10 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
     """An observed replica's state, with why the plan holds it (if it does) added to its message."""
     if w is None:
         return state
-    message = f"{state.message}; {w.reason}" if state.message else w.reason
+    said = w.reason
+    if w.kind is WaitKind.BACKOFF and state.phase == FAILED and w.next_step:
+        said = w.next_step  # the observed state already says which ranks died (and their last lines): once is enough
+    message = f"{state.message}; {said}" if state.message else w.reason
     if w.kind in (WaitKind.ONE_AT_A_TIME, WaitKind.UPDATE_POLICY):
         # Serving, on the spec it was started with: the message says it is the old one, and why it waits.
         return replace(state, message=message)
