@@ -262,10 +262,12 @@ def probe_fleet_report(
 
 
 def _probe_one(spec: NodeSpec, pool: TransportPool, sources, timeout: float | None, owner: str | None = None) -> NodeProbe:
+    started = time.monotonic()
     try:
         transport = pool.transport_for(spec)
     except TransportError as exc:
-        return NodeProbe(unreachable(spec, exc.reason, kind_of(exc)), (), False)
+        # Its duration too: a pool may dial here, and a node that does not answer costs its connect timeout.
+        return NodeProbe(unreachable(spec, exc.reason, kind_of(exc)), (), False, time.monotonic() - started)
     return probe_node(spec, transport, sources=sources, timeout=timeout, owner=owner)
 
 
