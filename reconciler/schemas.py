@@ -1,9 +1,11 @@
 """The JSON Schemas in schema/ (the source of truth for fields), each read and compiled once per process.
 
-Two validators per schema, for two jobs: fastjsonschema's compiled code answers
-"is this document valid?" about twenty times faster than jsonschema (a 4,000-node
-snapshot: 0.3 s against 4.6 s), and only for a document it refuses does jsonschema
-walk it again, to list every error with its path.
+Two validators per schema, for two jobs: jsonschema-rs (Rust) answers "is this
+document valid?" (a 4,000-node snapshot: 0.02 s, against 0.4 s for fastjsonschema's
+compiled Python and 4.6 s for jsonschema), and only for a document it refuses does
+jsonschema walk it again, to list every error with its path. jsonschema stays the
+reference: a document jsonschema-rs refuses and jsonschema finds nothing wrong with
+is accepted (Rust's `$` does not match before a final newline, Python's does).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import fastjsonschema
-import jsonschema
+import jsonschema_rs
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 
@@ -28,14 +32,13 @@ def schema(name: str) -> dict:
 @cache
 def is_valid(name: str) -> Callable[[Any], bool]:
     """A fast yes/no check against the schema; it never changes the document (defaults are not filled in)."""
-    check = fastjsonschema.compile(schema(name), use_default=False)
+    check = jsonschema_rs.validator_for(schema(name)).is_valid
 
     def valid(doc: Any) -> bool:
         try:
-            check(doc)
-        except fastjsonschema.JsonSchemaException:
+            return check(doc)
+        except ValueError:  # what JSON cannot hold (a YAML mapping with a number for a key): refused
             return False
-        return True
 
     return valid
 
@@ -43,4 +46,6 @@ def is_valid(name: str) -> Callable[[Any], bool]:
 @cache
 def validator(name: str) -> jsonschema.protocols.Validator:
     """The full validator: every error, each with its path, for documents is_valid refused."""
+    import jsonschema  # a fifth of a second to import, and only a refused document needs it
+
     return jsonschema.Draft202012Validator(schema(name))

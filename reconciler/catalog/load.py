@@ -14,7 +14,7 @@ from reconciler.constants import STATUS_DIR
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.model import Catalog, Fleet, Model
 from reconciler.catalog.build import build_fleet, build_model
-from reconciler.catalog.documents import Document, position, read_bounded, read_fast, read_positioned
+from reconciler.catalog.documents import Document, position, read_bounded, read_native, read_positioned
 from reconciler.catalog.rules import fleet_problems, llama_ipv6_problems, model_problems
 from reconciler.catalog.schema_check import schema_problems
 
@@ -99,9 +99,9 @@ def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_r
     root = root.resolve()
     try:
         # Positions cost ten times the parse (ruamel's round-trip loader reads a 4,000-node
-        # fleet.yaml in seconds) and are only needed to report a problem: read with the C
-        # loader first, and read again with positions only when something is wrong.
-        fleet, models = _load(root, read_fast)
+        # fleet.yaml in seconds) and are only needed to report a problem: read without them
+        # first (documents.read_native), and again with positions only when something is wrong.
+        fleet, models = _load(root, read_native)
     except CatalogInvalid:
         fleet, models = _load(root, read_positioned)
     rev = revision if revision is not None else (git_revision(root) if with_revision else None)

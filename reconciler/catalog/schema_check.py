@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import difflib
 import re
-
-import jsonschema
+from typing import TYPE_CHECKING
 
 from reconciler.errors import Problem
 from reconciler.schemas import is_valid, validator
 from reconciler.catalog.documents import Document, describe_value
+
+if TYPE_CHECKING:  # jsonschema is imported only when a file is refused (schemas.validator)
+    import jsonschema
 
 
 def _field_name(path: tuple) -> str:
