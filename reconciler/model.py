@@ -16,7 +16,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping
 
-from reconciler.host import Host
+from reconciler.host import Host, parse_host
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
@@ -87,7 +87,7 @@ class NodeSpec:
     data_host: Host = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "data_host", Host(self.data_address))
+        object.__setattr__(self, "data_host", parse_host(self.data_address))
 
     @property
     def slurm_node_name(self) -> str:

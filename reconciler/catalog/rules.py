@@ -13,7 +13,7 @@ from reconciler.model import CPU_CAPABLE_ENGINES, FETCH_PLACEHOLDERS, PLACEHOLDE
 from reconciler.engines import ADAPTERS
 from reconciler.engines.flags import describe, option_uses, owned_uses
 from reconciler.engines.llamacpp import NGL, offloads_nothing
-from reconciler.host import Host
+from reconciler.host import parse_host
 from reconciler.render import placeholders_in
 from reconciler.catalog.documents import Document
 
@@ -41,7 +41,7 @@ def fleet_problems(doc: Document) -> list[Problem]:
         # a comma, colon or space in a name would splice in another endpoint or break the flag.
         field = "data_address" if "data_address" in node else "address"
         value = str(node.get(field, ""))
-        if value and not Host(value).is_valid:
+        if value and not parse_host(value).is_valid:
             hint = "" if field == "data_address" else " (an ~/.ssh/config alias works for address; then set data_address)"
             problems.append(doc.at(("nodes", i, field), f"node {node['id']}: {field} {value!r} is not a host name or an IP address{hint}"))
     problems += _slurm_problems(doc, nodes, seen)
@@ -49,7 +49,7 @@ def fleet_problems(doc: Document) -> list[Problem]:
         for i, node in enumerate(nodes):
             for field in ("address", "data_address"):
                 value = node.get(field)
-                if value is not None and Host(str(value)).is_loopback:
+                if value is not None and parse_host(str(value)).is_loopback:
                     problems.append(
                         doc.at(
                             ("nodes", i, field),
@@ -173,7 +173,7 @@ def llama_ipv6_problems(fleet_doc: Document, models: list[Model]) -> list[Proble
     profiles = [(m, p) for m in models for p in m.profiles if p.engine == "llama.cpp" and p.nodes > 1]
     for i, node in enumerate(nodes):
         field = "data_address" if "data_address" in node else "address"
-        if not Host(str(node.get(field, ""))).is_ipv6:
+        if not parse_host(str(node.get(field, ""))).is_ipv6:
             continue
         labels = node.get("labels") or {}
         for model, prof in profiles:
