@@ -332,41 +332,19 @@ class Placer:
         # Disk is not checked here: the index holds only nodes with room for the weights.
         return n.id not in exclude and not (avoid_hosting and model.name in n.models)
 
-    def _holder_fit(self, model: Model, profile: Profile, exclude: frozenset, avoid: bool, need: int) -> NodeCapacity | None:
-        """The bin-packing choice among the nodes holding the weights: fewest free (of the class) that
-        still fits, then node id, as the index scan would pick. The holders of one source are a few
-        nodes, so they are scanned, not indexed: an index per source costs a walk to build and a
-        re-level on every placement for each model of a fleet-wide update."""
-        static = self._base_list(profile)
-        cls = profile.gpu_class
-        best: tuple[int, int] | None = None
-        for i in self._holders.get(model.source, ()):
-            if static[i] is not None:
-                continue
-            n = self.nodes[i]
-            if cls is not None and cls not in n.total:
-                continue
-            level = n.level(cls)
-            if level < need or (best is not None and (level, i) >= best):
-                continue
-            if (avoid and model.name in n.models) or (exclude and n.id in exclude):
-                continue
-            best = (level, i)
-        return self.nodes[best[1]] if best is not None else None
-
     def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[NodeCapacity] | None:
         need = profile.gpus_per_node if profile.gpu_class else 0
         main = (self._index(model, profile, None, ("unprobed",)) if model.needs_weights_on_node
                 else self._index(model, profile, None, None))
+        # The nodes holding the weights first (disk is not asked of them): a few dozen per source, in an
+        # index of their own, so a replica is not weighed against every holder that is already full.
+        holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
         nodes = self.nodes
         name = model.name
         # Avoiding nodes that host the model comes before the weights preference when the
         # spread is only preferred: the weights are most likely on the node already running it.
         for avoid in (True,) if model.spread != "preferred" else (True, False):
-            held = self._holder_fit(model, profile, exclude, avoid, need) if model.source in self._holders else None
-            if held is not None:
-                return [held]  # disk is not asked of a node that holds the weights
-            for ix in (main,):
+            for ix in (holders, main):
                 if ix is None:
                     continue
                 # The scan of LevelIndex.scan, inlined: this loop is the hot path of a fleet-sized pass.
