@@ -20,15 +20,17 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import os
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
 from reconciler.model import Action, Catalog, Inventory, spec_hash
 from reconciler.outcomes import FAILED, ReplicaState
-from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay
+from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay, plan as make_plan
 
 # A permanent failure is tried again this often even when nothing the probe sees has changed
 # (the same period as a node stalled on a refused host key).
@@ -229,3 +231,31 @@ def _start_failure(doc: Mapping[str, Any]) -> StartFailure:
         raise ValueError(kind)
     return StartFailure(kind, int(doc["attempts"]), float(doc["retry_at"]), str(doc["key"]), str(doc["message"]),
                         tuple(doc.get("nodes") or ()))
+
+
+def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
+    """The pass's plan, against what earlier passes remember: reconcile's default planner, and what
+    `plan` and `explain` call with the memory `apply` keeps, so they predict it (here, not in
+    reconcile, so those commands start without importing the pass's effects: SSH, the actor)."""
+    planned = make_plan(
+        catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
+        last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
+    )
+    # Starts that failed before wait out their backoff, or stay stalled (hold_failed_starts).
+    return hold_failed_starts(planned, catalog, inventory, memory.start_failures, now)
+
+
+def memory_path(catalog_root: str) -> Path:
+    """Where one-shot `apply` keeps what the daemon keeps in memory (restart backoff, when a node
+    became unreachable, where replicas were placed): per catalog, on this management host,
+    outside the catalog (it is not desired state and must not show in `git status`)."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
+    return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
+
+
+def load_memory(path: Path) -> PassMemory:
+    try:
+        return memory_from_document(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return PassMemory()

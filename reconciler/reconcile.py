@@ -28,12 +28,12 @@ from reconciler.errors import ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
-from reconciler.memory import PassMemory, attempt_keys, hold_failed_starts, remember
+from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
-from reconciler.plan import Plan, WaitKind, Waiting, plan as make_plan
+from reconciler.plan import Plan, WaitKind, Waiting
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
@@ -70,13 +70,9 @@ def _probed(answer: "Inventory | FleetProbe") -> tuple[Inventory, dict[str, floa
 
 
 def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
-    """The pass's plan; `plan` and `explain` call it too, with the memory `apply` keeps, so they predict it.
-    Starts that failed before wait out their backoff, or stay stalled (memory.hold_failed_starts)."""
-    planned = make_plan(
-        catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
-        last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
-    )
-    return hold_failed_starts(planned, catalog, inventory, memory.start_failures, now)
+    """The pass's plan (memory.plan_remembering, which `plan` and `explain` call too, so they predict it):
+    starts that failed before wait out their backoff, or stay stalled (memory.hold_failed_starts)."""
+    return plan_remembering(catalog, inventory, now=now, memory=memory, explain=explain)
 
 
 def run_pass(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
-from reconciler.memory import PassMemory, memory_from_document, memory_to_document
+# memory_path and load_memory live with the memory they persist; imported here for apply, run and older callers.
+from reconciler.memory import PassMemory, load_memory, memory_path, memory_to_document  # noqa: F401
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
@@ -16,15 +15,6 @@ from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
 from reconciler.status import status_dir, write_document, write_if_changed
-
-
-def memory_path(catalog_root: str) -> Path:
-    """Where one-shot `apply` keeps what the daemon keeps in memory (restart backoff, when a node
-    became unreachable, where replicas were placed): per catalog, on this management host,
-    outside the catalog (it is not desired state and must not show in `git status`)."""
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
-    return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
 
 
 def catalog_status_document(catalog) -> dict:
@@ -59,13 +49,6 @@ def write_catalog_status(catalog) -> None:
         write_document(path, catalog_status_document(catalog))
     except StatusWriteError as exc:
         print(f"reconciler: could not write {path}: {exc.reason}", file=sys.stderr)
-
-
-def load_memory(path: Path) -> PassMemory:
-    try:
-        return memory_from_document(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return PassMemory()
 
 
 def save_memory(path: Path, memory: PassMemory) -> None:

@@ -10,6 +10,7 @@ import time
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
 from reconciler.constants import Exit
+from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
@@ -136,10 +137,7 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
 
 def planned(catalog, inventory, *, now: float, explain=()) -> Plan:
     """The plan `apply` would make now: against the memory it keeps for this catalog on this host."""
-    from reconciler.commands.apply import load_memory, memory_path
-    from reconciler.reconcile import default_planner
-
-    return default_planner(catalog, inventory, now=now, memory=load_memory(memory_path(catalog.root)), explain=explain)
+    return plan_remembering(catalog, inventory, now=now, memory=load_memory(memory_path(catalog.root)), explain=explain)
 
 
 def main(args) -> int:
