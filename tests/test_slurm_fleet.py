@@ -376,16 +376,25 @@ def test_logs_reads_a_slurm_replica_s_job_output_rank_by_rank_and_follows_it(clu
         assert arrives("joined head at"), seen  # the tail first
         cluster.run(["scancel", "--signal=TERM", job["id"]])
         assert arrives("received signal 15"), seen
+
+        # The job ended; its output stays readable, one rank at a time: each said it once.
+        wait_for(lambda: our_jobs(cluster)["llmrc.tests.pair-0"]["state"] not in ("RUNNING", "COMPLETING"), 20,
+                 "the signalled job to end")
+        for rank in (0, 1):
+            assert sum("received signal 15" in line for line in rank_log(rank)) == 1
+
+        # A crash is restarted as a new job, writing a new file: --follow goes on with it.
+        restarted = slurm_pass(catalog_dir, pool, history=first.memory)
+        assert restarted.replicas["pair-0"].phase == "Ready", restarted.replicas["pair-0"].message
+        new_job = our_jobs(cluster)["llmrc.tests.pair-0"]["id"]
+        assert new_job != job["id"]
+        assert arrives("joined head at"), seen  # the new job's worker, joining the new head
     finally:
         follow.send_signal(signal.SIGINT)
         follow.wait(timeout=30)
-    assert follow.returncode == 130 and "Traceback" not in follow.stderr.read()
-
-    # The job ended; its output stays readable, one rank at a time: each said it once.
-    wait_for(lambda: our_jobs(cluster)["llmrc.tests.pair-0"]["state"] not in ("RUNNING", "COMPLETING"), 20,
-             "the signalled job to end")
-    for rank in (0, 1):
-        assert sum("received signal 15" in line for line in rank_log(rank)) == 1
+    err = follow.stderr.read()
+    assert follow.returncode == 130 and "Traceback" not in err
+    assert f"reconciler: now pair-0 rank 1 (Slurm job {new_job}, output on " in err
 
 
 def test_logs_of_a_pending_slurm_job_or_with_slurm_silent_say_so_in_one_line(cluster, pool, catalog_dir, tmp_path, cli):

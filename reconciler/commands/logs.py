@@ -12,7 +12,8 @@ log itself is read over the same transport as every other action:
   (on `slurm.submit_via`) says which job and which node.
 
 `--follow` asks the node for what was appended since the last read, once a
-second, until interrupted.
+second, until interrupted; for a Slurm replica it asks Slurm every few seconds
+which job is the replica's, and follows the new job's output after a restart.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from reconciler.ssh import TransportPool
 FOLLOW_POLL_S = 1.0
 CALL_TIMEOUT_S = 30.0
 DEFAULT_TAIL = 100
+RECHECK_JOB_EVERY = 5  # polls: how often --follow asks Slurm whether the replica's job is another now
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class LogSource:
 
     where: str  # "m-0 rank 0 on a1", how messages name it
     read: Callable[..., LogChunk]
+    # A Slurm replica's restart is a new job writing a new file: `job` is the one read, and
+    # `now()` the source of whichever job is the replica's now (raises when it cannot say).
+    job: str = ""
+    now: Callable[[], "LogSource"] | None = None
 
 
 def main(args) -> int:
@@ -123,7 +129,8 @@ def _slurm_source(args, catalog: Catalog, pool: TransportPool, agent: SshLaunche
     def read(**kw) -> LogChunk:
         return agent.job_output(output.node, output.path, args.rank, **kw)
 
-    return LogSource(f"{where} (Slurm job {job.job_id}, output on {output.node})", read)
+    return LogSource(f"{where} (Slurm job {job.job_id}, output on {output.node})", read, job.job_id,
+                     lambda: _slurm_source(args, catalog, pool, agent))
 
 
 def _print_log(source: LogSource, args) -> None:
@@ -133,13 +140,31 @@ def _print_log(source: LogSource, args) -> None:
             raise ReconcilerError(f"{source.where}: no log yet (that rank has not been started there)")
         _print(chunk.lines)
         offset = chunk.offset
+        polls = 0
         while args.follow:
             time.sleep(FOLLOW_POLL_S)
+            polls += 1
+            if polls % RECHECK_JOB_EVERY == 0 and (newer := _newer_job(source)) is not None:
+                source, offset = newer, 0  # the restarted replica's new job: its output from the start
             chunk = source.read(offset=offset)
             _print(chunk.lines)
             offset = chunk.offset
     except TransportError as exc:
         raise FleetUnreachable(f"{source.where}: node did not answer: {exc.reason}") from None
+
+
+def _newer_job(source: LogSource) -> LogSource | None:
+    """The source of the replica's job where it is another than the one followed (a restart), else None."""
+    if source.now is None:
+        return None
+    try:
+        now = source.now()
+    except ReconcilerError:
+        return None  # pending, or Slurm not answering now: the file followed stays the one there is
+    if now.job == source.job:
+        return None
+    print(f"reconciler: now {now.where}", file=sys.stderr, flush=True)
+    return now
 
 
 def _print(lines) -> None:
