@@ -10,9 +10,10 @@ shell line from catalog values.
 from __future__ import annotations
 
 import subprocess
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from reconciler.errors import CommandTimeout, TransportError
 
@@ -65,11 +66,12 @@ class SubmittingStream(Stream, Protocol):
     def submit(self, line: bytes, *, timeout: float) -> "Future[bytes]": ...
 
 
-@runtime_checkable
-class KeepsStreams(Protocol):
+class KeepsStreams(ABC):
     """A transport that can say, without any I/O, whether a stream it started is still running,
-    so a caller with thousands of nodes asks each for its answer with no thread per node."""
+    so a caller with thousands of nodes asks each for its answer with no thread per node.
+    (A base class, not a Protocol: isinstance on it is a plain class check, done per node per pass.)"""
 
+    @abstractmethod
     def open_stream(self, key: str) -> SubmittingStream | None: ...
 
 

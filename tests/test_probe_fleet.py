@@ -234,3 +234,33 @@ def test_a_node_whose_sshd_restarted_between_passes_is_probed_again_not_unreacha
         fleet.start_sshd("restarts")
         again = probe_fleet_report(spec, pool).results[0]
     assert again.node.state == "ready" and [g.gpu_class for g in again.node.gpus] == ["T4-15GB"]
+
+
+def test_a_pass_over_open_probe_sessions_starts_no_thread_per_node(fleet, monkeypatch):  # noqa: F811
+    import threading
+    import time
+
+    from reconciler.probe import FleetProber
+    from reconciler.probe import collect
+
+    names = [f"warm{i}" for i in range(3)]
+    for name in names:
+        fleet.add_node(name)
+    spec = fleet.fleet_spec(names)
+    monkeypatch.setattr(collect, "WORKER_IDLE_S", 0.05)  # the first pass's workers end before the second
+    prober = FleetProber()
+    starts = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (starts.append(self.name), real_start(self))[1])
+    with TransportPool() as pool:
+        first = prober(spec, pool)
+        assert [r.node.state for r in first.results] == ["ready"] * 3
+        assert starts  # connecting and starting the sessions blocked, on worker threads
+        while any(t.name == "probe-worker" for t in threading.enumerate()):
+            time.sleep(0.05)
+        del starts[:]
+        second = prober(spec, pool)
+        started = list(starts)
+    assert [r.node.state for r in second.results] == ["ready"] * 3
+    assert [r.node.gpus for r in second.results] == [r.node.gpus for r in first.results]
+    assert started == []  # every node answered over its open session through the event loop

@@ -422,3 +422,18 @@ def test_nodes_behind_one_jump_host_share_one_connection_to_it(fleet, tmp_path):
         into_bastion = fleet.exec("bastion", ["ss", "-Htn", "state", "established", "( sport = :22 )"]).stdout.splitlines()
     assert {c[0].decode() for c in clients} == {bastion}
     assert len(into_bastion) == 1, into_bastion
+
+
+def test_every_connection_of_a_pool_lives_in_one_event_loop_thread_not_a_thread_each(nodes):
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    with TransportPool() as pool:
+        for name in ("alpha", "beta"):
+            assert pool.transport_for(spec_of(nodes, name)).run(["true"]).rc == 0
+            assert pool.transport_for(spec_of(nodes, name)).connected
+        started = [t.name for t in threading.enumerate() if t.ident not in before]
+    # Besides the loop: asyncio's default executor (at most min(32, CPUs + 4) threads, however
+    # many nodes), where asyncssh builds each connection's options.
+    assert [name for name in started if not name.startswith("asyncio_")] == ["ssh-loop"]
+    assert not any(t.name == "ssh-loop" for t in threading.enumerate() if t.ident not in before)  # closed with the pool

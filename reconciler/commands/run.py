@@ -182,7 +182,7 @@ def raise_open_files_limit(log) -> tuple[int, int] | None:
         log("limits.nofile", soft=soft, hard=hard, msg=f"open files: could not raise the soft limit of {soft}: {exc}")
         return None
     log("limits.nofile", soft=target, was=soft, hard=hard,
-        msg=f"open files: soft limit raised from {soft} to {target} (the hard limit): about three are held per node")
+        msg=f"open files: soft limit raised from {soft} to {target} (the hard limit): about one is held per node")
     return soft, target
 
 

@@ -357,7 +357,7 @@ class FleetProber:
         self._inflight: dict[str, _InFlight] = {}
         self._down: dict[str, tuple[float, str]] = {}  # node id -> (epoch seconds since, reason)
         self._last_failure: dict[str, str] = {}  # node id -> kind of its last failure
-        self._workers = _Workers(BLOCKING_PROBES)
+        self._workers = _Workers(BLOCKING_PROBES, WORKER_IDLE_S)
 
     def down(self) -> dict[str, tuple[float, str]]:
         with self._lock:

@@ -22,6 +22,15 @@ class LoopClosed(RuntimeError):
     """The loop was closed while a caller waited on it (the pool is closing)."""
 
 
+def _settle(future: concurrent.futures.Future, task: asyncio.Task) -> None:
+    if task.cancelled():  # the loop is closing: the caller hears LoopClosed
+        future.set_exception(concurrent.futures.CancelledError())
+    elif task.exception() is not None:
+        future.set_exception(task.exception())
+    else:
+        future.set_result(task.result())
+
+
 class EventLoop:
     """Started on first use; closed by close(), and started afresh if used again after."""
 
@@ -31,6 +40,7 @@ class EventLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.generation = 0  # bumped per started loop: what was bound to an older one is gone
+        self._incoming: list[tuple[Callable[[], None], Callable[[], None]]] = []
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -60,7 +70,23 @@ class EventLoop:
         return threading.current_thread() is self._thread
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """coro scheduled in the loop; its result (or error) in the Future returned."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            if not future.set_running_or_notify_cancel():
+                coro.close()
+                return
+            task = asyncio.get_running_loop().create_task(coro)
+            task.add_done_callback(lambda done: _settle(future, done))
+
+        def never_started() -> None:
+            coro.close()
+            if future.set_running_or_notify_cancel():
+                future.set_exception(concurrent.futures.CancelledError())
+
+        self._hand_over(start, never_started)
+        return future
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run coro in the loop and wait for its result; the coroutine bounds its own time."""
@@ -73,18 +99,38 @@ class EventLoop:
             raise LoopClosed("the SSH event loop was closed") from None
 
     def call(self, fn: Callable[..., object], *args: object) -> None:
-        """Run fn(*args) in the loop soon, without waiting (closing a channel from another thread)."""
+        """Run fn(*args) in the loop soon, without waiting (closing a channel from another thread);
+        nothing if the loop is not running (what fn would close went with it)."""
         with self._lock:
-            loop = self._loop
-        if loop is None:
-            return
-        if self.in_loop():
-            fn(*args)
-            return
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # closed meanwhile: what fn would close went with it
-            pass
+            running = self._loop is not None
+        if running:
+            self._hand_over(lambda: fn(*args), lambda: None)
+
+    def _hand_over(self, job: Callable[[], None], dropped: Callable[[], None]) -> None:
+        # Jobs handed over while the loop has not yet taken the previous ones are taken with them:
+        # a probe pass over thousands of nodes (or closing their connections) wakes the loop once,
+        # not once per node.
+        loop = self.loop
+        with self._lock:
+            self._incoming.append((job, dropped))
+            wake = len(self._incoming) == 1
+        if wake:
+            try:
+                loop.call_soon_threadsafe(self._take_incoming)
+            except RuntimeError:  # closed as this was handed over
+                self._drop_incoming()
+
+    def _take_incoming(self) -> None:
+        with self._lock:
+            batch, self._incoming = self._incoming, []
+        for job, _ in batch:
+            job()
+
+    def _drop_incoming(self) -> None:
+        with self._lock:
+            untaken, self._incoming = self._incoming, []
+        for _, dropped in untaken:  # handed over as the loop stopped: never started
+            dropped()
 
     def close(self) -> None:
         with self._lock:
@@ -95,3 +141,4 @@ class EventLoop:
         loop.call_soon_threadsafe(loop.stop)
         if thread is not threading.current_thread():
             thread.join(timeout=CLOSE_WAIT_S + 5.0)
+        self._drop_incoming()

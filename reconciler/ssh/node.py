@@ -19,7 +19,7 @@ from reconciler.ssh import remote
 from reconciler.ssh.config import resolve_target
 from reconciler.ssh.connect import Link, _Connector, _Shared
 from reconciler.ssh.loop import LoopClosed
-from reconciler.transport import CommandResult, LocalTransport, Transport
+from reconciler.transport import CommandResult, KeepsStreams, LocalTransport, Transport
 
 T = TypeVar("T")
 # A node refused for a permanent reason (its host key) is not reconnected to on every pass; it is
@@ -75,7 +75,7 @@ class _Backoff:
         self.last_error = None
 
 
-class SshTransport:
+class SshTransport(KeepsStreams):
     """transport.Transport over one persistent SSH connection to one node."""
 
     def __init__(
