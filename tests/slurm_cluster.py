@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Sequence
 
 from reconciler.slurm import OUTPUT_DIR
+from tests.apply_support.local import free_port as _free_port
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
@@ -58,10 +59,6 @@ def available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:

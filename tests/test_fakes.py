@@ -25,6 +25,7 @@ import pytest
 
 from reconciler.model import Assignment, Fleet, Inventory, Model, NodeSpec, Placement, Profile
 from reconciler.render import render_replica
+from tests.apply_support.local import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
@@ -84,10 +85,6 @@ def procs(tmp_path):
     p.cleanup()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: dict | None = None) -> tuple[int | None, bytes]:

@@ -29,6 +29,7 @@ from reconciler.model import (
 from reconciler.host import Host
 from reconciler.render import bind_host, placeholders_in, render_replica, substitute
 from reconciler.transport import LocalTransport
+from tests.apply_support.local import free_port as _free_port
 
 # --------------------------------------------------------------------------
 # A small fleet: two fabric nodes whose GPUs the probe knows by UUID (a1) or
@@ -583,12 +584,6 @@ def test_single_machine_example_renders_and_its_server_becomes_healthy(tmp_path)
         proc.wait(timeout=10)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_health(url: str, proc: subprocess.Popen) -> int:

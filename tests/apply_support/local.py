@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -15,10 +16,48 @@ from reconciler.model import RankLaunch
 TINY_ENGINE = str(Path(__file__).with_name("tiny_engine.py"))
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_handed_out: set[int] = set()
+
+
+def _bindable(port: int) -> bool:
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, for an engine to listen on, drawn outside the kernel's ephemeral range.
+
+    bind(0) hands out an ephemeral port, the kind the kernel also gives every outgoing
+    connection: with other suites on the machine, a client socket could sit on it by the time
+    the engine binds, and the node agent rightly says "port N is in use" with no listener.
+    """
+    low, high = _ephemeral_range()
+    pool = range(10000, low) if low > 11000 else range(high + 1, 65536)
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.choice(pool)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port found in {pool.start}-{pool.stop - 1}")
 
 
 def tiny_launch(replica: str, node: str, port: int, record: Path, *extra: str, rank: int = 0, nnodes: int = 1,
