@@ -15,7 +15,9 @@ the same snapshot as YAML), and prints:
   own maxrss from wait4;
 - both again for smaller fleets, to show how they grow.
 
-Targets (issue 3): >= 10,000 replicas/s in the core; < 3 s end to end on the JSON snapshot.
+Targets: >= 10,000 replicas/s in the core (issue 3); end to end at most 1.5 s on the JSON
+snapshot, and block YAML within 1.3x of JSON (issue 14). Both are printed for wall time and for
+the child's CPU time: on a shared machine wall time also counts what the others run.
 """
 
 from __future__ import annotations
@@ -331,9 +333,15 @@ def main() -> int:
     n, nm, total, unplaced, rate, secs, runs, mb, stages = rows[-1]
     print(f"\nstages at {n} nodes (CPU s, in process): "
           + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + " (+ interpreter start and imports)")
-    wj = runs["nodes.json"][0]
-    print(f"\ntargets at {n} nodes: core {rate:,.0f} replicas/s (>= 10,000: {'met' if rate >= 10_000 else 'NOT met'}); "
-          f"end to end {wj:.2f} s on JSON (< 3 s: {'met' if wj < 3.0 else 'NOT met'})")
+    (wj, cj, _, _), (wy, cy, _, _) = runs["nodes.json"], runs["nodes.yaml"]
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    print(f"\ntargets at {n} nodes: core {rate:,.0f} replicas/s (>= 10,000: {met(rate >= 10_000)}); "
+          f"end to end on JSON {wj:.2f} s wall, {cj:.2f} s CPU (<= 1.5 s: wall {met(wj <= 1.5)}, CPU {met(cj <= 1.5)}); "
+          f"block YAML / JSON {wy / wj:.2f}x wall, {cy / cj:.2f}x CPU (<= 1.3x: wall {met(wy <= 1.3 * wj)}, "
+          f"CPU {met(cy <= 1.3 * cj)})")
     u = update_row
     ratio = u["every spec changed s"] / u["no change s"]
     print(f"\nfleet-wide spec change at {n} nodes, {u['running replicas']} replicas running (plan() CPU s, best of 5): "

@@ -50,6 +50,16 @@ def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
     return {f.name: tuple(f.hcas) for f in obs.fabrics} if obs is not None else {}
 
 
+def _all_linked(nvlink: dict[int, tuple[int, ...]]) -> bool:
+    """Whether every GPU is NVLinked to every other (any set of them is then one domain)."""
+    count = len(nvlink)
+    if count < 2:
+        return False
+    indices = set(nvlink)
+    # Too few peers settles it without a set (PCIe-only nodes list none): most nodes stop here.
+    return all(len(peers) >= count - 1 and indices.issubset((*peers, g)) for g, peers in nvlink.items())
+
+
 class NodeCapacity:
     """One node as placement sees it in a pass: what it is (state, labels, engines, memory, disk,
     fabrics, GPUs by class, launcher) and what is taken on it so far (GPUs, ports, replicas hosted)."""
@@ -83,10 +93,7 @@ class NodeCapacity:
         self.nvlink: dict[int, tuple[int, ...]] = {}
         for g in obs.gpus if obs is not None else ():
             self._add_gpu(g, spec.gpu_class or g.gpu_class)
-        indices = set(self.nvlink)
-        self.all_nvlinked = len(indices) > 1 and all(
-            set(peers) | {g} >= indices for g, peers in self.nvlink.items()
-        )
+        self.all_nvlinked = _all_linked(self.nvlink)
         self.ranks = 0
         self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
