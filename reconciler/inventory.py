@@ -61,7 +61,9 @@ def read_snapshot_document(path: str | Path, *, fast: bool = True) -> Any:
             pass
     if fast:
         try:
-            return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False)
+            # A key given twice: the last one wins, as PyYAML (the reference reader) has it.
+            return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False,
+                                 duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
         except Exception:  # noqa: BLE001 - any refusal: PyYAML reads it again and words the error
             pass
     return yaml.load(data, Loader=_Loader)
