@@ -29,6 +29,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _plain_document(data: Any) -> Any:
+    """A document as plain dicts and lists. What the readers without positions (yaml_rs, PyYAML) give
+    is plain already, and has string keys once it passed its schema: only ruamel's tree (dict
+    subclasses that carry positions) is copied, which for a 4,000-node fleet.yaml is 50,000 values."""
+    return data if type(data) is dict else _plain(data)
+
+
 def _ssh(base: SshSettings, overrides: dict | None) -> SshSettings:
     o = overrides or {}
     return SshSettings(
@@ -42,7 +49,7 @@ def _ssh(base: SshSettings, overrides: dict | None) -> SshSettings:
 
 
 def build_fleet(data: dict) -> Fleet:
-    data = _plain(data)
+    data = _plain_document(data)
     defaults = _ssh(SshSettings(), data.get("ssh"))
     fleet_state_dir = data.get("state_dir", NodeSpec.state_dir)
     nodes = []
@@ -111,7 +118,7 @@ def _env_value(value: Any) -> "str | SecretRef":
 
 
 def build_model(data: dict, rel: str) -> Model:
-    data = _plain(data)
+    data = _plain_document(data)
     profiles = [build_profile(p) for p in data["profiles"]]
     # Stable: among equal priorities, catalog order decides.
     profiles.sort(key=lambda p: -p.priority)

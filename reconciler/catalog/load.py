@@ -44,9 +44,14 @@ def _looks_like_model(path: Path) -> bool:
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return False
-        text = read_bounded(path).decode(errors="replace")
+        raw = read_bounded(path)
     except OSError:
         return False
+    # A snapshot or any large YAML beside the catalog is passed over at memchr speed: without the
+    # word, the line-anchored searches cannot match (they cost 0.2 s over a 4,000-node snapshot).
+    if b"profiles" not in raw:
+        return False
+    text = raw.decode(errors="replace")
     return bool(re.search(r"(?m)^profiles\s*:", text)) and bool(re.search(r"(?m)^(source|name)\s*:", text))
 
 
