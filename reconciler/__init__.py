@@ -21,7 +21,7 @@ The modules, top layer first; a module imports only from the layers below it
     actor               the pass's effects: start, stop, replace, restart, through a Launcher
     readiness, memory,  pure phase judgement + the health request; what a pass hands the
     outcomes            next; the typed results (Decision, ReplicaState, PassResult)
-    catalog, probe/,    read and validate YAML; probe nodes; write status; launch ranks
+    catalog/, probe/,   read and validate YAML; probe nodes; write status; launch ranks
     status, launcher/,  (SSH node agent); ssh/ (asyncssh, one event loop); git; metrics
     ssh, gitrev, metrics
     plan                desired x observed -> ordered actions (pure)
