@@ -173,4 +173,7 @@ def load_ssh_config(path: str, *, ssh: str | None = None) -> "paramiko.SSHConfig
         needs_openssh = _OPENSSH_ONLY.search(f.read()) is not None
     if needs_openssh and ssh:
         return OpenSshConfig(path, ssh=ssh)
-    return paramiko.SSHConfig.from_path(path)
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except paramiko.SSHException as exc:  # a line the parser cannot read: said as a ValueError, like ssh -G's
+        raise ValueError(str(exc)) from None

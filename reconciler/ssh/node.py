@@ -99,6 +99,7 @@ class SshTransport(KeepsStreams):
         self._connector = connector
         self._loop = connector.shared.loop
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()
         self._link: Link | None = None
         self._clock = clock
         self._backoff = _Backoff(self.target.known_hosts, min_backoff_s, max_backoff_s, jitter)
@@ -110,26 +111,31 @@ class SshTransport(KeepsStreams):
     # -- connection -------------------------------------------------------
 
     def _connected(self) -> Link:
-        with self._lock:
-            if self._link is not None and self._link.active:
-                return self._link
-            if self._link is not None:
-                self._link.close()
-                self._link = None
-                # Whatever ran on the dead connection may live on at the node (sshd there has not
-                # noticed): end it once a new connection is up.
-                self._drop_streams()
+        # One connect at a time per node, under its own lock: self._lock guards the state only, so
+        # closing the pool (release) never waits out a connect in flight (up to connect_timeout_s).
+        with self._connecting:
+            with self._lock:
+                if self._link is not None and self._link.active:
+                    return self._link
+                if self._link is not None:
+                    self._link.close()
+                    self._link = None
+                    # Whatever ran on the dead connection may live on at the node (sshd there has not
+                    # noticed): end it once a new connection is up.
+                    self._drop_streams()
             now = self._clock()
             self._backoff.check(now)
             try:
-                self._link = self._connector.open(self.node_id, self.target, self.node.ssh)
+                link = self._connector.open(self.node_id, self.target, self.node.ssh)
             except LoopClosed:
                 raise TransportError(self.node_id, "connection closed (the transport is closing)") from None
             except TransportError as exc:
                 self._backoff.failed(exc, now)
                 raise
             self._backoff.succeeded()
-            return self._link
+            with self._lock:
+                self._link = link
+            return link
 
     @property
     def connected(self) -> bool:

@@ -247,8 +247,9 @@ class RemoteStream:
                 if answer is not None:
                     return answer
                 try:
-                    await asyncio.wait_for(self._out.changed.wait(), max(0.0, deadline - loop.time()))
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                        await self._out.changed.wait()
+                except TimeoutError:
                     pass
 
     def _answer(self, timeout: float, left: float) -> bytes | None:
