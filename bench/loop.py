@@ -42,6 +42,25 @@ run every --interval seconds beside the commits; --hostile adds a node whose pro
     python bench/loop.py --pass apply --fleet 4 --commits 2 --interval 2 --hostile
         peak memory 77 MiB (72 MiB without the hostile node: what is read is capped at 4 MiB)
 
+A cut node that the plan still acts on (issue 13, actions at once): --holding puts --commits
+replicas of a second model on the last node and each commit stops one of them there beside
+starting a bench replica elsewhere; with --cut 1 that node's link goes down between passes, so
+the commit's plan (from the inventory the last pass left, which saw it up) sends a stop to a
+node that does not answer. --sequential-actions carries the actions out one at a time, as
+before. On the 2-core machine, 2026-12-01, 3 namespaced nodes, 6 commits:
+
+    python3 bench/loop.py --pass apply --fleet 3 --holding --commits 6                       (all up)
+        commit -> launch: median 398 ms, p90 404 ms, worst 510 ms
+    python3 bench/loop.py --pass apply --fleet 3 --holding --commits 6 --cut 1               (one cut)
+        commit -> launch: median 360 ms, p90 390 ms, worst 3942 ms
+    python3 bench/loop.py --pass apply --fleet 3 --holding --commits 6 --sequential-actions --cut 1
+        commit -> launch: median 323 ms, p90 506 ms, worst 4368 ms
+
+With actions at once the start in the pass that meets the cut node is not held up by its stop
+(with them one at a time that commit waited the stop's 4 s); the worst figure left is the next
+commit, which waits for that pass to end (passes never overlap). That pass marks the node
+unreachable in the snapshot it leaves, so later commits do not act on it again.
+
 Most of the latency is the watcher's 50 ms quiet step and `git commit` itself.
 A pass started by a commit plans against the inventory the previous pass left
 (see reconciler/commands/run.py ApplyPass); without that it was 1.56 s at 50
@@ -88,6 +107,27 @@ def model_yaml(replicas: int, port: int = 23000) -> str:
         f"    env: {{PYTHONPATH: {json.dumps(str(REPO))}}}\n"
         f"    port: {port}\n    start_timeout_s: 60\n"
     )
+
+
+class PassCountingLog(EventLog):
+    """The daemon's log, counting the passes that ended (so the bench cuts a node between passes)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.ended = 0
+        self.cond = threading.Condition()
+
+    def __call__(self, event="", /, **fields):
+        super().__call__(event, **fields)
+        if event == "pass.end":
+            with self.cond:
+                self.ended += 1
+                self.cond.notify_all()
+
+    def wait_passes(self, n: int, timeout: float = 120.0) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.ended >= n, timeout):
+                raise TimeoutError(f"the daemon did not finish {n} passes")
 
 
 def git(cwd: Path, *args: str) -> None:
@@ -209,16 +249,18 @@ def files_state(root: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def fleet_model_yaml(replicas: int, launched: Path) -> str:
+def fleet_model_yaml(replicas: int, launched: Path, name: str = "bench", role: str | None = None,
+                     port: int = 23000) -> str:
     engine = (f"date +%s.%N >> {launched}/${{REPLICA_ID}}; "
               f"exec python3 -m reconciler.tiny_server --host 0.0.0.0 --port ${{PORT}}")
     return (
-        "name: bench\nsource: bench-weights\n"
-        f"replicas: {replicas}\n"
-        "profiles:\n  - name: cpu\n    engine: command\n"
+        f"name: {name}\nsource: bench-weights\n"
+        f"replicas: {replicas}\n" + ("spread: preferred\n" if role else "")
+        + "profiles:\n  - name: cpu\n    engine: command\n"
         f"    command: [/bin/sh, -c, {json.dumps(engine)}]\n"
         f"    env: {{PYTHONPATH: {json.dumps(str(REPO))}}}\n"
-        "    port: 23000\n    start_timeout_s: 60\n"
+        + (f"    node_selector: {{role: {role}}}\n" if role else "")
+        + f"    port: {port}\n    start_timeout_s: 60\n"
     )
 
 
@@ -231,6 +273,11 @@ def make_catalog(root: Path, state_dir: Path, fleet_text: str | None = None, mod
     git(root, "config", "user.name", "bench")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "initial")
+
+
+def held_model(args, launched: Path, replicas: int) -> str:
+    """--holding: replicas on the last node, one stopped by each commit (the plan's stops come first)."""
+    return fleet_model_yaml(replicas, launched, name="held", role="held", port=23500)
 
 
 def bench(args) -> int:
@@ -246,17 +293,24 @@ def bench(args) -> int:
 
         launched = work / "launched"
         launched.mkdir()
-        model = lambda n: fleet_model_yaml(n, launched)  # noqa: E731
+        role = "bench" if args.holding else None
+        model = lambda n: fleet_model_yaml(n, launched, role=role)  # noqa: E731
         t0 = time.monotonic()
         test_fleet = TestFleet()
         for i in range(args.fleet):
-            test_fleet.add_node(f"node-{i:02d}")
+            # --holding: the last node holds the `held` replicas, the others bench's.
+            held_node = args.holding and i == args.fleet - 1
+            test_fleet.add_node(f"node-{i:02d}", labels={"role": "held" if held_node else "bench"} if args.holding else None)
         if args.hostile:
             # Its python3 prints 50 MB of junk and no end of line for every probe.
             test_fleet.add_node("hostile", executables={"python3": "#!/bin/sh\nexec head -c 50000000 /dev/zero | tr '\\0' x\n"})
         test_fleet.fleet_yaml(work / "fleet-only")
         print(f"fleet: {args.fleet} namespaced nodes with real sshd, up in {time.monotonic() - t0:.1f} s")
         make_catalog(catalog, state_dir, (work / "fleet-only/fleet.yaml").read_text(), model)
+        if args.holding:
+            (catalog / "models/held.yaml").write_text(held_model(args, launched, args.commits))
+            git(catalog, "add", "-A")
+            git(catalog, "commit", "-q", "-m", "held replicas")
     else:
         make_catalog(catalog, state_dir)
     try:
@@ -268,7 +322,7 @@ def bench(args) -> int:
 
 def _bench(args, work, catalog, state_dir, model, test_fleet) -> int:
     devnull = open(os.devnull, "w")
-    log = EventLog("text", sys.stderr if args.verbose else devnull)
+    log = PassCountingLog("text", sys.stderr if args.verbose else devnull)
     from reconciler.catalog import load_catalog as load
 
     if args.pass_kind == "apply":
@@ -300,10 +354,18 @@ def _bench(args, work, catalog, state_dir, model, test_fleet) -> int:
     def committer():
         try:
             waiter.wait("bench-0")
+            for k in range(args.commits if args.holding else 0):
+                waiter.wait(f"held-{k}")
+            log.wait_passes(1)  # the first pass is over: the cut falls between passes, not inside one
             cut = [f"node-{i:02d}" for i in range(args.fleet - args.cut, args.fleet)]
             for node_id in cut:
-                test_fleet.cut(node_id)  # holds nothing: bench-0 is on node-00
-            if cut and args.commit_at_cut:
+                test_fleet.cut(node_id)  # holds nothing (but `held` with --holding): bench-0 is on node-00
+            if cut and args.holding:
+                # No resync has seen it go: the next commit's plan, from the inventory the last pass
+                # left, stops a held replica there before it starts the new bench replica elsewhere.
+                print(f"commits start right after the cut; each one stops a held replica on {', '.join(cut)} "
+                      "(planned from the inventory of the last pass, which saw it up)")
+            elif cut and args.commit_at_cut:
                 time.sleep(2 * args.interval)  # a resync is waiting on the cut node's probe now
                 print("commits start while a resync still waits on the node just cut")
             elif cut:
@@ -318,7 +380,9 @@ def _bench(args, work, catalog, state_dir, model, test_fleet) -> int:
             time.sleep(0.3)  # let the watcher settle after start-up
             for i in range(1, args.commits + 1):
                 (catalog / "models/bench.yaml").write_text(model(i + 1))
-                git(catalog, "add", "models/bench.yaml")
+                if args.holding:
+                    (catalog / "models/held.yaml").write_text(held_model(args, work / "launched", args.commits - i))
+                git(catalog, "add", "-A")
                 t0 = time.time()
                 git(catalog, "commit", "-q", "-m", f"bench: {i + 1} replicas")
                 launched = waiter.wait(f"bench-{i}")
@@ -394,6 +458,12 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="print the daemon's log on stderr")
     parser.add_argument("--cut", type=int, default=0, metavar="K",
                         help="with --fleet: cut the links of the last K nodes after the first launch")
+    parser.add_argument("--holding", action="store_true",
+                        help="with --fleet: the last node holds --commits replicas of a second model, and each "
+                             "commit stops one of them beside starting a bench replica (with --cut: on the cut node)")
+    parser.add_argument("--sequential-actions", action="store_true",
+                        help="carry out a pass's actions one at a time (actor.MAX_PARALLEL_ACTIONS = 1), as before "
+                             "issue 13: the figure to compare with")
     parser.add_argument("--commit-at-cut", action="store_true",
                         help="with --cut: commit right after the cut, while resyncs still wait on the node's probe")
     parser.add_argument("--interval", type=float, default=3600.0,
@@ -404,10 +474,16 @@ def main() -> int:
     args = parser.parse_args()
     if args.fleet and args.pass_kind != "apply":
         parser.error("--fleet needs --pass apply")
-    if args.fleet and args.commits >= args.fleet - args.cut:
+    if args.holding and (not args.fleet or args.fleet < 2):
+        parser.error("--holding needs --fleet 2 or more (the last node holds the held replicas)")
+    if args.fleet and not args.holding and args.commits >= args.fleet - args.cut:
         parser.error("--fleet N holds at most N-1 bumps (one replica per node), fewer the nodes cut")
     if (args.cut or args.hostile) and not args.fleet:
         parser.error("--cut and --hostile need --fleet")
+    if args.sequential_actions:
+        import reconciler.actor
+
+        reconciler.actor.MAX_PARALLEL_ACTIONS = 1
     return bench(args)
 
 

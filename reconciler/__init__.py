@@ -18,7 +18,9 @@ The modules, top layer first; a module imports only from the layers below it
     daemon/             the loop and signals (loop), the revision in force (revisions), the
                         watcher (watch), the lock (lock), the log (events), metrics (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred
-    actor               the pass's effects: start, stop, replace, restart, through a Launcher
+    actor               the pass's effects: start, stop, replace, restart, through a Launcher, at once
+    observed,           how a replica of an earlier pass is doing; the order actions need when they
+    scheduling          run at once, and the buffers their effects go to
     readiness, memory,  pure phase judgement + the health request; what a pass hands the
     outcomes            next; the typed results (Decision, ReplicaState, PassResult)
     catalog/, probe/,   read and validate YAML; probe nodes; write status; launch ranks

@@ -13,21 +13,32 @@ and the ranks found each other (the seed's lesson). So:
   launching a second copy).
 
 Every action returns an ActionOutcome and records Decisions; what to do is
-the plan's, whether it serves is readiness.py's, the snapshot arithmetic is
-snapshot.py's.
+the plan's, whether it serves is readiness.py's (observed.py for a replica of
+an earlier pass), the snapshot arithmetic is snapshot.py's.
+
+The actions of a pass run at once (`act_all`, a bounded pool), each command
+under its node's own deadline, so a node that stops answering holds up only
+the actions on it. What has to stay in order does: an action waits for the
+earlier ones about the same replica or about a GPU or port it takes or frees
+(scheduling.py: a stop that frees GPUs before the start that takes them; Slurm
+submissions in plan order); inside one action the steps are as before (a stop-first replace stops,
+then starts; ranks start in start_order). Each action writes its effects to a
+buffer of its own, merged in plan order, so the decisions, the snapshot after
+the pass and status read as if the actions had run one after another.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
-from reconciler.errors import PERMANENT, TEMPORARY, RenderError, TransportError
+from reconciler.errors import PERMANENT, TEMPORARY, ReconcilerError, RenderError, TransportError
 from reconciler.fetch import Fetcher, choose_source, progress_message
-from reconciler.launcher import Launcher, StartOutcome
-from reconciler.model import Action, Assignment, Catalog, Fleet, Inventory, Model, Placement, Profile, RankLaunch
+from reconciler.launcher import Launcher, StartOutcome, StopOutcome
+from reconciler.model import Action, Catalog, Fleet, Inventory, Model, Placement, Profile, RankLaunch
 from reconciler.outcomes import (
     FAILED,
     FETCHING,
@@ -35,7 +46,6 @@ from reconciler.outcomes import (
     READY,
     STARTING,
     STOPPING,
-    UNKNOWN,
     ActionOutcome,
     Decision,
     ReplicaState,
@@ -47,13 +57,13 @@ from reconciler.readiness import (
     Liveness,
     StartedReplica,
     http_health,
-    judge_records,
     judge_started,
-    judge_unanswered,
     liveness_due,
     observed_gpus,
 )
-from reconciler.snapshot import RankRecords, gpu_problems, inventory_after, ranks_by_replica, start_order
+from reconciler.observed import head_host, observe_replica
+from reconciler.scheduling import MAX_PARALLEL_ACTIONS, Effects, action_dependencies
+from reconciler.snapshot import RankRecords, gpu_problems, ranks_by_replica, start_order
 from reconciler.status import replica_endpoint
 
 # `apply` waits at most this long for a started replica to become Ready; past it the
@@ -63,70 +73,6 @@ POLL_INTERVAL_S = 0.2
 
 RenderFn = Callable[[Model, Profile, Placement, Fleet, Inventory], list[RankLaunch]]
 LogFn = Callable[[Decision], None]
-
-
-def head_host(fleet: Fleet, node_id: str) -> str:
-    """The bare address the head serves on (its data address), for the health request."""
-    spec = fleet.node(node_id)
-    return spec.data_host.bare if spec is not None else node_id
-
-
-def observe_replica(
-    catalog: Catalog,
-    ranks: RankRecords,
-    replica: str,
-    model: Model,
-    launcher: Launcher,
-    health: HealthCheck = http_health,
-    wall_now: float | None = None,
-) -> ReplicaState | None:
-    """The phase of a replica running from an earlier pass (or an earlier reconciler), or None when none runs.
-
-    ranks: the replica's records in the snapshot (ranks_by_replica).
-    """
-    if not ranks:
-        return None
-    head_node, head = next(((n, r) for n, r in ranks if r.rank == 0), ranks[0])
-    profile = model.profile(head.profile)
-    nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
-    base = ReplicaState(replica, model.name, head.profile, UNKNOWN, "", nodes,
-                        replica_endpoint(catalog.fleet, head_node.id, head.port), revision=head.revision)
-    settled = judge_records(base, ranks)
-    if settled is not None and settled.phase == FAILED:
-        return with_crash_logs(settled, ranks, replica, launcher)
-    if settled is not None:
-        return settled
-    answered, seen = health(head_host(catalog.fleet, head_node.id), head.port,
-                            profile.health_path if profile is not None else "/health")
-    if answered:
-        return replace(base, phase=READY)
-    try:
-        states = launcher.ranks(head_node.id, replica, log_lines=LOG_LINES_IN_MESSAGE)
-    except TransportError as exc:
-        return replace(base, message=f"{seen}; node {head_node.id}: {exc.reason}")
-    return judge_unanswered(
-        base, seen=seen, head_state=next((s for s in states if s.rank == head.rank), None),
-        timeout_s=profile.start_timeout_s if profile is not None else DEFAULT_START_TIMEOUT_S,
-        wall_now=time.time() if wall_now is None else wall_now,
-    )
-
-
-def with_crash_logs(state: ReplicaState, ranks: RankRecords, replica: str, launcher: Launcher | None) -> ReplicaState:
-    """A crashed replica's message with its dead ranks' last log lines: while it waits out its restart
-    backoff, status has to say why it died, not only the daemon's log of the pass that saw it die.
-    Without a launcher (a judgement from records alone) the message stays as the records make it."""
-    if launcher is None:
-        return state
-    tails = []
-    for node in sorted({n.id for n, r in ranks if not r.alive}):
-        try:
-            states = launcher.ranks(node, replica, log_lines=LOG_LINES_IN_MESSAGE)
-        except TransportError:
-            continue  # the node just answered the probe; if it does not now, the message stays as it was
-        tails += [f"rank {s.rank} on {node}: " + " | ".join(s.log_tail) for s in states if not s.alive and s.log_tail]
-    if not tails:
-        return state
-    return replace(state, message=f"{state.message}; last log lines: {'; '.join(tails)}")
 
 
 class Actor:
@@ -152,8 +98,7 @@ class Actor:
         health: HealthCheck = http_health,
     ):
         self.catalog = catalog
-        self.probed = inventory  # as the probe saw it
-        self.inventory = inventory  # as this pass has changed it so far
+        self.probed = inventory  # as the probe saw it; the ranks stopped since are in _forgotten
         self.launcher = launcher
         self.render = render
         self.log = log
@@ -161,19 +106,44 @@ class Actor:
         self.sleep = sleep
         self.ready_wait_s = APPLY_READY_WAIT_S if ready_wait_s is None else ready_wait_s
         self.health = health
-        self.decisions: list[Decision] = []
-        self.states: dict[str, ReplicaState] = {}
-        self.started: list[RankLaunch] = []
-        self.pids: dict[tuple[str, str, int], int] = {}
-        self.taken_ports: dict[str, set[int]] = {}
-        self.stopped: list[tuple[str, str, int | None]] = []
-        self.adopted_revisions: dict[tuple[str, str, int], str | None] = {}
+        self.effects = Effects()  # every action's, merged in plan order
+        self.states: dict[str, ReplicaState] = {}  # replica -> state (each action writes its own replica's)
         self.pending: dict[str, StartedReplica] = {}
         # Told when a replica's state changes mid-pass (Fetching progress, Stopping): status rewrites.
         self.on_change: Callable[..., None] = lambda force=False: None
-        self._ranks: tuple[Inventory, dict[str, RankRecords]] | None = None  # index of self.inventory
+        self._records = ranks_by_replica(inventory)  # as probed
+        self._forgotten: dict[str, frozenset[tuple[str, int | None]]] = {}  # replica -> ranks stopped this pass
+        self._local = threading.local()  # .effects: the buffer of the action this thread carries out
 
-    # -- bookkeeping
+    # -- bookkeeping: effects go to the buffer of the action in progress (act_all), else to the pass's
+
+    @property
+    def _fx(self) -> Effects:
+        return getattr(self._local, "effects", None) or self.effects
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return self._fx.decisions
+
+    @property
+    def started(self) -> list[RankLaunch]:
+        return self._fx.started
+
+    @property
+    def stopped(self) -> list[tuple[str, str, int | None]]:
+        return self._fx.stopped
+
+    @property
+    def pids(self) -> dict[tuple[str, str, int], int]:
+        return self._fx.pids
+
+    @property
+    def taken_ports(self) -> dict[str, set[int]]:
+        return self._fx.taken_ports
+
+    @property
+    def adopted_revisions(self) -> dict[tuple[str, str, int], str | None]:
+        return self._fx.adopted_revisions
 
     def decide(self, replica: str, node: str, action: str, reason: str, ok: bool = True) -> None:
         d = Decision(replica, node, action, reason, ok)
@@ -202,6 +172,47 @@ class Actor:
 
     # -- actions
 
+    def act_all(self, actions: Sequence[Action]) -> list[ActionOutcome]:
+        """Carry out every action, at once where nothing orders them (action_dependencies), at most
+        MAX_PARALLEL_ACTIONS at a time; one action's failure never stops the others. Decisions and
+        effects come out in plan order whatever order the nodes answered in."""
+        if not actions:
+            return []
+        after = action_dependencies(actions, self.probed,
+                                    scheduled_nodes={n.id for n in self.catalog.fleet.nodes if n.launcher == "slurm"})
+        buffers = [Effects() for _ in actions]
+        futures: list[Future] = []
+        # Each action waits only for earlier ones, and the pool takes work first in first out: an
+        # action a worker holds never waits for one still queued behind it.
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_ACTIONS, len(actions)),
+                                thread_name_prefix="action") as pool:
+            for action, effects, deps in zip(actions, buffers, after):
+                futures.append(pool.submit(self._act_one, action, effects, [futures[j] for j in deps]))
+        outcomes, bug = [], None
+        for effects, future in zip(buffers, futures):
+            self.effects.merge(effects)
+            error = future.exception()
+            if error is not None:
+                bug = bug or error
+                continue
+            outcomes.append(future.result())
+        order = {a.replica: i for i, a in enumerate(actions)}
+        self.pending = dict(sorted(self.pending.items(), key=lambda kv: order.get(kv[0], len(order))))
+        if bug is not None:  # a bug, not a node's failure: the daemon logs it whole (after every action ended)
+            raise bug
+        return outcomes
+
+    def _act_one(self, action: Action, effects: Effects, deps: Sequence[Future]) -> ActionOutcome:
+        wait(deps)
+        self._local.effects = effects
+        try:
+            return self.act(action)
+        except ReconcilerError as exc:
+            self.decide(action.replica, "-", action.action, f"failed: {exc}", ok=False)
+            return ActionOutcome(action.replica, action.action, False)
+        finally:
+            self._local.effects = None
+
     def act(self, action: Action) -> ActionOutcome:
         kind = action.action
         if kind == "start":
@@ -226,18 +237,18 @@ class Actor:
         return sorted({(n.id, r.rank) for n, r in self.ranks_of(replica)})
 
     def ranks_of(self, replica: str) -> RankRecords:
-        """The replica's records in the working snapshot, indexed again only when the snapshot changed."""
-        if self._ranks is None or self._ranks[0] is not self.inventory:
-            self._ranks = (self.inventory, ranks_by_replica(self.inventory))
-        return self._ranks[1].get(replica, [])
+        """The replica's records as probed, less the ranks this pass stopped (forget)."""
+        gone = self._forgotten.get(replica, frozenset())
+        return [(n, r) for n, r in self._records.get(replica, []) if (n.id, r.rank) not in gone and (n.id, None) not in gone]
 
     def reachable(self, node_id: str) -> bool:
-        node = self.inventory.node(node_id)
+        node = self.probed.node(node_id)
         return node is not None and node.state != "unreachable"
 
     def forget(self, replica: str, targets: Iterable[tuple[str, int | None]]) -> None:
-        """Drop stopped ranks from the working snapshot, so later checks do not trip over them."""
-        self.inventory = inventory_after(self.inventory, [], [(n, replica, r) for n, r in targets])
+        """Drop stopped ranks from the replica's working records, so later checks do not trip over them.
+        Per replica: actions on other replicas, running at the same time, never see it."""
+        self._forgotten[replica] = self._forgotten.get(replica, frozenset()) | frozenset(targets)
 
     def restart(self, action: Action) -> ActionOutcome:
         # A crashed rank takes its whole replica down: ranks of a multi-node replica only rendezvous at start.
@@ -266,7 +277,7 @@ class Actor:
             # Each rank's record keeps the revision it comes from, so status can say which replicas
             # still run an older spec.
             launches = [replace(l, revision=self.catalog.revision)
-                        for l in self.render(model, profile, placement, self.catalog.fleet, self.inventory)]
+                        for l in self.render(model, profile, placement, self.catalog.fleet, self.probed)]
         except RenderError as exc:  # the catalog has to change first
             return self.fail(verb, action.replica, action.model, profile.name, f"launch refused: {exc}",
                              placement=placement, failure=PERMANENT)
@@ -299,7 +310,8 @@ class Actor:
         """The revision the replica's processes come from: its head's, the adopted record's when the
         head was found already running (started by an earlier revision with the same spec)."""
         head = next(l for l in launches if l.rank == 0)
-        return self.adopted_revisions.get((head.node, head.replica, head.rank), head.revision)
+        key = (head.node, head.replica, head.rank)
+        return self.adopted_revisions.get(key, self.effects.adopted_revisions.get(key, head.revision))
 
     def clear_earlier_copy(self, replica: str, launches: Sequence[RankLaunch]) -> bool:
         """Ranks of this replica left from an earlier life (dead, or on other nodes) would collide with
@@ -380,10 +392,16 @@ class Actor:
         ok = True
         for (node, rank), outcome in zip(targets, outcomes):
             self.decide(replica, node, "stop", f"{reason} ({outcome.detail})", ok=outcome.ok)
+            self.note_unanswered(outcome)
             if outcome.ok:
                 self.stopped.append((node, replica, rank))
             ok = ok and outcome.ok
         return ok
+
+    def note_unanswered(self, outcome: StopOutcome) -> None:
+        """A node that did not answer a stop: the snapshot after the pass says so (unreachable)."""
+        if outcome.unanswered:
+            self._fx.unanswered.setdefault(outcome.node, outcome.detail)
 
     def stopping(self, action: Action, why: str) -> None:
         """Phase Stopping, told to status at once: a stop waits out the engine's TERM (up to the grace) before
@@ -426,11 +444,12 @@ class Actor:
     def replace_new_first(self, action: Action, old: list[tuple[str, int]],
                           old_live: list[tuple[str, int]]) -> ActionOutcome:
         """Capacity allows: bring the new copy up, and take the old one away only once the new one is Ready."""
-        before = self.inventory
+        before = self._forgotten.get(action.replica, frozenset())
+        kept_ranks = self.ranks_of(action.replica)  # the old copy, as it serves until the new one does
         self.forget(action.replica, old)
         started = self.start(action, reason=f"replace, new copy first: {action.reason}")
         if not started.ok or action.replica not in self.pending:
-            self.inventory = before
+            self._forgotten[action.replica] = before
             return started
         state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
         if state.phase == READY:
@@ -442,14 +461,14 @@ class Actor:
         for launch in self.pending[action.replica].launches:
             if launch in self.started:
                 self.started.remove(launch)
-        self.inventory = before
+        self._forgotten[action.replica] = before
         message = f"new copy not Ready ({state.message}); old copy kept running"
         outcome = self.fail("replace", action.replica, action.model, state.profile, message,
                             placement=action.placement)
         # What serves is the old copy: report it as it is, so its endpoint stays listed.
         model = self.catalog.model(action.model)
-        kept = (observe_replica(self.catalog, ranks_by_replica(before).get(action.replica, []), action.replica, model,
-                                self.launcher, self.health) if model else None)
+        kept = (observe_replica(self.catalog, kept_ranks, action.replica, model, self.launcher, self.health)
+                if model else None)
         if kept is not None:
             outcome = self.settle("replace", replace(kept, message=f"replacement failed: {message}"), ok=False)
         self.pending.pop(action.replica, None)
@@ -542,15 +561,24 @@ class Actor:
 
     def rank_liveness(self, launches: Sequence[RankLaunch]) -> Liveness:
         """Ask every node of the replica about its ranks (one round trip per node)."""
-        states = {}
-        unreachable = []
         replica = launches[0].replica
-        for node in sorted({l.node for l in launches}):
+        nodes = sorted({l.node for l in launches})
+
+        def ask(node: str):
             try:
-                for s in self.launcher.ranks(node, replica, log_lines=LOG_LINES_IN_MESSAGE):
-                    states[(node, s.rank)] = s
+                return node, self.launcher.ranks(node, replica, log_lines=LOG_LINES_IN_MESSAGE)
             except TransportError:
-                unreachable.append(node)
+                return node, None
+
+        states, unreachable = {}, []
+        # Each node under its own deadline, all at once: a silent one costs its deadline, not the sum.
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_ACTIONS, len(nodes))) as pool:
+            for node, answer in pool.map(ask, nodes):
+                if answer is None:
+                    unreachable.append(node)
+                    continue
+                for s in answer:
+                    states[(node, s.rank)] = s
         return Liveness(states, tuple(unreachable))
 
     def wait_ready(self, replicas: Sequence[str], budget_s: float | None = None) -> dict[str, ReplicaState]:
@@ -560,8 +588,11 @@ class Actor:
         deadline = self.clock() + (self.ready_wait_s if budget_s is None else budget_s)
         while waiting:
             final = self.clock() >= deadline
-            for replica, started in list(waiting.items()):
-                state = self.judge(replica, started, final=final)
+            items = list(waiting.items())
+            # Every replica's health check and liveness at once, each under its own deadline; judged in order.
+            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_ACTIONS, len(items))) as pool:
+                judged = list(pool.map(lambda item: self.judge(item[0], item[1], final=final), items))
+            for (replica, _), state in zip(items, judged):
                 if state is not None:
                     results[replica] = state
                     del waiting[replica]
@@ -586,4 +617,5 @@ class Actor:
         for (node, rank), outcome in zip(targets, outcomes):
             self.decide(replica, node, "stop", f"rank {rank}: not Ready by its start timeout ({outcome.detail}); "
                                                "restarted with backoff", ok=outcome.ok)
+            self.note_unanswered(outcome)
         return all(o.ok for o in outcomes)

@@ -18,13 +18,15 @@ without SSH and the daemon reuses its connection pool.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Mapping
 
-from reconciler.actor import Actor, LogFn, RenderFn, observe_replica
-from reconciler.errors import ReconcilerError
+from reconciler.actor import Actor, LogFn, RenderFn
+from reconciler.observed import observe_replica
+from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
@@ -126,19 +128,16 @@ def run_pass(
         if write_status:
             actor.on_change = _progress_writer(catalog, plan, actor)
         no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
-        # 3b. Act: every action, in the plan's order; one action's failure never stops the others.
-        for action in plan.actions:
-            if action.replica in no_weights:
-                continue
-            try:
-                actor.act(action)
-            except ReconcilerError as exc:
-                actor.decide(action.replica, "-", action.action, f"failed: {exc}", ok=False)
+        # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
+        #     decisions in the plan's order. One action's failure never stops the others.
+        actor.act_all([a for a in plan.actions if a.replica not in no_weights])
         # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
         actor.wait_ready([r for r in actor.pending if r not in actor.states or actor.states[r].phase == STARTING])
         result.decisions = actor.decisions
         # 5. The fleet as the pass left it, and every desired replica's state in it.
-        result.inventory = inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports)
+        result.inventory = with_unanswered(
+            inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports),
+            actor.effects.unanswered)
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
         # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout is
         #     stopped, every rank (this pass's own were, in wait_ready); the plan restarts it with backoff.
@@ -156,6 +155,20 @@ def run_pass(
     return result
 
 
+def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inventory:
+    """Nodes that did not answer a stop in this pass are unreachable in the snapshot it leaves, as the
+    probe would have found them: the pass judges their replicas Unknown without asking them again, and
+    a commit planned from this snapshot waits for them (grace period) instead of acting on them."""
+    if not unanswered:
+        return inventory
+    return Inventory(tuple(
+        replace(n, state="unreachable", reason=f"stopped answering during the pass: {unanswered[n.id]}",
+                failure=TEMPORARY)
+        if n.id in unanswered and n.state != "unreachable" else n
+        for n in inventory.nodes
+    ))
+
+
 PROGRESS_WRITE_EVERY_S = 2.0
 
 
@@ -163,21 +176,23 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[],
     """status/models rewritten mid-pass, so a person sees a Fetching replica's bytes done/total (at most
     every PROGRESS_WRITE_EVERY_S) and a Stopping one (at once), during the pass, not only after it."""
     last = [0.0]
+    one_at_a_time = threading.Lock()  # actions run at once: each write reads the states as they are then
 
     def write(force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - last[0] < PROGRESS_WRITE_EVERY_S:
-            return
-        last[0] = now
-        phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in list(actor.states.items())}}
-        states = list(actor.states.items())
-        messages = {rid: st.message for rid, st in states if st.message}
-        failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
-        try:
-            write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
-                              failures=failures)
-        except ReconcilerError:
-            pass  # the pass's own write at the end reports it
+        with one_at_a_time:
+            now = time.monotonic()
+            if not force and now - last[0] < PROGRESS_WRITE_EVERY_S:
+                return
+            last[0] = now
+            states = list(actor.states.items())
+            phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in states}}
+            messages = {rid: st.message for rid, st in states if st.message}
+            failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
+            try:
+                write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
+                                  failures=failures)
+            except ReconcilerError:
+                pass  # the pass's own write at the end reports it
 
     return write
 

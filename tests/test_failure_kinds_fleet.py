@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import fleet  # noqa: F401
 
 
@@ -48,21 +49,6 @@ def release_blocked_readers(fifo: Path) -> None:
         finally:
             os.close(fd)
         time.sleep(0.2)
-
-
-def stop_everything(root: Path) -> None:
-    from reconciler.catalog import load_catalog
-    from reconciler.launcher import SshLauncher
-    from reconciler.owner import catalog_owner
-    from reconciler.ssh import TransportPool
-
-    cat = load_catalog(root, with_revision=False)
-    with TransportPool() as pool:
-        launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes},
-                                         stop_grace_s=2, owner=catalog_owner(cat))
-        for node in cat.fleet.nodes:
-            for rank in launcher.ranks(node.id):
-                launcher.stop(node.id, rank.replica)
 
 
 def test_a_missing_engine_is_permanent_and_stalls_and_a_timed_out_start_is_temporary_and_backs_off(fleet, tmp_path, cli):  # noqa: F811
@@ -120,4 +106,4 @@ def test_a_missing_engine_is_permanent_and_stalls_and_a_timed_out_start_is_tempo
         assert replica(root, "noengine")["failure"] == "permanent"
     finally:
         release_blocked_readers(fifo)
-        stop_everything(root)
+        stop_every_rank(root)

@@ -41,6 +41,9 @@ class StopOutcome:
     replica: str
     ok: bool
     detail: str = ""
+    # The node did not answer the request (a TransportError: no connection, or no answer by the deadline):
+    # the pass reports it unreachable, as a probe would have, so what follows does not wait on it again.
+    unanswered: bool = False
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ class SshLauncher:
             base = self._timeout(transport) if transport is not None else DEFAULT_COMMAND_TIMEOUT_S
             answer = self._call(node, request, timeout=base + 2 * self.stop_grace_s)
         except TransportError as exc:
-            return StopOutcome(node, replica, ok=False, detail=exc.reason)
+            return StopOutcome(node, replica, ok=False, detail=exc.reason, unanswered=True)
         details = "; ".join(f"rank {r['rank']}: {r['detail']}" for r in answer.get("ranks", []))
         return StopOutcome(node, replica, ok=bool(answer.get("ok")), detail=details or "nothing running")
 
