@@ -454,6 +454,7 @@ class RejectKind(StrEnum):
     # weights (only the head reads them). resource: the source; requested: nodes per replica;
     # available: the qualifying nodes with llama-server; detail: the fabric
     HEAD_WEIGHTS = "head_weights"
+    HEAD_DISK = "head_disk"  # requested: GiB the head stores the weights in; available: nodes with llama-server
 
 
 def figure(x: float) -> str:
@@ -528,6 +529,9 @@ _REASON_TEXT = {
     RejectKind.HEAD_WEIGHTS: lambda r: (f"needs a head (rank 0) on {r.detail} that holds the weights at {r.resource} "
                                         f"(the model sets no fetch to copy them; only the head reads them): "
                                         f"none of the {r.available} qualifying nodes with llama-server does"),
+    RejectKind.HEAD_DISK: lambda r: (f"needs a head (rank 0) on {r.detail} with {figure(r.requested)} GiB free for the "
+                                     f"weights (only the head stores them): none of the {r.available} qualifying nodes "
+                                     f"with llama-server has"),
 }
 
 

@@ -18,6 +18,7 @@ from reconciler.errors import CatalogInvalid, RenderError
 from reconciler.model import (
     Assignment,
     Fleet,
+    FetchPolicy,
     Inventory,
     LlamaCppBinaries,
     Model,
@@ -235,6 +236,50 @@ def test_an_in_place_replace_asks_the_weights_of_the_head_only():
     assert refused.placement is None
     assert [(r.node, r.reason) for r in refused.rejections] == [
         ("n1", f"does not hold the weights at {GGUF} (the model sets no fetch to copy them)")]
+
+
+# Disk: the weights are stored where they are read, so only a llama.cpp head needs room for them.
+def _disk_obs(node_id: str, binaries: LlamaCppBinaries, disk_free_gib: float) -> ObservedNode:
+    base = b.observed(node_id, engines=("llama.cpp",), fabrics={"eth": ["eth0"]}, weights=[],
+                      disk_free_gib=disk_free_gib)
+    return ObservedNode(**{**base.__dict__, "llama_cpp": binaries})
+
+
+def _needs_disk(gb: float) -> Profile:
+    return Profile(**{**cpu_profile().__dict__, "min_disk_gb": gb})
+
+
+def test_a_llama_worker_with_too_little_disk_for_the_weights_still_serves_as_a_worker():
+    specs = _fabric_nodes("n1", "n2")
+    inv = b.inventory(_disk_obs("n1", BOTH, 100), _disk_obs("n2", RPC_ONLY, 1))
+    m = b.model("gemma", _needs_disk(50), fetch=FetchPolicy(from_node=True))
+    [placement] = place([m], b.fleet(*specs), inv).placements
+    assert [(a.node, a.rank) for a in placement.nodes] == [("n1", 0), ("n2", 1)]
+
+
+def test_the_head_is_the_node_with_room_for_the_weights_and_without_one_the_pool_says_so():
+    specs = _fabric_nodes("n1", "n2")
+    m = b.model("gemma", _needs_disk(50), fetch=FetchPolicy(from_node=True))
+    roomy = b.inventory(_disk_obs("n1", BOTH, 1), _disk_obs("n2", BOTH, 100))
+    [placement] = place([m], b.fleet(*specs), roomy).placements
+    assert [(a.node, a.rank) for a in placement.nodes] == [("n2", 0), ("n1", 1)]
+
+    cramped = b.inventory(_disk_obs("n1", BOTH, 1), _disk_obs("n2", RPC_ONLY, 100))
+    [outcome] = place([m], b.fleet(*specs), cramped).unplaced
+    assert not [r for r in outcome.rejections if r.node], outcome.rejections  # each node qualifies on its own
+    [pool] = [r.reason for r in outcome.rejections if not r.node]
+    assert pool == ("needs a head (rank 0) on eth with 50 GiB free for the weights (only the head stores them): "
+                    "none of the 1 qualifying nodes with llama-server has")
+
+
+def test_a_multi_node_vllm_replica_still_needs_disk_on_every_node():
+    gpu = Profile(**{**b.profile("tp", engine="vllm", gpus_per_node=8, nodes=2).__dict__, "min_disk_gb": 50})
+    specs = [b.node_spec(i, fabrics={"ib": ["mlx5_0"]}) for i in ("n1", "n2")]
+    inv = b.inventory(b.observed("n1", gpu=b.gpus(8), fabrics={"ib": ["mlx5_0"]}, disk_free_gib=100),
+                      b.observed("n2", gpu=b.gpus(8), fabrics={"ib": ["mlx5_0"]}, disk_free_gib=1))
+    [outcome] = place([b.model("gemma", gpu, fetch=FetchPolicy(from_node=True))], b.fleet(*specs), inv).unplaced
+    by_node = {r.node: r.reason for r in outcome.rejections}
+    assert by_node["n2"].startswith("has 1 GiB free on /models for weights it does not hold, needs 50"), by_node
 
 
 @pytest.mark.parametrize("engine, fetched_to", [("llama.cpp", ["n1"]), ("vllm", ["n1", "n2"])])

@@ -33,6 +33,7 @@ from reconciler.placement.rules import (
     weights_reason,
     without_disk,
     disk_reason,
+    node_rules_profile,
     dynamic_reason,
     has_room,
     pool_name,
@@ -158,6 +159,7 @@ class Placer:
         # Lookups by object identity: a profile's filters are hashed once, not once per replica.
         self._index_by_profile: dict[tuple, LevelIndex] = {}
         self._keepalive: list = []  # keeps the ids above from being reused while this placer lives
+        self._derived: dict[tuple, Profile] = {}
         # node idx -> the indexes it belongs to, so a change of level updates each of them
         self._node_indexes: list[list[LevelIndex]] = [[] for _ in self.nodes]
         holders: dict[str, list[int]] = {}
@@ -169,6 +171,18 @@ class Placer:
         self._weights_unknown = [n.idx for n in self.nodes if n.weights is None]
 
     # ---- static filters -------------------------------------------------
+
+    def _node_rules_profile(self, profile: Profile) -> Profile:
+        """node_rules_profile, one object per profile: the index caches below are keyed by identity."""
+        ruled = node_rules_profile(profile)
+        if ruled is profile:
+            return profile
+        key = ("node-rules", id(profile))
+        cached = self._derived.get(key)
+        if cached is None:
+            cached = self._derived[key] = ruled
+            self._keepalive.append(profile)
+        return cached
 
     def _base_list(self, profile: Profile) -> list[Reason | None]:
         """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
@@ -182,8 +196,10 @@ class Placer:
 
     def _static_list(self, model: Model, profile: Profile) -> list[Reason | None]:
         """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
+        # A llama.cpp replica's workers never read the weights: only its head must hold them, or
+        # have room for them (head_reason).
+        profile = self._node_rules_profile(profile)
         base = self._base_list(profile)
-        # A llama.cpp replica's workers never read the weights: only its head must hold them (head_reason).
         needs_weights = weights_on_every_node(model, profile)
         if not profile.min_disk_gb and not needs_weights:
             return base
@@ -366,7 +382,7 @@ class Placer:
         descending = profile.gpu_class is not None
         passes = [True] if model.spread != "preferred" else [True, False]
         for fabric in self.fabric_names:
-            holders, main = self._candidates(model, profile, fabric)
+            holders, main = self._candidates(model, self._node_rules_profile(profile), fabric)
             apart = holders is not None and weights_on_every_node(model, profile)  # holders are not in main
             if len(main.members) + (len(holders.members) if apart else 0) < profile.nodes:
                 continue
@@ -389,7 +405,7 @@ class Placer:
                                 taken.add(i)
                                 if profile.engine == LLAMA_CPP:
                                     # Every rank needs its binary: the head llama-server, the others the RPC server.
-                                    ranked = (assign_llama_roles(chosen, profile.nodes, model)
+                                    ranked = (assign_llama_roles(chosen, profile.nodes, model, profile)
                                               if len(chosen) >= profile.nodes else None)
                                     if ranked is not None:
                                         return fabric, ranked

@@ -75,9 +75,19 @@ def weights_reason(node, model: Model) -> Reason | None:
     return None
 
 
-def head_reason(node, model: Model) -> Reason | None:
-    """Why a node cannot be the head (rank 0) of a multi-node llama.cpp replica: its binary, then the weights."""
-    return llama_rank_reason(node.llama_cpp, 0) or weights_reason(node, model)
+def node_rules_profile(profile: Profile) -> Profile:
+    """The profile every node of a replica is filtered by. A llama.cpp replica's workers store no
+    weights, so its disk requirement is asked of the head alone (head_reason), not of every node."""
+    if profile.min_disk_gb and profile.nodes > 1 and not profile.reads_weights(1):
+        return without_disk(profile)
+    return profile
+
+
+def head_reason(node, model: Model, profile: Profile) -> Reason | None:
+    """Why a node cannot be the head (rank 0) of a multi-node llama.cpp replica: its binary, then
+    the weights (held, when they cannot be fetched; room for them otherwise)."""
+    return (llama_rank_reason(node.llama_cpp, 0) or weights_reason(node, model)
+            or (disk_reason(node, model, profile) if profile.min_disk_gb else None))
 
 
 def rank_reason(node, rank: int, model: Model, profile: Profile) -> Reason | None:
@@ -85,27 +95,30 @@ def rank_reason(node, rank: int, model: Model, profile: Profile) -> Reason | Non
     static filter (its role's binary; the weights on the head), or None."""
     if profile.engine != LLAMA_CPP or profile.nodes <= 1:
         return None
-    return head_reason(node, model) if rank == 0 else llama_rank_reason(node.llama_cpp, rank)
+    return head_reason(node, model, profile) if rank == 0 else llama_rank_reason(node.llama_cpp, rank)
 
 
 def llama_roles_reason(qualified: list, model: Model, profile: Profile, fabric: str) -> Reason:
     """Why enough qualifying nodes on a fabric still make no llama.cpp replica: the roles they can take."""
     servers = [n for n in qualified if llama_rank_reason(n.llama_cpp, 0) is None]
-    heads = sum(1 for n in servers if weights_reason(n, model) is None)
+    holding = [n for n in servers if weights_reason(n, model) is None]
+    heads = sum(1 for n in holding if head_reason(n, model, profile) is None)
     workers = sum(1 for n in qualified if llama_rank_reason(n.llama_cpp, 1) is None)
-    if servers and not heads:
-        # Only the head reads the weights: the workers are fine; no node that could lead holds them.
+    # Only the head reads and stores the weights: the workers are fine; no node that could lead can.
+    if servers and not holding:
         return Reason(RejectKind.HEAD_WEIGHTS, model.source, profile.nodes, len(servers), detail=fabric)
+    if holding and not heads:
+        return Reason(RejectKind.HEAD_DISK, "disk", profile.min_disk_gb, len(servers), detail=fabric)
     return Reason(RejectKind.LLAMA_ROLES, fabric, profile.nodes, len(qualified),
                   detail=f"{heads} have llama-server and {workers} the RPC server")
 
 
-def assign_llama_roles(candidates: list, count: int, model: Model) -> list | None:
+def assign_llama_roles(candidates: list, count: int, model: Model, profile: Profile) -> list | None:
     """Rank order for a multi-node llama.cpp replica: a head that has llama-server (and the
-    weights, when they cannot be fetched), then count-1 nodes that have the RPC server;
+    weights when they cannot be fetched, room for them otherwise), then count-1 nodes that have the RPC server;
     candidates in preference order; None if impossible."""
     for head in candidates:
-        if head_reason(head, model) is not None:
+        if head_reason(head, model, profile) is not None:
             continue
         workers = [c for c in candidates if c is not head and llama_rank_reason(c.llama_cpp, 1) is None]
         if len(workers) >= count - 1:
