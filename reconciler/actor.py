@@ -511,9 +511,14 @@ class Actor:
             return set()
         totals: dict[tuple[str, str], tuple[int, int]] = {}
 
+        sources = {}
+        for action, model, node in needed:  # decided here, in order: the pass's decisions do not depend on threads
+            sources[(action.replica, node)] = source = choose_source(model, node, self.catalog.fleet, self.probed)
+            self.decide(action.replica, node, "fetch", f"{model.source} from {source or 'nowhere'}: not on {node}")
+
         def one(item: tuple[Action, Model, str]):
             action, model, node = item
-            source = choose_source(model, node, self.catalog.fleet, self.probed)
+            source = sources[(action.replica, node)]
             _, profile = self._model_profile(action)
 
             def progress(got: int, total: int) -> None:
@@ -525,7 +530,6 @@ class Actor:
                     progress_message(model.source, got_all, want_all), action.placement.nodes)
                 self.on_change()
 
-            self.decide(action.replica, node, "fetch", f"{model.source} from {source or 'nowhere'}: not on {node}")
             return item, fetcher.fetch(model, node, source, progress=progress,
                                        timeout_s=profile.start_timeout_s if profile else DEFAULT_START_TIMEOUT_S)
 
