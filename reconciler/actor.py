@@ -588,6 +588,7 @@ class Actor:
     def wait_ready(self, replicas: Sequence[str], budget_s: float | None = None) -> dict[str, ReplicaState]:
         """Poll started replicas until each is Ready or Failed, or the wait budget runs out."""
         waiting = {r: self.pending[r] for r in replicas if r in self.pending}
+        effects = self._fx  # a replace's own wait reads what its action adopted (revision_of)
         results: dict[str, ReplicaState] = {}
         deadline = self.clock() + (self.ready_wait_s if budget_s is None else budget_s)
         while waiting:
@@ -595,7 +596,7 @@ class Actor:
             items = list(waiting.items())
             # Every replica's health check and liveness at once, each under its own deadline; judged in order.
             with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_ACTIONS, len(items))) as pool:
-                judged = list(pool.map(lambda item: self.judge(item[0], item[1], final=final), items))
+                judged = list(pool.map(lambda item: self._judge_for(effects, item, final), items))
             for (replica, _), state in zip(items, judged):
                 if state is not None:
                     results[replica] = state
@@ -609,6 +610,14 @@ class Actor:
             if state.start_timed_out and replica in self.pending:
                 self.end_stalled_start(replica, [(l.node, l.rank) for l in self.pending[replica].launches])
         return results
+
+    def _judge_for(self, effects: Effects, item: tuple[str, StartedReplica], final: bool) -> ReplicaState | None:
+        """judge() on a pool thread, reading the buffer of the action (or pass) that waits."""
+        self._local.effects = effects
+        try:
+            return self.judge(item[0], item[1], final=final)
+        finally:
+            self._local.effects = None
 
     def end_stalled_start(self, replica: str, targets: Sequence[tuple[str, int]]) -> bool:
         """A start that did not become Ready in time ends: every rank's process group is stopped, its
