@@ -149,6 +149,38 @@ def rejection_document(r: Rejection) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
 
+def _plan_reasons(model: Model, plan: Plan) -> dict[str, str]:
+    """replica id -> what the plan does with it or waits for: the message when nothing else says more."""
+    reasons: dict[str, str] = {}
+    for a in plan.actions:
+        if a.model == model.name:
+            reasons[a.replica] = f"{a.action}: {a.reason}"
+    for w in plan.waiting:
+        if w.model == model.name:
+            reasons[w.replica] = w.reason
+    return reasons
+
+
+def _node_entries(fleet: Fleet, placement) -> list[dict]:
+    nodes = []
+    for a in placement.nodes if placement is not None else ():
+        entry = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
+        if a.rank == 0:
+            # Only the head serves; other ranks' ports are for the engine's own traffic.
+            entry["endpoint"] = replica_endpoint(fleet, a.node, a.port)
+        nodes.append(entry)
+    return nodes
+
+
+def _with_rejections(entry: dict, out, show_all: bool) -> None:
+    """An unplaced replica's message and the rejections behind it (or the replica that has the same)."""
+    entry["message"] = entry["message"] or unplaced_message(out, show_all)
+    if out.rejections_same_as:
+        entry["rejections_same_as"] = out.rejections_same_as
+    else:
+        entry["rejections"] = [rejection_document(r) for r in out.rejections]
+
+
 def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
                           messages: Mapping[str, str] | None = None, show_all: bool = False,
                           revisions: Mapping[str, str | None] | None = None,
@@ -163,44 +195,26 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
     failures = predicted_failures(plan) if failures is None else failures
     messages = messages or {}
     revisions = predicted_revisions(plan) if revisions is None else revisions
-    reasons: dict[str, str] = {}
-    for a in plan.actions:
-        if a.model == model.name:
-            reasons[a.replica] = f"{a.action}: {a.reason}"
-    for w in plan.waiting:
-        if w.model == model.name:
-            reasons[w.replica] = w.reason
+    reasons = _plan_reasons(model, plan)
     replicas = []
     for rid in model.replica_ids():
         out = plan.outcomes.get(rid)
         placement = _where_it_runs(plan, rid)
-        nodes = []
-        for a in placement.nodes if placement is not None else ():
-            entry_node = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
-            if a.rank == 0:
-                # Only the head serves; other ranks' ports are for the engine's own traffic.
-                entry_node["endpoint"] = replica_endpoint(fleet, a.node, a.port)
-            nodes.append(entry_node)
         entry = {
             "id": rid,
             "profile": placement.profile if placement is not None else None,
             "phase": phases.get(rid, "Unknown"),
-            "nodes": nodes,
+            "nodes": _node_entries(fleet, placement),
             "message": messages.get(rid, ""),
-            "restarts": plan.restarts.get(rid, 0),
         }
         if entry["phase"] == "Failed" and failures.get(rid):
             # Beside the message: whether retrying can help (temporary) or not until something changes (permanent).
-            entry = {**{k: v for k, v in entry.items() if k != "restarts"}, "failure": failures[rid],
-                     "restarts": entry["restarts"]}
+            entry["failure"] = failures[rid]
+        entry["restarts"] = plan.restarts.get(rid, 0)
         if revisions.get(rid):  # known only for a catalog in git; absent rather than a null on every line
             entry["revision"] = revisions[rid]
         if out is not None and out.placement is None:
-            entry["message"] = entry["message"] or unplaced_message(out, show_all)
-            if out.rejections_same_as:
-                entry["rejections_same_as"] = out.rejections_same_as
-            else:
-                entry["rejections"] = [rejection_document(r) for r in out.rejections]
+            _with_rejections(entry, out, show_all)
         if not entry["message"]:
             entry["message"] = reasons.get(rid, "")
         replicas.append(entry)
