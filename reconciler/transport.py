@@ -78,8 +78,14 @@ class KeepsStreams(ABC):
 class Transport(Protocol):
     node_id: str
 
+    @property
+    def command_timeout_s(self) -> float:
+        """The node's deadline for one command (ssh.command_timeout_s): run's default, and the
+        launcher's for each agent call."""
+        ...
+
     def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult: ...
 
     def close(self) -> None: ...
@@ -88,12 +94,14 @@ class Transport(Protocol):
 class LocalTransport:
     """Runs commands on this machine, for a node declared `transport: local`."""
 
-    def __init__(self, node_id: str):
+    def __init__(self, node_id: str, command_timeout_s: float = 30.0):
         self.node_id = node_id
+        self.command_timeout_s = float(command_timeout_s)
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
+        timeout = self.command_timeout_s if timeout is None else timeout
         try:
             proc = subprocess.run(
                 list(argv),

@@ -197,6 +197,7 @@ class Recording:
 
     def __init__(self, inner):
         self.inner, self.node_id, self.argvs = inner, inner.node_id, []
+        self.command_timeout_s = inner.command_timeout_s
 
     def run(self, argv, *, stdin=None, timeout=60.0):
         self.argvs.append(list(argv))

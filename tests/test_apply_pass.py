@@ -257,6 +257,7 @@ class DropsMidLaunch:
     def __init__(self, inner):
         self.inner = inner
         self.node_id = inner.node_id
+        self.command_timeout_s = inner.command_timeout_s
         self.gone = False
 
     def run(self, argv, *, stdin=None, timeout=60.0):

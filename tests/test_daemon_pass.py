@@ -116,6 +116,7 @@ class Stuck:
 
     def __init__(self, node_id, gate):
         self.node_id, self.gate = node_id, gate
+        self.command_timeout_s = 30.0
 
     def run(self, argv, *, stdin=None, timeout=None):
         from reconciler.errors import CommandTimeout

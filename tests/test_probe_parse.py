@@ -553,6 +553,7 @@ class ScriptedTransport:
         from reconciler.transport import CommandResult
 
         self.node_id = node_id
+        self.command_timeout_s = 30.0
         self.result = CommandResult(rc, stdout, stderr)
         self.argvs = []
 

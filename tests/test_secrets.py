@@ -95,6 +95,7 @@ class RecordingTransport:
     """A node that answers the agent's start: what reached it is what a real node would read on stdin."""
 
     node_id = "a1"
+    command_timeout_s = 30.0
 
     def __init__(self):
         self.requests = []

@@ -70,7 +70,7 @@ class SshLauncher:
         """timeout_s when given, else the node's own ssh.command_timeout_s (what its transport enforces)."""
         if self.timeout_s is not None:
             return self.timeout_s
-        return float(getattr(transport, "command_timeout_s", DEFAULT_COMMAND_TIMEOUT_S))
+        return float(transport.command_timeout_s)
 
     def _call(self, node: str, request: dict, timeout: float | None = None) -> dict:
         transport = self.transports.get(node)

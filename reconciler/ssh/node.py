@@ -298,7 +298,7 @@ class TransportPool:
                 held[1].close()
             t: Transport
             if node.transport == "local":
-                t = LocalTransport(node.id)
+                t = LocalTransport(node.id, node.ssh.command_timeout_s)
             else:
                 t = SshTransport(
                     node, connector=self._connector, min_backoff_s=self._backoff[0], max_backoff_s=self._backoff[1]
