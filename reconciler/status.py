@@ -84,8 +84,23 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     return True
 
 
+# path -> (repr of the document, its YAML) as this process last wrote it. An idle pass builds
+# an equal document: its repr takes milliseconds where representing a 4,000-node nodes.yaml as
+# YAML again took most of the pass (the representer is Python even with the C emitter). A repr,
+# not the document itself, so a caller changing its dict afterwards cannot make the cache lie.
+_LAST_WRITTEN: dict[Path, tuple[str, str]] = {}
+
+
 def write_document(path: str | os.PathLike, doc: Any) -> bool:
-    return write_if_changed(path, dump_yaml(doc))
+    """Write doc as YAML to path unless the file already holds it; True if written."""
+    path = Path(path)
+    key = repr(doc)
+    last = _LAST_WRITTEN.get(path)
+    text = last[1] if last is not None and last[0] == key else dump_yaml(doc)
+    # Still compared with the file itself: an edit or a checkout under us is written over.
+    written = write_if_changed(path, text)
+    _LAST_WRITTEN[path] = (key, text)
+    return written
 
 
 # --------------------------------------------------------------------------

@@ -35,10 +35,11 @@ def node_events(log: EventLog, nodes: Iterable[ObservedNode], was_unreachable: s
     Returns the nodes unreachable now (the next call's `was_unreachable`)."""
     nodes = tuple(nodes)
     down = {n.id: n.reason for n in nodes if n.state == "unreachable"}
+    seen = {n.id for n in nodes}  # a node gone from the fleet is not one that answers again
     for node, reason in sorted(down.items()):
         if node not in was_unreachable:
             log("node.unreachable", node=node, reason=reason)
     for node in sorted(was_unreachable):
-        if node not in down and any(n.id == node for n in nodes):
+        if node not in down and node in seen:
             log("node.reachable", node=node, msg="answers again")
     return set(down)
