@@ -13,7 +13,7 @@ import yaml
 from reconciler.reconcile import default_probe as _default_probe, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.transport import LocalTransport
-from tests.apply_support.local import TINY_ENGINE, is_running
+from tests.apply_support.local import TINY_ENGINE, free_port, is_running
 
 
 def test_a_port_taken_after_the_probe_fails_that_launch_and_the_next_pass_picks_another(tmp_path):
@@ -24,7 +24,9 @@ def test_a_port_taken_after_the_probe_fails_that_launch_and_the_next_pass_picks_
         "nodes": [{"id": "local", "address": "127.0.0.1", "transport": "local"}],
     }))
     with socket.socket() as foreign:
-        foreign.bind(("127.0.0.1", 0))
+        # Outside the ephemeral range, with the next ports (the second pass moves on to one):
+        # an outgoing connection elsewhere on the machine never sits on them.
+        foreign.bind(("127.0.0.1", free_port()))
         port = foreign.getsockname()[1]
         (root / "models" / "m.yaml").write_text(yaml.safe_dump({
             "name": "m", "source": "m", "profiles": [{
