@@ -1,0 +1,35 @@
+"""save_memory skips writing an unchanged memory, and never lets that skip lose a change."""
+
+from __future__ import annotations
+
+import json
+
+from reconciler.commands import apply as apply_cmd
+from reconciler.memory import PassMemory, load_memory
+
+
+def test_an_equal_memory_is_not_written_again(tmp_path, monkeypatch):
+    path = tmp_path / "memory.json"
+    apply_cmd.save_memory(path, PassMemory(unreachable_since={"g2": 100.0}))
+    writes = []
+    monkeypatch.setattr(apply_cmd, "write_if_changed", lambda p, text: writes.append(p))
+    apply_cmd.save_memory(path, PassMemory(unreachable_since={"g2": 100.0}))
+    assert writes == []
+
+
+def test_a_changed_memory_is_written_even_when_its_mapping_was_changed_in_place(tmp_path):
+    path = tmp_path / "memory.json"
+    since = {"g2": 100.0}
+    memory = PassMemory(unreachable_since=since)
+    apply_cmd.save_memory(path, memory)
+    since["g3"] = 200.0  # the same dict, changed after the save
+    apply_cmd.save_memory(path, memory)
+    assert load_memory(path).unreachable_since == {"g2": 100.0, "g3": 200.0}
+
+
+def test_a_memory_file_removed_under_the_daemon_is_written_again(tmp_path):
+    path = tmp_path / "memory.json"
+    apply_cmd.save_memory(path, PassMemory(unreachable_since={"g2": 100.0}))
+    path.unlink()
+    apply_cmd.save_memory(path, PassMemory(unreachable_since={"g2": 100.0}))
+    assert json.loads(path.read_text())["unreachable_since"] == {"g2": 100.0}
