@@ -236,12 +236,17 @@ def test_detached_head_is_applied_and_said_in_status(repo, daemon):
     conforms_to_schema(status)
 
 
-def test_metrics_endpoint_serves_pass_and_action_counters(repo, daemon):
+def metrics_after_one_pass(daemon) -> str:
+    """The exposition a daemon serves on an ephemeral port once its first pass has ended."""
     d = daemon(*QUIET, "--metrics-address", "127.0.0.1:0")
     d.wait_pass()
     d.wait_event("pass.end")
     address = d.wait_event("metrics.serving")[0]["address"]
-    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    return urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+
+
+def test_metrics_endpoint_serves_pass_and_action_counters(repo, daemon):
+    body = metrics_after_one_pass(daemon)
     assert 'reconciler_passes_total{result="applied"} 1' in body
     assert 'reconciler_actions_total{action="start",outcome="ok"} 1' in body
     assert 'reconciler_replicas{phase="Ready"} 1' in body
@@ -431,11 +436,7 @@ def test_commit_status_with_push_puts_the_status_history_upstream(tmp_path, daem
 def test_metrics_follow_prometheus_naming_and_carry_the_fleet_figures(repo, daemon):
     from prometheus_client.parser import text_string_to_metric_families
 
-    d = daemon(*QUIET, "--metrics-address", "127.0.0.1:0")
-    d.wait_pass()
-    d.wait_event("pass.end")
-    address = d.wait_event("metrics.serving")[0]["address"]
-    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    body = metrics_after_one_pass(daemon)
     families = {f.name: f for f in text_string_to_metric_families(body)}  # the official parser reads it whole
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert samples[("reconciler_model_replicas_desired", (("model", "alpha"),))] == 1

@@ -20,10 +20,7 @@ import urllib.request
 import pytest
 import yaml
 
-from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
-from reconciler.owner import catalog_owner
-from reconciler.ssh import TransportPool
+from tests.apply_support.cleanup import stop_every_rank
 from tests.conftest import REPO
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
 from tests.gitcatalog import marked_pids, wait_for
@@ -62,13 +59,7 @@ def catalog(nodes, tmp_path, request):
     marker = f"operate-{os.getpid()}-{request.node.name}"
     yield root, marker
     # Leave the nodes as we found them: stop every managed rank, then anything else carrying the marker.
-    cat = load_catalog(root, with_revision=False)
-    with TransportPool() as pool:
-        launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes},
-                                         stop_grace_s=2, owner=catalog_owner(cat))
-        for node in cat.fleet.nodes:
-            for rank in launcher.ranks(node.id):
-                launcher.stop(node.id, rank.replica)
+    stop_every_rank(root)
     for pid in marked_pids(marker):
         os.kill(pid, signal.SIGKILL)
 
