@@ -12,7 +12,7 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -84,23 +84,28 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     return True
 
 
-# path -> (repr of the document, its YAML) as this process last wrote it. An idle pass builds
-# an equal document: its repr takes milliseconds where representing a 4,000-node nodes.yaml as
-# YAML again took most of the pass (the representer is Python even with the C emitter). A repr,
-# not the document itself, so a caller changing its dict afterwards cannot make the cache lie.
-_LAST_WRITTEN: dict[Path, tuple[str, str]] = {}
+# path -> (key, text) as this process last wrote it. An idle pass hands on an equal document:
+# comparing keys takes milliseconds where rendering a 4,000-node snapshot again took seconds
+# (PyYAML's representer is Python even with the C emitter; the pass memory's JSON half a second).
+_LAST_WRITTEN: dict[Path, tuple[Any, str]] = {}
 
 
-def write_document(path: str | os.PathLike, doc: Any) -> bool:
-    """Write doc as YAML to path unless the file already holds it; True if written."""
+def write_rendered(path: str | os.PathLike, key: Any, render: Callable[[], str]) -> bool:
+    """write_if_changed(path, render()), rendering only when `key` differs from the key of what this
+    process last wrote to path. key must be a value no later change can alter (a repr, a tuple of
+    frozen values), so a caller mutating its document cannot make the cache lie."""
     path = Path(path)
-    key = repr(doc)
     last = _LAST_WRITTEN.get(path)
-    text = last[1] if last is not None and last[0] == key else dump_yaml(doc)
+    text = last[1] if last is not None and last[0] == key else render()
     # Still compared with the file itself: an edit or a checkout under us is written over.
     written = write_if_changed(path, text)
     _LAST_WRITTEN[path] = (key, text)
     return written
+
+
+def write_document(path: str | os.PathLike, doc: Any) -> bool:
+    """Write doc as YAML to path unless the file already holds it; True if written."""
+    return write_rendered(path, repr(doc), lambda: dump_yaml(doc))
 
 
 # --------------------------------------------------------------------------

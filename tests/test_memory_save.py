@@ -1,4 +1,4 @@
-"""save_memory skips writing an unchanged memory, and never lets that skip lose a change."""
+"""save_memory does not render an unchanged memory again, and never lets that skip lose a change."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from reconciler.commands import apply as apply_cmd
 from reconciler.memory import PassMemory, load_memory
 
 
-def test_an_equal_memory_is_not_written_again(tmp_path, monkeypatch):
+def test_an_equal_memory_is_not_rendered_or_written_again(tmp_path, monkeypatch):
     path = tmp_path / "memory.json"
     apply_cmd.save_memory(path, PassMemory(unreachable_since={"g2": 100.0}))
-    writes = []
-    monkeypatch.setattr(apply_cmd, "write_if_changed", lambda p, text: writes.append(p))
+    before = path.stat().st_mtime_ns
+    rendered = []
+    real = apply_cmd.memory_to_document
+    monkeypatch.setattr(apply_cmd, "memory_to_document", lambda m: rendered.append(m) or real(m))
     apply_cmd.save_memory(path, PassMemory(unreachable_since={"g2": 100.0}))
-    assert writes == []
+    assert rendered == []  # an equal memory: the JSON from last time
+    assert path.stat().st_mtime_ns == before
 
 
 def test_a_changed_memory_is_written_even_when_its_mapping_was_changed_in_place(tmp_path):

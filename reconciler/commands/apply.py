@@ -14,7 +14,7 @@ from reconciler.constants import STATUS_DIR, Exit
 from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
-from reconciler.status import status_dir, write_document, write_if_changed
+from reconciler.status import status_dir, write_document, write_rendered
 
 
 def catalog_status_document(catalog) -> dict:
@@ -51,28 +51,18 @@ def write_catalog_status(catalog) -> None:
         print(f"reconciler: could not write {path}: {exc.reason}", file=sys.stderr)
 
 
-# path -> the memory last saved there, frozen. The daemon saves after every pass; an idle pass
-# at 4,000 nodes hands on an equal memory, and comparing it takes milliseconds where writing the
-# snapshot inside it out as JSON again took half a second.
-_LAST_SAVED: dict[Path, tuple] = {}
-
-
 def _frozen(memory: PassMemory) -> tuple:
-    """The memory's contents as a value no later change to its mappings can alter."""
+    """The memory's contents as a value no later change to its mappings can alter: the daemon
+    saves after every pass, and an equal memory is not rendered to JSON again (write_rendered)."""
     return (tuple(sorted(memory.history.items())), tuple(sorted(memory.unreachable_since.items())),
             memory.last_seen, tuple(sorted(memory.placed_on.items())), tuple(sorted(memory.start_failures.items())))
 
 
 def save_memory(path: Path, memory: PassMemory) -> None:
-    key = _frozen(memory)
-    if _LAST_SAVED.get(path) == key and path.exists():
-        return
     try:
-        write_if_changed(path, json.dumps(memory_to_document(memory), sort_keys=True))
+        write_rendered(path, _frozen(memory), lambda: json.dumps(memory_to_document(memory), sort_keys=True))
     except StatusWriteError as exc:  # losing the memory costs a backoff step, never the pass
         print(f"reconciler: could not save {path}: {exc.reason}", file=sys.stderr)
-        return
-    _LAST_SAVED[path] = key
 
 
 def main(args) -> int:
