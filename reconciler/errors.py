@@ -50,7 +50,9 @@ class Problem:
         return f"{self.file}:{self.line}:{self.column}: {self.message}"
 
 
-TEMPORARY, PERMANENT, BUG = "temporary", "permanent", "bug"
+from reconciler.vocabulary import FailureKind  # noqa: E402
+
+TEMPORARY, PERMANENT, BUG = FailureKind.TEMPORARY, FailureKind.PERMANENT, FailureKind.BUG
 
 
 class ReconcilerError(Exception):

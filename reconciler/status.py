@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from enum import StrEnum
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -40,6 +41,8 @@ def _represent_list(dumper: yaml.BaseDumper, data: list) -> yaml.Node:
 
 
 _StatusDumper.add_representer(list, _represent_list)
+# The vocabulary's StrEnums are written as the strings they are (a phase reads `Ready`, not a tag).
+_StatusDumper.add_multi_representer(StrEnum, lambda dumper, data: dumper.represent_str(str(data)))
 
 
 

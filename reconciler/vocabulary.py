@@ -1,0 +1,78 @@
+"""The words the reconciler and its files agree on, each defined once (SPEC sections 2, 3, 9, 10).
+
+Every value is a StrEnum, so it is its own spelling in YAML, JSON and log lines (`Phase.READY ==
+"Ready"`), and a typo is an AttributeError at import, not a replica that silently never matches.
+Code compares against these members, never against a bare literal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """A replica's phase in status/models/<name>.yaml (SPEC section 2; Draining: section 10)."""
+
+    PENDING = "Pending"
+    FETCHING = "Fetching"  # the weights are on their way to a node that lacks them (SPEC section 7)
+    STARTING = "Starting"
+    READY = "Ready"
+    DRAINING = "Draining"  # out of every gateway file, waiting for its requests to end before it stops
+    FAILED = "Failed"
+    STOPPING = "Stopping"
+    UNKNOWN = "Unknown"
+
+
+class NodeState(StrEnum):
+    """A node's state: the first three are operator intent (fleet.yaml), the last two observed only."""
+
+    READY = "ready"
+    CORDONED = "cordoned"  # keeps what runs on it, takes nothing new
+    DRAINED = "drained"  # its replicas are moved off
+    UNREACHABLE = "unreachable"  # did not answer (reason says how)
+    UNUSABLE = "unusable"  # answered, but its report is junk or its hardware is broken
+
+    @property
+    def intent(self) -> bool:
+        return self in _INTENT_STATES
+
+
+_INTENT_STATES = frozenset({NodeState.READY, NodeState.CORDONED, NodeState.DRAINED})
+# What fleet.yaml may say, in the schema's order.
+INTENT_STATES = (NodeState.READY, NodeState.CORDONED, NodeState.DRAINED)
+
+
+class ActionKind(StrEnum):
+    """What a plan action does to a replica; the actor dispatches over every member."""
+
+    START = "start"
+    STOP = "stop"
+    REPLACE = "replace"
+    RESTART = "restart"
+
+
+class FailureKind(StrEnum):
+    """Whether retrying can help (ARCHITECTURE: three outcomes, not one)."""
+
+    TEMPORARY = "temporary"  # retried with capped exponential backoff and jitter
+    PERMANENT = "permanent"  # stalled until the catalog or the node changes
+    BUG = "bug"  # anything else: logged with its traceback, tried again next pass
+
+
+class GpuHealth(StrEnum):
+    """One GPU's health as the probe judged it (SPEC section 9)."""
+
+    OK = "ok"
+    UNHEALTHY = "unhealthy"  # an uncorrected ECC error, a pending remap, a fatal Xid, a field the driver cannot read
+    LOST = "lost"  # the driver stopped listing it while /proc/driver/nvidia/gpus/ still has its bus id
+
+
+class CheckResult(StrEnum):
+    """How one health check of a node went (`health_checks: {ecc, remap, xid}` in status/nodes.yaml)."""
+
+    OK = "ok"
+    UNREADABLE = "unreadable"  # it exists but this login cannot read it: never taken as clean
+    UNSUPPORTED = "unsupported"  # the driver or the GPU does not offer it
+
+
+VOCABULARY = (Phase, NodeState, ActionKind, FailureKind, GpuHealth, CheckResult)
