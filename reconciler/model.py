@@ -38,6 +38,8 @@ PLACEHOLDERS = (
 )
 
 EMPTY: Mapping[str, str] = MappingProxyType({})
+# A replica leaving service waits this long at most for its requests to end (model field drain_s).
+DEFAULT_DRAIN_S = 10.0
 
 
 def _empty():
@@ -222,6 +224,15 @@ class Model:
     # None: the default rollout (surge into room no missing replica needs, else in place, one at a time).
     update: UpdatePolicy | None = None
     fetch: FetchPolicy | None = None
+    # What the engine and every gateway entry call the model (SPEC section 10); None: its name.
+    served_name: str | None = None
+    # How long a Ready replica the reconciler stops waits for its requests to end (SPEC section 10).
+    drain_s: float = DEFAULT_DRAIN_S
+
+    @property
+    def served(self) -> str:
+        """The name the engine serves the model under, and every gateway file routes by."""
+        return self.served_name or self.name
 
     @property
     def needs_weights_on_node(self) -> bool:
@@ -283,6 +294,8 @@ def spec_hash(model: Model, profile: Profile) -> str:
         "env": {k: v.document() if isinstance(v, SecretRef) else v for k, v in sorted(profile.env.items())},
         "command": list(profile.command) if profile.command is not None else None,
         "health_path": profile.health_path,
+        # Passed to the engine (--served-model-name, --alias): a new name is a new process.
+        "served_name": model.served,
     }
     raw = json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(raw).hexdigest()[:12]

@@ -60,7 +60,7 @@ def test_cpu_only_two_node_head_offloads_every_layer_to_the_worker_and_the_worke
     head, worker = render(cpu_profile(), inv)
     # -ngl 0 here would keep every layer on the head: the RPC device is an offload device.
     assert head.argv == ("llama-server", "-m", "/models/gemma.gguf", "--host", "0.0.0.0", "--port", "8080",
-                         "-ngl", "99", "--rpc", "10.1.0.2:8081")
+                         "--alias", "gemma", "--metrics", "-ngl", "99", "--rpc", "10.1.0.2:8081")
     assert worker.argv == ("ggml-rpc-server", "-H", "10.1.0.2", "-p", "8081", "-t", "32")
 
 

@@ -99,7 +99,7 @@ def test_vllm_single_node_renders_tp_per_node_and_gpu_uuids():
     [launch] = render(prof, Assignment(node="a1", rank=0, gpus=(2, 3), port=8000))
     assert launch.argv == (
         "vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
-        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+        "--served-model-name", "llama", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
         "--max-model-len", "8192",
     )
     assert dict(launch.env) == {
@@ -117,12 +117,12 @@ def test_vllm_two_nodes_use_head_data_address_and_workers_run_headless():
     head, worker = two_node(profile("vllm", nodes=2))
     assert head.argv == (
         "vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
-        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
+        "--served-model-name", "llama", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
         "--nnodes", "2", "--node-rank", "0", "--master-addr", "10.1.0.11", "--master-port", "29500",
     )
     assert worker.argv == (
         "vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8001",
-        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
+        "--served-model-name", "llama", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
         "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.0.11", "--master-port", "29500",
         "--headless",
     )
@@ -147,7 +147,7 @@ def test_vllm_profile_args_override_tensor_parallel_size(override):
     [launch] = render(profile("vllm", args=tuple(override)), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000))
     assert launch.argv == (
         "vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
-        "--pipeline-parallel-size", "1", *override,
+        "--served-model-name", "llama", "--pipeline-parallel-size", "1", *override,
     )
 
 
@@ -178,7 +178,7 @@ def test_sglang_single_node():
                       Assignment(node="a1", rank=0, gpus=(0, 1), port=30000))
     assert launch.argv == (
         "sglang", "serve", "--model-path", "/models/llama",
-        "--host", "0.0.0.0", "--port", "30000", "--tp-size", "2", "--mem-fraction-static", "0.8",
+        "--host", "0.0.0.0", "--port", "30000", "--served-model-name", "llama", "--tp-size", "2", "--mem-fraction-static", "0.8",
     )
     assert dict(launch.env) == {"CUDA_VISIBLE_DEVICES": "GPU-a1-0,GPU-a1-1"}
 
@@ -187,9 +187,9 @@ def test_sglang_two_nodes_take_total_tp_and_dist_init_addr_of_head():
     head, worker = two_node(profile("sglang", nodes=2, port=30000))
     common = ("sglang", "serve", "--model-path", "/models/llama", "--host", "0.0.0.0")
     assert head.argv == common + (
-        "--port", "8000", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "10.1.0.11:29500")
+        "--port", "8000", "--served-model-name", "llama", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "10.1.0.11:29500")
     assert worker.argv == common + (
-        "--port", "8001", "--tp-size", "4", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.1.0.11:29500")
+        "--port", "8001", "--served-model-name", "llama", "--tp-size", "4", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.1.0.11:29500")
     assert dict(head.env) == {"CUDA_VISIBLE_DEVICES": "GPU-a1-0,GPU-a1-1", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
     assert dict(worker.env) == {"CUDA_VISIBLE_DEVICES": "4,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                 "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
@@ -214,14 +214,15 @@ def test_llamacpp_single_node_gpu_offloads_all_layers():
     [launch] = render(profile("llama.cpp", gpus_per_node=1, port=8080, args=("-c", "4096")),
                       Assignment(node="a2", rank=0, gpus=(3,), port=8080), source="/models/q4.gguf")
     assert launch.argv == ("llama-server", "-m", "/models/q4.gguf", "--host", "0.0.0.0", "--port", "8080",
-                           "-ngl", "99", "-c", "4096")
+                           "--alias", "llama", "--metrics", "-ngl", "99", "-c", "4096")
     assert dict(launch.env) == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_llamacpp_cpu_only_offloads_nothing_and_hides_gpus():
     [launch] = render(profile("llama.cpp", gpu_class=None, gpus_per_node=0, port=8080),
                       Assignment(node="a1", rank=0, port=8080), source="/models/q4.gguf")
-    assert launch.argv == ("llama-server", "-m", "/models/q4.gguf", "--host", "0.0.0.0", "--port", "8080", "-ngl", "0")
+    assert launch.argv == ("llama-server", "-m", "/models/q4.gguf", "--host", "0.0.0.0", "--port", "8080",
+                           "--alias", "llama", "--metrics", "-ngl", "0")
     assert dict(launch.env) == {"CUDA_VISIBLE_DEVICES": ""}
     assert launch.gpus == ()
 
@@ -229,7 +230,7 @@ def test_llamacpp_cpu_only_offloads_nothing_and_hides_gpus():
 def test_llamacpp_two_nodes_head_connects_to_rpc_server_on_worker_data_address():
     head, worker = two_node(profile("llama.cpp", nodes=2, port=8080), dist_port=None)
     assert head.argv == ("llama-server", "-m", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
-                         "-ngl", "99", "--rpc", "10.1.0.12:8001")
+                         "--alias", "llama", "--metrics", "-ngl", "99", "--rpc", "10.1.0.12:8001")
     # The RPC server is unauthenticated: it binds only the address the head reaches it on.
     assert worker.argv == ("ggml-rpc-server", "-H", "10.1.0.12", "-p", "8001")
     assert dict(worker.env) == {"CUDA_VISIBLE_DEVICES": "4,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -446,7 +447,8 @@ HOSTILE = (
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "llama.cpp"])
 def test_hostile_strings_in_args_and_source_stay_single_literal_argv_elements(engine):
     source = "/models/a b; touch pwned-source $(id)"
-    args = tuple(x for h in HOSTILE for x in ("--served-model-name", h))
+    # A flag that takes any string (--served-model-name is the reconciler's own now: SPEC section 10).
+    args = tuple(x for h in HOSTILE for x in ("--chat-template", h))
     [launch] = render(profile(engine, args=args), Assignment(node="a1", rank=0, gpus=(0, 1), port=8000), source=source)
     assert launch.argv[-len(args):] == args
     assert source in launch.argv
@@ -551,10 +553,10 @@ def test_multi_node_example_renders_two_distinct_hosts_with_the_head_fabric_addr
     head, worker = render_replica(model_, prof, placement, catalog.fleet, Inventory(nodes=()))
     tail = ("--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2")
     assert head.argv == ("vllm", "serve", "/models/llama-3.1-405b-instruct-fp8", "--host", "0.0.0.0", "--port", "8000",
-                         *tail, "--node-rank", "0", "--master-addr", "192.0.2.11", "--master-port", "29500",
+                         "--served-model-name", "llama-3-405b", *tail, "--node-rank", "0", "--master-addr", "192.0.2.11", "--master-port", "29500",
                          "--max-model-len", "16384")
     assert worker.argv == ("vllm", "serve", "/models/llama-3.1-405b-instruct-fp8", "--host", "0.0.0.0", "--port", "8000",
-                           *tail, "--node-rank", "1", "--master-addr", "192.0.2.11", "--master-port", "29500",
+                           "--served-model-name", "llama-3-405b", *tail, "--node-rank", "1", "--master-addr", "192.0.2.11", "--master-port", "29500",
                            "--headless", "--max-model-len", "16384")
     assert dict(worker.env) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                 "NCCL_IB_HCA": "=mlx5_0,mlx5_1", "VLLM_HOST_IP": "192.0.2.12"}
@@ -618,7 +620,7 @@ NASTY = st.lists(st.sampled_from(list("${}()`;'\"\\ \n\t|&<>*?~!#-_=aZ9") + ["PO
 @settings(max_examples=200, deadline=None)
 @given(value=NASTY)
 def test_any_arg_either_reaches_the_engine_verbatim_as_one_element_or_refuses_naming_the_placeholder(value):
-    prof = profile("vllm", args=("--served-model-name", value))
+    prof = profile("vllm", args=("--chat-template", value))
     try:
         [launch] = render(prof, Assignment(node="a1", rank=0, gpus=(0, 1), port=8000))
     except RenderError as err:
@@ -626,7 +628,7 @@ def test_any_arg_either_reaches_the_engine_verbatim_as_one_element_or_refuses_na
         assert err.replica == "llama-0" and "unresolved placeholder $" in str(err)
         return
     assert not placeholders_in(value)
-    assert launch.argv[-2:] == ("--served-model-name", value)
+    assert launch.argv[-2:] == ("--chat-template", value)
     assert shlex.split(shlex.join(launch.argv)) == list(launch.argv)  # what the transport relies on
 
 

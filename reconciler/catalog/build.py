@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler.model import (
+    DEFAULT_DRAIN_S,
     DEFAULT_PORTS,
     FetchPolicy,
     Fleet,
@@ -137,4 +138,6 @@ def build_model(data: dict, rel: str) -> Model:
             command=tuple(fetch["command"]) if "command" in fetch else None,
             max_parallel=fetch.get("max_parallel", 2),
         ),
+        served_name=data.get("served_name"),
+        drain_s=float(data.get("drain_s", DEFAULT_DRAIN_S)),
     )

@@ -161,6 +161,7 @@ def _load_models(root: Path, read, problems: list[Problem]) -> list[Model]:
     """Every models/*.yaml that passes its checks, in file name order; the problems of the others added."""
     models: list[Model] = []
     names: dict[str, tuple[str, int, int]] = {}
+    served: dict[str, tuple[str, int, int]] = {}  # served name -> where it was first given
     models_dir = root / MODELS_DIR
     if not models_dir.is_dir():
         if models_dir.exists():  # a file named models: every model it was meant to hold would be silently absent
@@ -192,5 +193,14 @@ def _load_models(root: Path, read, problems: list[Problem]) -> list[Model]:
             continue
         line, col = position(doc.data, ("name",))
         names[model.name] = (rel, line, col)
+        served_field = "served_name" if "served_name" in doc.data else "name"
+        if model.served in served:
+            first = served[model.served]
+            # One name, two models: a gateway would load-balance requests for one model onto the other.
+            problems.append(doc.at((served_field,), f"served name '{model.served}' is also the served name of the "
+                                                    f"model in {first[0]}:{first[1]}:{first[2]}; give one of them "
+                                                    "another served_name"))
+            continue
+        served[model.served] = (rel, *position(doc.data, (served_field,)))
         models.append(model)
     return models

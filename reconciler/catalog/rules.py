@@ -6,6 +6,7 @@ resolved, one fabric per HCA, owned engine flags, llama.cpp over IPv6.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Iterator, Mapping
 
 from reconciler.errors import Problem
@@ -16,6 +17,10 @@ from reconciler.engines.llamacpp import NGL, offloads_nothing
 from reconciler.host import parse_host
 from reconciler.render import placeholders_in
 from reconciler.catalog.documents import Document
+
+# schema/model.schema.json's served_name pattern: what vLLM, SGLang, llama.cpp's --alias (a comma would
+# split it) and a LiteLLM model name all take as one name.
+SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 
 def fleet_problems(doc: Document) -> list[Problem]:
@@ -110,6 +115,11 @@ def model_problems(doc: Document) -> list[Problem]:
         problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
         problems.extend(_args_problems(doc, base, prof))
     problems.extend(_rollout_problems(doc))
+    served = data.get("served_name")
+    if served is not None and not SERVED_NAME.fullmatch(str(served)):
+        # The schema's pattern, anchored for real: Python's `$` also matches before a final newline.
+        problems.append(doc.at(("served_name",), f"served_name {served!r} has characters an engine or LiteLLM would "
+                                                 "refuse; use letters, digits and . _ : / - (at most 128)"))
     if str(data.get("source", "")).startswith("-"):
         # Render refuses it at launch; saying so here keeps it out of a merged catalog.
         problems.append(doc.at(("source",), f"source '{data['source']}' starts with '-', which an engine would read as a flag, not as the weights"))

@@ -39,6 +39,8 @@ LLAMA_SERVER_OPTIONS = (
     ("--rpc",),
     ("-ngl", "--gpu-layers", "--n-gpu-layers"),
     ("-t", "--threads"),
+    ("-a", "--alias"),
+    ("--metrics",),
 )
 NGL = "--gpu-layers"
 # Offload every layer: llama.cpp clamps to the model's layer count.
@@ -98,7 +100,8 @@ def llama_cpp_problems(profile: Profile, nodes: Sequence[NodeSpec], inventory: I
 
 class LlamaCppAdapter:
     name = "llama.cpp"
-    owned_flags = frozenset({"--model", "--model-url", "--hf-repo", "--docker-repo", "--host", "--port", "--rpc"})
+    owned_flags = frozenset({"--model", "--model-url", "--hf-repo", "--docker-repo", "--host", "--port", "--rpc",
+                             "--alias", "--metrics"})
 
     def argv(self, ctx: RankContext) -> list[str]:
         p = ctx.profile
@@ -107,7 +110,10 @@ class LlamaCppAdapter:
             # Every core the node has: the RPC server alone would use half of them.
             return argv + (["-t", str(ctx.cpu_count)] if ctx.cpu_count else [])
         uses = {u.option for u in option_uses(self.name, p.args)}
-        argv = ["llama-server", "-m", ctx.model.source, "--host", ctx.bind_host, "--port", str(ctx.assignment.port)]
+        argv = ["llama-server", "-m", ctx.model.source, "--host", ctx.bind_host, "--port", str(ctx.assignment.port),
+                # The name the gateway files route by, and the /metrics that Prometheus and a drain read
+                # (SPEC section 10): llama-server serves neither by default.
+                "--alias", ctx.model.served, "--metrics"]
         if NGL not in uses:
             argv += ["-ngl", ALL_LAYERS if (p.gpus_per_node or ctx.multi_node) else "0"]
         if ctx.multi_node:

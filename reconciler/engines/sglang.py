@@ -18,7 +18,7 @@ TP = frozenset({"--tp-size"})
 class SglangAdapter:
     name = "sglang"
     owned_flags = frozenset(
-        {"--model-path", "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr"}
+        {"--model-path", "--served-model-name", "--host", "--port", "--nnodes", "--node-rank", "--dist-init-addr"}
     )
 
     def argv(self, ctx: RankContext) -> list[str]:
@@ -28,6 +28,8 @@ class SglangAdapter:
             "--model-path", ctx.model.source,
             "--host", ctx.bind_host,
             "--port", str(ctx.assignment.port),
+            # The name the gateway files route by (SPEC section 10); SGLang's default is the source path.
+            "--served-model-name", ctx.model.served,
         ]
         if p.gpus_per_node and not sets_option(self.name, p.args, TP):
             argv += ["--tp-size", str(ctx.total_gpus)]

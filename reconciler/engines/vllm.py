@@ -23,12 +23,15 @@ PP = frozenset({"--pipeline-parallel-size"})
 class VllmAdapter:
     name = "vllm"
     owned_flags = frozenset(
-        {"--host", "--port", "--model", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"}
+        {"--host", "--port", "--model", "--served-model-name", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"}
     )
 
     def argv(self, ctx: RankContext) -> list[str]:
         p = ctx.profile
         argv = ["vllm", "serve", ctx.model.source, "--host", ctx.bind_host, "--port", str(ctx.assignment.port)]
+        # The name the gateway files route by (SPEC section 10); vLLM's default is the source path.
+        # Every rank, as vLLM's multi-node docs run the same command on every node.
+        argv += ["--served-model-name", ctx.model.served]
         if p.gpus_per_node:
             # Common practice from vLLM's docs: TP inside a node (NVLink), PP across nodes.
             if not sets_option(self.name, p.args, TP):
