@@ -21,6 +21,7 @@ The modules, top layer first; a module imports only from the layers below it
     actor               the pass's effects: start, stop, replace, restart, through a Launcher, at once
     observed,           how a replica of an earlier pass is doing; the order actions need when they
     scheduling          run at once, and the buffers their effects go to
+    gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready
     readiness, memory,  pure phase judgement + the health request; what a pass hands the
     outcomes            next; the typed results (Decision, ReplicaState, PassResult)
     catalog/, probe/,   read and validate YAML; probe nodes; write status; launch ranks

@@ -62,6 +62,7 @@ from reconciler.readiness import (
     observed_gpus,
 )
 from reconciler.observed import head_host, observe_replica
+from reconciler.plan import Drain
 from reconciler.scheduling import MAX_PARALLEL_ACTIONS, Effects, action_dependencies
 from reconciler.snapshot import RankRecords, gpu_problems, ranks_by_replica, start_order
 from reconciler.status import replica_endpoint
@@ -96,6 +97,7 @@ class Actor:
         sleep: Callable[[float], None] = time.sleep,
         ready_wait_s: float | None = None,
         health: HealthCheck = http_health,
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.catalog = catalog
         self.probed = inventory  # as the probe saw it; the ranks stopped since are in _forgotten
@@ -114,6 +116,9 @@ class Actor:
         self._records = ranks_by_replica(inventory)  # as probed
         self._forgotten: dict[str, frozenset[tuple[str, int | None]]] = {}  # replica -> ranks stopped this pass
         self._local = threading.local()  # .effects: the buffer of the action this thread carries out
+        # drain_key -> old copies of new-first replaces left draining (begin_drain); one key per action.
+        self.drains_begun: dict[str, Drain] = {}
+        self.wall_clock = wall_clock  # epoch seconds, as the plan's `now`: a drain's start and end
 
     # -- bookkeeping: effects go to the buffer of the action in progress (act_all), else to the pass's
 
@@ -453,7 +458,8 @@ class Actor:
             return started
         state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
         if state.phase == READY:
-            self.stop_ranks(action.replica, old_live, f"replaced by the new copy: {action.reason}")
+            if not self.begin_drain(action, old_live):
+                self.stop_ranks(action.replica, old_live, f"replaced by the new copy: {action.reason}")
             self.pending.pop(action.replica, None)
             return ActionOutcome(action.replica, "replace", True, state)
         new_targets = [(l.node, l.rank) for l in self.pending[action.replica].launches]
@@ -473,6 +479,27 @@ class Actor:
             outcome = self.settle("replace", replace(kept, message=f"replacement failed: {message}"), ok=False)
         self.pending.pop(action.replica, None)
         return outcome
+
+    def begin_drain(self, action: Action, old_live: list[tuple[str, int]]) -> bool:
+        """The new copy serves: the old one, if it was serving, is left to drain (SPEC section 10) rather
+        than cut its requests. From here on the replica's state and every gateway file name the new copy;
+        the next passes see the old one as a stale copy to stop, and stop it once it runs no request
+        (memory.hold_drains). False when it is to be stopped at once (drain_s 0, not serving)."""
+        previous = action.previous
+        model = self.catalog.model(action.model)
+        if not action.drain or previous is None or not previous.nodes or model is None or model.drain_s <= 0:
+            return False
+        if sorted({(a.node, a.rank) for a in previous.nodes}) != sorted(old_live):
+            return False  # part of it is on a node that does not answer: nothing to drain
+        profile = model.profile(previous.profile)
+        now = self.wall_clock()
+        drain = Drain(action.replica, action.model, tuple(a.node for a in previous.nodes), previous.nodes[0].port,
+                      profile.engine if profile is not None else "", now, now + model.drain_s)
+        self.drains_begun[drain.key] = drain
+        self.decide(action.replica, previous.nodes[0].node, "drain",
+                    f"old copy out of every gateway file; stopped once no request runs, at most {model.drain_s:g} s: "
+                    f"{action.reason}")
+        return True
 
     def replace_wait_s(self, action: Action) -> float:
         """A replacement waits for its new copy inside the pass (even for the daemon): the old copy must not

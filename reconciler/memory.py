@@ -28,9 +28,18 @@ from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
-from reconciler.model import Action, Catalog, Inventory, spec_hash
+from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Inventory, Placement, spec_hash
 from reconciler.outcomes import FAILED, ReplicaState
-from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay, plan as make_plan
+from reconciler.plan import (
+    Drain,
+    Plan,
+    ReplicaHistory,
+    Waiting,
+    WaitKind,
+    backoff_delay,
+    drain_key,
+    plan as make_plan,
+)
 
 # A permanent failure is tried again this often even when nothing the probe sees has changed
 # (the same period as a node stalled on a refused host key).
@@ -75,6 +84,8 @@ class PassMemory:
     last_seen: Inventory | None = None
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     start_failures: Mapping[str, StartFailure] = field(default_factory=dict)
+    # drain_key -> a serving copy being drained before it stops (hold_drains; SPEC section 10)
+    draining: Mapping[str, Drain] = field(default_factory=dict)
 
 
 def remember(
@@ -86,10 +97,12 @@ def remember(
     desired: Iterable[str] | None = None,
     attempt_keys: Mapping[str, str] | None = None,
     jitter: Callable[[], float] = random.random,
+    drains_begun: Mapping[str, Drain] | None = None,
 ) -> PassMemory:
     """The memory after a pass (pure, given `jitter`).
 
     attempt_keys: replica -> attempt_key of the start tried this pass (start_failures needs it).
+    drains_begun: copies the actor left draining in this pass (a replace's old copy, once the new serves).
     """
     desired = None if desired is None else set(desired)
     unreachable = {}
@@ -116,7 +129,20 @@ def remember(
         last_seen=Inventory(tuple(last_nodes)),
         placed_on=placed_on,
         start_failures=failures,
+        draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
     )
+
+
+def draining_after(plan: Plan, inventory: Inventory, begun: Mapping[str, Drain]) -> dict[str, Drain]:
+    """The drains still under way: those the plan holds and those begun in the pass, while their copy
+    still runs (a copy stopped by hand, or crashed and stopped, is forgotten). `running` is dropped:
+    the next pass asks the engine again."""
+    recorded = {(n.id, r.id) for n in inventory.nodes for r in n.replicas}
+    out = {}
+    for key, d in {**plan.draining, **begun}.items():
+        if (d.nodes[0], d.replica) in recorded:
+            out[key] = dataclasses.replace(d, running=None, note="")
+    return dict(sorted(out.items()))
 
 
 def start_failures_after(before: Mapping[str, StartFailure], inventory: Inventory, acted: Mapping[str, ReplicaState],
@@ -185,6 +211,71 @@ def hold_failed_starts(plan: Plan, catalog: Catalog, inventory: Inventory, failu
     return dataclasses.replace(plan, actions=tuple(actions), waiting=tuple(sorted(waiting, key=lambda w: w.replica)))
 
 
+def draining_copy(action: Action) -> Placement | None:
+    """The serving copy an action stops first, when the plan marked it to drain: a stop's ranks, a
+    stop-first replace's old copy. None for a new-first replace: its old copy serves until the new one
+    does, and the actor leaves it draining then (Actor.begin_drain)."""
+    if not action.drain:
+        return None
+    if action.action == "stop":
+        return action.placement
+    if action.action == "replace" and action.stop_first and action.placement is not None:
+        return action.previous
+    return None
+
+
+def new_drain(action: Action, copy: Placement, catalog: Catalog, now: float) -> Drain:
+    model = catalog.model(action.model)
+    drain_s = model.drain_s if model is not None else DEFAULT_DRAIN_S
+    profile = model.profile(copy.profile) if model is not None else None
+    return Drain(action.replica, action.model, tuple(a.node for a in copy.nodes), copy.nodes[0].port,
+                 profile.engine if profile is not None else "", now, now + drain_s)
+
+
+def drain_done(d: Drain, now: float) -> str | None:
+    """Why a drain is over (pure), or None while it goes on."""
+    if d.running is not None and d.running <= 0:
+        return "its engine runs no request"
+    if now >= d.until:
+        return f"drain_s ({d.until - d.started:g} s) has passed" + (f"; {d.note}" if d.note else "")
+    return None
+
+
+def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float) -> Plan:
+    """The plan with each stop of a serving copy turned into a Draining wait until the copy has drained
+    (pure; SPEC section 10). A drain begins in the pass that first decides the stop: that pass writes the
+    gateway files without the replica, and a later pass stops it once its engine (asked before the
+    pass, Drain.running) runs no request, or once drain_s has passed. drain_s 0 stops at once. A crash,
+    a node that does not answer, a broken GPU: the plan marks no drain (Action.drain), so no wait."""
+    actions, waiting, kept = [], list(plan.waiting), {}
+    for a in plan.actions:
+        copy = draining_copy(a)
+        if copy is None or not copy.nodes:
+            actions.append(a)
+            continue
+        key = drain_key(a.replica, (n.node for n in copy.nodes))
+        d = draining.get(key) or new_drain(a, copy, catalog, now)
+        if d.until <= d.started:  # drain_s: 0
+            actions.append(a)
+            continue
+        done = drain_done(d, now) if key in draining else None
+        if done is not None:
+            actions.append(dataclasses.replace(a, reason=f"{a.reason}; drained: {done}"))
+            continue
+        kept[key] = d
+        if key in draining:
+            load = f"{d.running:g} request{'s' * (d.running != 1)} running" if d.running is not None else d.note
+            step = f"{load}; stopped once no request runs, at the latest after {iso_time(d.until)}"
+        else:  # begins now: no clock time in the message, so `plan` says the same thing on every run
+            step = f"stopped once no request runs, at most {d.until - d.started:g} s from now"
+        waiting.append(Waiting(a.replica, a.model, f"draining ({a.reason}): out of every gateway file; {step}",
+                               d.until, kind=WaitKind.DRAINING, nodes=d.nodes, next_step=step))
+    if not kept and tuple(actions) == plan.actions:
+        return plan
+    return dataclasses.replace(plan, actions=tuple(actions), waiting=tuple(sorted(waiting, key=lambda w: w.replica)),
+                               draining=kept)
+
+
 def held_start(action: Action, f: StartFailure) -> Waiting:
     tries = f"{f.attempts} failed start{'s' * (f.attempts != 1)}"
     if f.kind == PERMANENT:
@@ -208,6 +299,7 @@ def memory_to_document(memory: PassMemory) -> dict:
         "last_seen": inventory_to_document(memory.last_seen) if memory.last_seen is not None else None,
         "placed_on": {rid: list(nodes) for rid, nodes in sorted(memory.placed_on.items())},
         "start_failures": {rid: dataclasses.asdict(f) for rid, f in sorted(memory.start_failures.items())},
+        "draining": {key: {**dataclasses.asdict(d), "nodes": list(d.nodes)} for key, d in sorted(memory.draining.items())},
     }
 
 
@@ -220,6 +312,7 @@ def memory_from_document(doc: Any) -> PassMemory:
             last_seen=inventory_from_document(doc["last_seen"]) if doc.get("last_seen") else None,
             placed_on={rid: tuple(nodes) for rid, nodes in (doc.get("placed_on") or {}).items()},
             start_failures={rid: _start_failure(f) for rid, f in (doc.get("start_failures") or {}).items()},
+            draining={key: _drain(d) for key, d in (doc.get("draining") or {}).items()},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return PassMemory()
@@ -233,6 +326,11 @@ def _start_failure(doc: Mapping[str, Any]) -> StartFailure:
                         tuple(doc.get("nodes") or ()))
 
 
+def _drain(doc: Mapping[str, Any]) -> Drain:
+    return Drain(str(doc["replica"]), str(doc["model"]), tuple(str(n) for n in doc["nodes"]), int(doc["port"]),
+                 str(doc["engine"]), float(doc["started"]), float(doc["until"]))
+
+
 def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
     """The pass's plan, against what earlier passes remember: reconcile's default planner, and what
     `plan` and `explain` call with the memory `apply` keeps, so they predict it (here, not in
@@ -242,7 +340,9 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
     )
     # Starts that failed before wait out their backoff, or stay stalled (hold_failed_starts).
-    return hold_failed_starts(planned, catalog, inventory, memory.start_failures, now)
+    planned = hold_failed_starts(planned, catalog, inventory, memory.start_failures, now)
+    # Serving copies to be stopped drain first (hold_drains).
+    return hold_drains(planned, catalog, memory.draining, now)
 
 
 def memory_path(catalog_root: str) -> Path:

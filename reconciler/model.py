@@ -580,6 +580,10 @@ class Action:
     # replace: the new copy only fits once the old one is gone, so stop it before starting the new one
     # (otherwise start the new copy first and stop the old one when it is up).
     stop_first: bool = False
+    # stop/replace: the copy it stops was serving, so it drains first (SPEC section 10): out of every
+    # gateway file, stopped once its engine runs no request or the model's drain_s has passed.
+    # False for a crash, a node that does not answer, or anything not serving.
+    drain: bool = False
 
 
 @dataclass(frozen=True)

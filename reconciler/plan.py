@@ -84,6 +84,34 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """A serving copy the reconciler chose to stop, waiting for its requests to end (SPEC section 10).
+
+    Kept in the pass memory from the pass that began it to the pass that stops it; `running` is what
+    its engine said just before the current pass (None: not asked yet, or no answer to trust).
+    """
+
+    replica: str
+    model: str
+    nodes: tuple[str, ...]  # rank order; nodes[0] is the head
+    port: int  # the head's serving port, where its metrics are asked
+    engine: str  # "" when unknown (its model was removed): then only drain_s ends it
+    started: float
+    until: float  # started + drain_s: stopped then whatever its engine says
+    running: float | None = None
+    note: str = ""  # why `running` is None, in words
+
+    @property
+    def key(self) -> str:
+        return drain_key(self.replica, self.nodes)
+
+
+def drain_key(replica: str, nodes: Iterable[str]) -> str:
+    """One copy of a replica: a replace's old copy drains beside the new one, under the same id."""
+    return f"{replica}@{','.join(nodes)}"
+
+
+@dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...]
     # Every desired replica: where it is (kept), goes (start/replace/restart) or why it cannot go anywhere.
@@ -96,6 +124,8 @@ class Plan:
     # The history to keep for the next pass (restart counts updated, removed replicas dropped).
     history: Mapping[str, ReplicaHistory]
     revision: str | None = None
+    # Copies draining after this plan (memory.hold_drains), by drain_key: the pass memory keeps them.
+    draining: Mapping[str, Drain] = field(default_factory=dict)
 
     @property
     def placed_on(self) -> dict[str, tuple[str, ...]]:
@@ -244,6 +274,12 @@ def _as_placement(catalog: Catalog, inventory: Inventory, copy: _Copy, model: Mo
     )
 
 
+def _serving(entries: Iterable[tuple[str, RunningRank]]) -> bool:
+    """Every rank alive and running (not queued by a scheduler): the copy may hold requests."""
+    entries = list(entries)
+    return any(r.rank == 0 for _, r in entries) and all(r.alive and not r.waiting for _, r in entries)
+
+
 def _stop_placement(rid: str, model: str, entries: list[tuple[str, RunningRank]]) -> Placement:
     return Placement(
         replica=rid, model=model, profile=entries[0][1].profile, fabric=None, pool="",
@@ -266,6 +302,9 @@ class _Replacement:
     reason: str
     spec_change: bool = False  # spec changes go one at a time per model; moves off bad nodes all at once
     history_after: ReplicaHistory = ReplicaHistory()
+    # The old copy serves (every rank alive on nodes that answer): it drains before it stops. Not for
+    # a crash, a node that does not answer, or a broken GPU: those stop at once.
+    drain: bool = False
 
 
 @contextmanager
@@ -297,6 +336,9 @@ class WaitKind(str, Enum):
     # A start that failed and left nothing running (memory.hold_failed_starts):
     START_BACKOFF = "start_backoff"  # temporary failure: retried after a backoff with jitter
     STALLED = "stalled"  # permanent failure: not retried until the catalog or the node changes
+    # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
+    # (memory.hold_drains; SPEC section 10).
+    DRAINING = "draining"
 
 
 @_no_gc()
@@ -374,6 +416,7 @@ class _Diff:
         self.new_history: dict[str, ReplicaHistory] = {}
         self.to_replace: list[_Replacement] = []
         self.changes: list[SpecChange] = []
+        self.serving_old: set[str] = set()  # spec changes whose old copy drains before it stops
 
     def state(self, node: str) -> str:
         return _effective_state(self.catalog, self.inventory, node)
@@ -400,10 +443,12 @@ class _Diff:
         if lost:
             self.on_lost_node(rid, model, ordinal, current, hist, lost)
         elif drained:
-            self.to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained"))
+            self.to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained",
+                                                drain=self.complete_and_alive(copy)))
         elif profile is None or self.spec_changed(model, profile, copy):
             why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
-            self.to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True))
+            self.to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True,
+                                                drain=self.complete_and_alive(copy)))
         elif any(not r.alive for _, r in copy.ranks) or self.missing_ranks(copy):
             self.crashed(rid, model, ordinal, current, copy, profile, hist)
         else:
@@ -415,8 +460,10 @@ class _Diff:
         reachable = [(n, r) for n, r in entries if self.state(n) != "unreachable"]
         away = sorted({n for n, r in entries if self.state(n) == "unreachable"})
         if reachable:
-            (self.stops_removed if model is None else self.stops_scaled).append(
-                Action("stop", rid, model_name, why, _stop_placement(rid, model_name, reachable)))
+            stop = Action("stop", rid, model_name, why, _stop_placement(rid, model_name, reachable),
+                          drain=not away and _serving(reachable))
+            (self.stops_removed if model is None else self.stops_scaled).append(stop)
+            self.hold_if_draining(stop, model)
         if away:
             # A node that does not answer cannot be told to stop; its copy is stopped when it is back.
             self.waiting.append(Waiting(rid, model_name, f"{why}; stopped on {', '.join(away)} when it answers again",
@@ -427,8 +474,17 @@ class _Diff:
         reachable_stale = [(n, r) for n, r in stale if self.state(n) != "unreachable"]
         if reachable_stale:
             where = ", ".join(sorted({n for n, _ in copy.ranks}))
-            self.stops_stale.append(Action("stop", rid, model_name, f"stale copy: the replica runs on {where}",
-                                           _stop_placement(rid, model_name, reachable_stale)))
+            stop = Action("stop", rid, model_name, f"stale copy: the replica runs on {where}",
+                          _stop_placement(rid, model_name, reachable_stale),
+                          drain=len(reachable_stale) == len(stale) and _serving(reachable_stale))
+            self.stops_stale.append(stop)
+            self.hold_if_draining(stop, self.models.get(model_name))
+
+    def hold_if_draining(self, stop: Action, model: Model | None) -> None:
+        """A copy that drains keeps its GPUs and ports until it stops, a pass or more later: nothing
+        placed in this pass may count on them (with drain_s 0 it stops now, and frees them now)."""
+        if stop.drain and stop.placement is not None and (model is None or model.drain_s > 0):
+            self.placer.hold(stop.placement)
 
     def on_lost_node(self, rid: str, model: Model, ordinal: int, current: Placement, hist: ReplicaHistory,
                      lost: list[str]) -> None:
@@ -456,6 +512,10 @@ class _Diff:
     def spec_changed(self, model: Model, profile: Profile, copy: _Copy) -> bool:
         digest = copy.ranks[0][1].spec_hash
         return self.hashes.of(model, profile) != digest or any(r.spec_hash != digest for _, r in copy.ranks)
+
+    def complete_and_alive(self, copy: _Copy) -> bool:
+        """Every rank there and alive: the copy may be serving, so stopping it drains it first."""
+        return not self.missing_ranks(copy) and _serving(copy.ranks)
 
     @staticmethod
     def missing_ranks(copy: _Copy) -> list[int]:
@@ -500,6 +560,8 @@ class _Diff:
         for r in sorted(self.to_replace, key=lambda r: (r.model.name, r.ordinal)):
             if r.spec_change:
                 self.changes.append(SpecChange(r.model, r.ordinal, r.old, r.reason))
+                if r.drain:
+                    self.serving_old.add(r.old.replica)
                 # Kept for now, so start_missing does not take it for a replica that is not running.
                 self.outcomes[r.old.replica] = Outcome(r.old.replica, r.model.name, r.old, kept=True)
                 continue
@@ -523,7 +585,8 @@ class _Diff:
                 continue
             self.new_history[rid] = ReplicaHistory()
             self.replaces.append(Action("replace", rid, model.name, step.reason, step.outcome.placement,
-                                        previous=step.change.old, stop_first=step.stop_first))
+                                        previous=step.change.old, stop_first=step.stop_first,
+                                        drain=rid in self.serving_old))
 
     def replace_one(self, r: _Replacement) -> None:
         model, rid, old, why = r.model, r.old.replica, r.old, r.reason
@@ -543,7 +606,7 @@ class _Diff:
         if out.placement is None:
             reason += "; no placement fits, the old copy keeps running"
         self.replaces.append(Action("replace", rid, model.name, reason, out.placement, previous=old,
-                                    stop_first=stop_first))
+                                    stop_first=stop_first, drain=r.drain))
 
     def start_missing(self) -> None:
         self.starts = [Action("start", o.replica, o.model, "not running", o.placement)

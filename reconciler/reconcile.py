@@ -26,14 +26,17 @@ from typing import Callable, Mapping
 
 from reconciler.actor import Actor, LogFn, RenderFn
 from reconciler.observed import observe_replica
+from reconciler.engine_metrics import METRICS_TIMEOUT_S, EngineLoad, LoadTarget, LoadUnknown, read_loads, series_for
 from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
+from reconciler.gateway import write_gateway_files
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
-from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
+from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
+from reconciler.vocabulary import Phase
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, WaitKind, Waiting
 from reconciler.probe import FleetProbe, probe_fleet_report
@@ -42,12 +45,15 @@ from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import (
     predicted_failures,
+    replica_endpoint,
     predicted_phases,
     unplaced_message,
     write_nodes_status,
     write_plan_status,
 )
 from reconciler.transport import FleetTransports, Transport, TransportPool
+
+DRAINING = Phase.DRAINING
 
 # A probe answers the fleet as it is; a FleetProbe also says how long each node's probe took.
 ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
@@ -112,8 +118,9 @@ def run_pass(
     ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
-    # 1. Probe: the fleet as it is.
+    # 1. Probe: the fleet as it is; and how busy each draining copy's engine is (SPEC section 10).
     inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
+    memory = with_drain_loads(catalog, memory)
     # 2. Plan (pure): what to do about it.
     plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
@@ -147,12 +154,41 @@ def run_pass(
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
-                                 attempt_keys=attempt_keys(catalog, inventory, plan))
+                                 attempt_keys=attempt_keys(catalog, inventory, plan), drains_begun=actor.drains_begun)
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
+            said = len(result.decisions)
             result.written = write_pass_status(catalog, result)
+            for d in result.decisions[said:]:  # a gateway file edited by hand: one warning line
+                log(d)
     return result
+
+
+def with_drain_loads(catalog: Catalog, memory: PassMemory, timeout_s: float = METRICS_TIMEOUT_S) -> PassMemory:
+    """The memory with each draining copy's requests running, as its engine's /metrics says now (all at
+    once, each under its own deadline). An answer that cannot be trusted (a hang, garbage, no such
+    series) leaves `running` None with the reason: that drain then ends at drain_s."""
+    if not memory.draining:
+        return memory
+    targets, notes = [], {}
+    for key, d in memory.draining.items():
+        series = series_for(d.engine)
+        spec = catalog.fleet.node(d.nodes[0])
+        if series is None or spec is None:
+            notes[key] = "no metrics to ask" if series is None else f"node {d.nodes[0]} is not in fleet.yaml"
+            continue
+        targets.append(LoadTarget(key, spec.data_host.bare, d.port, series))
+    answers = read_loads(targets, timeout_s=timeout_s)
+    draining = {}
+    for key, d in memory.draining.items():
+        answer = answers.get(key)
+        if isinstance(answer, EngineLoad):
+            draining[key] = replace(d, running=answer.running, note="")
+        else:
+            why = answer.reason if isinstance(answer, LoadUnknown) else notes.get(key, "not asked")
+            draining[key] = replace(d, running=None, note=f"its load is unknown ({why})")
+    return replace(memory, draining=draining)
 
 
 def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inventory:
@@ -232,7 +268,8 @@ def replica_states(
 
     def observe(item):
         rid, model = item
-        return rid, model, observe_replica(catalog, records.get(rid, []), rid, model, launcher, health)
+        return rid, model, observe_replica(catalog, current_copy(records.get(rid, []), plan.observed.get(rid)),
+                                           rid, model, launcher, health)
 
     # Health checks are network round trips: ask them concurrently, answer in catalog order.
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(todo)))) as pool:
@@ -242,7 +279,32 @@ def replica_states(
                 states[rid] = _not_running_state(rid, model.name, w, plan, unplaced.get(rid), reasons.get(rid))
             else:
                 states[rid] = _with_wait(state, w, records.get(rid, ()))
+    states.update(draining_states(catalog, plan, states))
     return states
+
+
+def current_copy(ranks, observed):
+    """The replica's records less a second copy beside it (a replace's old copy draining, a stale copy
+    left on a node that came back): the copy the plan took for the replica is the one judged and listed."""
+    if observed is None or len(ranks) <= len(observed.nodes):
+        return ranks
+    where = {(a.node, a.rank) for a in observed.nodes}
+    return [(n, r) for n, r in ranks if (n.id, r.rank) in where] or ranks
+
+
+def draining_states(catalog: Catalog, plan: Plan, states: Mapping[str, ReplicaState]) -> dict[str, ReplicaState]:
+    """Replicas no longer desired (a scale down, a removed model) that drain before they stop: Draining,
+    where they run, so status shows them until they are gone (a desired one is judged with the others)."""
+    out = {}
+    for w in plan.waiting:
+        if w.kind is not WaitKind.DRAINING or w.replica in states:
+            continue
+        where = plan.observed.get(w.replica)
+        head = where.nodes[0] if where is not None and where.nodes else None
+        out[w.replica] = ReplicaState(
+            w.replica, w.model, where.profile if where else None, DRAINING, w.reason, where.nodes if where else (),
+            replica_endpoint(catalog.fleet, head.node, head.port) if head is not None else None)
+    return out
 
 
 def _not_running_state(rid: str, model: str, w: Waiting | None, plan: Plan, unplaced: Outcome | None,
@@ -270,6 +332,9 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
     if w.kind is WaitKind.BACKOFF and state.phase == FAILED and w.next_step:
         said = w.next_step  # the observed state already says which ranks died (and their last lines): once is enough
     message = f"{state.message}; {said}" if state.message else w.reason
+    if w.kind is WaitKind.DRAINING and state.phase == READY:
+        # Serving still, but out of every gateway file: the plan stops it once its requests end.
+        return replace(state, phase=DRAINING, message=message)
     if w.kind in (WaitKind.ONE_AT_A_TIME, WaitKind.UPDATE_POLICY):
         # Serving, on the spec it was started with: the message says it is the old one, and why it waits.
         return replace(state, message=message)
@@ -299,6 +364,10 @@ def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
     revisions = {rid: st.revision for rid, st in result.replicas.items()}
     failures = {rid: st.failure for rid, st in result.replicas.items() if st.failure}
     written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures)
+    # status/gateway/ (SPEC section 10): each Ready replica's head; a file edited by hand is written over.
+    gateway_written, warnings = write_gateway_files(catalog.root, catalog, result.replicas)
+    written += gateway_written
+    result.decisions += [Decision("-", "-", "warn", line) for line in warnings]
     if result.inventory is not None:
         written += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return [str(p) for p in written]

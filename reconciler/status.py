@@ -21,9 +21,10 @@ from reconciler.constants import STATUS_DIR
 from reconciler.errors import PERMANENT, TEMPORARY, StatusWriteError
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
-from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
+from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection, replica_ordinal
 from reconciler.placement import port_windows, summarize
 from reconciler.plan import Plan, WaitKind
+from reconciler.vocabulary import Phase
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
@@ -147,6 +148,9 @@ def predicted_phases(plan: Plan) -> dict[str, str]:
             phases[w.replica] = "Failed"
         elif w.kind is WaitKind.NODE_UNREACHABLE:
             phases[w.replica] = "Unknown"
+        elif w.kind is WaitKind.DRAINING:
+            # Out of endpoints.yaml and every gateway file, stopped once its requests end (SPEC section 10).
+            phases[w.replica] = Phase.DRAINING
     for a in plan.actions:
         if a.action in ("restart", "replace") and a.replica in phases:
             phases[a.replica] = "Pending" if a.placement is not None else phases[a.replica]
@@ -220,7 +224,7 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
     revisions = predicted_revisions(plan) if revisions is None else revisions
     reasons = _plan_reasons(model, plan)
     replicas = []
-    for rid in model.replica_ids():
+    for rid in model.replica_ids() + _draining_beyond(model, phases):
         out = plan.outcomes.get(rid)
         placement = _where_it_runs(plan, rid)
         entry = {
@@ -247,6 +251,16 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
         "ready": sum(1 for r in replicas if r["phase"] == "Ready"),
         "replicas": replicas,
     }
+
+
+def _draining_beyond(model: Model, phases: Mapping[str, str]) -> list[str]:
+    """Replicas above the replica count still draining after a scale down: listed until they stop."""
+    extra = []
+    for rid, phase in phases.items():
+        ordinal = replica_ordinal(model.name, rid)
+        if phase == Phase.DRAINING and ordinal is not None and ordinal >= model.replicas:
+            extra.append((ordinal, rid))
+    return [rid for _, rid in sorted(extra)]
 
 
 def endpoints_document(catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None) -> dict:

@@ -14,6 +14,7 @@ from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
+from reconciler.gateway import predicted_replicas, write_gateway_files
 from reconciler.status import observed_revisions, predicted_revisions, rejection_document, write_plan_status
 
 
@@ -161,6 +162,10 @@ def main(args) -> int:
     if args.write_status:
         write_plan_status(catalog.root, catalog, pl,
                           revisions=predicted_revisions(pl, observed_revisions(inventory)))
+        # status/gateway/ as the plan predicts it (SPEC section 10).
+        _, warnings = write_gateway_files(catalog.root, catalog, predicted_replicas(catalog, pl))
+        for line in warnings:
+            print(f"reconciler: warning: {line}", file=sys.stderr)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)

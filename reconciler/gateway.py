@@ -1,0 +1,156 @@
+"""The files a gateway and a monitor read as they are (SPEC section 10): status/gateway/.
+
+    litellm.yaml     a LiteLLM proxy config: `litellm --config status/gateway/litellm.yaml`
+    prometheus.json  Prometheus file_sd_configs targets: every engine's own /metrics
+
+Both list each Ready replica's head and nothing else (a Draining one has left them), in model
+then ordinal order, and are pure functions of the catalog and the pass's replica states, so a
+predicted status (`plan --write-status`) and an applied one read the same. They are written with
+the other status files, atomically and only when their content changes; a file someone edited is
+written over on the next pass, with one warning (the digests of what was written last are kept in
+status/gateway/.written, so a one-shot `apply` notices it too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from reconciler.model import Catalog, Model, replica_ordinal
+from reconciler.outcomes import ReplicaState
+from reconciler.plan import Plan
+from reconciler.status import dump_yaml, predicted_phases, status_dir, write_if_changed
+from reconciler.vocabulary import Phase
+
+GATEWAY_DIR = "gateway"
+LITELLM_FILE = "litellm.yaml"
+PROMETHEUS_FILE = "prometheus.json"
+DIGESTS_FILE = ".written"
+# LiteLLM's provider prefixes: vLLM has its own (hosted_vllm: its extra parameters pass through);
+# SGLang, llama-server and a command engine speak the OpenAI API as it is.
+LITELLM_PROVIDER = {"vllm": "hosted_vllm"}
+DEFAULT_PROVIDER = "openai"
+METRICS_PATH = "/metrics"  # vLLM, SGLang, and llama-server started with --metrics
+HEADER = ("# Written by llm-reconciler on every pass from the catalog and what is Ready (SPEC section 10).\n"
+          "# An edit here is written over on the next pass: change the catalog instead.\n")
+
+
+@dataclass(frozen=True)
+class Head:
+    """One Ready replica's head, where a gateway sends requests and Prometheus scrapes."""
+
+    model: Model
+    replica: str
+    node: str
+    target: str  # <data_address>:<port>, an IPv6 address bracketed
+    api_base: str  # http://<data_address>:<port>/v1
+    engine: str
+
+
+def ready_heads(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> list[Head]:
+    """Every Ready replica's head, in model then ordinal order (pure)."""
+    heads = []
+    for model in catalog.models:
+        states = [s for s in replicas.values() if s.model == model.name and s.phase == Phase.READY and s.nodes]
+        states.sort(key=lambda s: (replica_ordinal(model.name, s.replica) or 0, s.replica))
+        for state in states:
+            head = next((a for a in state.nodes if a.rank == 0), state.nodes[0])
+            spec = catalog.fleet.node(head.node)
+            profile = model.profile(state.profile) if state.profile else None
+            if spec is None or profile is None or not head.port:
+                continue  # nowhere a gateway could reach it
+            heads.append(Head(model, state.replica, head.node, spec.data_host.with_port(head.port),
+                              spec.data_host.url(head.port, "/v1"), profile.engine))
+    return heads
+
+
+def litellm_document(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> dict:
+    """status/gateway/litellm.yaml: one model_list entry per Ready replica; entries of one model share
+    its served name, so LiteLLM load-balances over them."""
+    entries = []
+    for h in ready_heads(catalog, replicas):
+        provider = LITELLM_PROVIDER.get(h.engine, DEFAULT_PROVIDER)
+        entries.append({
+            "model_name": h.model.served,
+            "litellm_params": {
+                "model": f"{provider}/{h.model.served}",
+                "api_base": h.api_base,
+                # The engines are started without a key; LiteLLM's OpenAI client needs one to send.
+                "api_key": "none",
+            },
+            "model_info": {"id": h.replica},
+        })
+    return {"model_list": entries}
+
+
+def prometheus_targets(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> list[dict]:
+    """status/gateway/prometheus.json: one file_sd target group per Ready replica's head."""
+    return [{
+        "targets": [h.target],
+        "labels": {"model": h.model.name, "replica": h.replica, "node": h.node, "engine": h.engine,
+                   "__metrics_path__": METRICS_PATH},
+    } for h in ready_heads(catalog, replicas)]
+
+
+def predicted_replicas(catalog: Catalog, plan: Plan) -> dict[str, ReplicaState]:
+    """The replica states a plan predicts (`plan --write-status`): each replica at the phase
+    status.predicted_phases gives it, where the plan puts it or finds it running."""
+    phases = predicted_phases(plan)
+    states = {}
+    for rid, phase in phases.items():
+        out = plan.outcomes.get(rid)
+        where = out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
+        if where is None:
+            continue
+        states[rid] = ReplicaState(rid, where.model, where.profile, phase, nodes=where.nodes)
+    return states
+
+
+def render_litellm(doc: dict) -> str:
+    return HEADER + dump_yaml(doc)
+
+
+def render_prometheus(groups: list[dict]) -> str:
+    return json.dumps(groups, indent=2) + "\n"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_gateway_files(catalog_root: str | os.PathLike, catalog: Catalog,
+                        replicas: Mapping[str, ReplicaState]) -> tuple[list[Path], list[str]]:
+    """Write both files where their content changed; (paths written, one warning per file that had
+    been edited by hand since it was written). StatusWriteError when the file system refuses."""
+    directory = status_dir(catalog_root) / GATEWAY_DIR
+    texts = {
+        LITELLM_FILE: render_litellm(litellm_document(catalog, replicas)),
+        PROMETHEUS_FILE: render_prometheus(prometheus_targets(catalog, replicas)),
+    }
+    digests_path = directory / DIGESTS_FILE
+    try:
+        written_before = json.loads(digests_path.read_text())
+        if not isinstance(written_before, dict):
+            written_before = {}
+    except (OSError, ValueError):
+        written_before = {}
+    written, warnings = [], []
+    for name, text in texts.items():
+        path = directory / name
+        try:
+            on_disk = path.read_bytes()
+        except OSError:
+            on_disk = None
+        if on_disk is not None and on_disk != text.encode() and written_before.get(name) not in (None, _digest(on_disk)):
+            warnings.append(f"status/{GATEWAY_DIR}/{name} was edited by hand; written over from the catalog "
+                            "(change the catalog instead)")
+        if write_if_changed(path, text):
+            written.append(path)
+    digests = {name: _digest(text.encode()) for name, text in texts.items()}
+    if digests != written_before:
+        write_if_changed(digests_path, json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    return written, warnings

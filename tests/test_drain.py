@@ -1,0 +1,111 @@
+"""Draining (SPEC section 10), as the plan decides it: a serving copy the reconciler chose to stop waits,
+out of every gateway file, until its engine runs no request or drain_s has passed; a crash does not wait."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reconciler.memory import PassMemory, hold_drains, memory_from_document, memory_to_document, plan_remembering, remember
+from reconciler.model import spec_hash
+from reconciler.plan import WaitKind, plan
+from reconciler.status import endpoints_document, model_status_document, predicted_phases
+from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
+
+P = profile("p", gpus_per_node=2)
+
+
+def setup(replicas_wanted: int, *, alive=True, drain_s=10.0, running=3):
+    m = dataclasses.replace(model("m", P, replicas=replicas_wanted), drain_s=drain_s)
+    h = spec_hash(m, P)
+    ranks = [rank(f"m-{i}", "m", "p", gpus=(2 * i, 2 * i + 1), port=8000 + i, spec_hash=h,
+                  alive=alive or i < replicas_wanted) for i in range(running)]
+    cat = catalog(fleet(node_spec("a")), m)
+    inv = inventory(observed("a", gpu=gpus(8), replicas=ranks))
+    return cat, inv
+
+
+def kinds(p):
+    return [(a.action, a.replica) for a in p.actions]
+
+
+def test_a_scale_down_of_a_serving_replica_drains_first_and_is_stopped_once_its_engine_is_idle():
+    cat, inv = setup(2)
+    first = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
+    assert kinds(first) == []  # no stop in the pass that begins the drain: the gateway files go first
+    [w] = first.waiting
+    assert (w.replica, w.kind, w.until) == ("m-2", WaitKind.DRAINING, 1010.0)
+    assert "out of every gateway file" in w.reason and "at most 10 s from now" in w.reason
+    assert predicted_phases(first)["m-2"] == "Draining"
+    doc = model_status_document(cat.model("m"), first, cat.fleet)
+    assert [(r["id"], r["phase"]) for r in doc["replicas"]] == [("m-0", "Ready"), ("m-1", "Ready"), ("m-2", "Draining")]
+    assert doc["ready"] == 2
+    assert len(endpoints_document(cat, first)["models"]["m"]) == 2
+
+    memory = remember(PassMemory(), first, inv, {}, 1000.0)
+    [d] = memory.draining.values()
+    assert (d.replica, d.nodes, d.port, d.started, d.until) == ("m-2", ("a",), 8002, 1000.0, 1010.0)
+
+    busy = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=2.0) for k, v in memory.draining.items()})
+    second = plan_remembering(cat, inv, now=1003.0, memory=busy)
+    assert kinds(second) == [] and "2 requests running" in second.waiting[0].reason
+
+    idle = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=0.0) for k, v in memory.draining.items()})
+    third = plan_remembering(cat, inv, now=1004.0, memory=idle)
+    assert kinds(third) == [("stop", "m-2")] and third.waiting == ()
+    assert "drained: its engine runs no request" in third.actions[0].reason
+
+
+def test_a_drain_whose_engine_never_answers_ends_at_drain_s():
+    cat, inv = setup(2)
+    memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
+    unknown = dataclasses.replace(memory, draining={
+        k: dataclasses.replace(v, running=None, note="its load is unknown (/metrics did not answer within 2 s)")
+        for k, v in memory.draining.items()})
+    before = plan_remembering(cat, inv, now=1009.0, memory=unknown)
+    assert kinds(before) == [] and "/metrics did not answer" in before.waiting[0].reason
+    after = plan_remembering(cat, inv, now=1010.0, memory=unknown)
+    assert kinds(after) == [("stop", "m-2")] and "drain_s (10 s) has passed" in after.actions[0].reason
+
+
+def test_drain_s_0_stops_at_once():
+    cat, inv = setup(2, drain_s=0.0)
+    p = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
+    assert kinds(p) == [("stop", "m-2")] and p.waiting == () and p.draining == {}
+
+
+def test_a_crashed_replica_is_stopped_at_once():
+    cat, inv = setup(2, alive=False)
+    p = plan(cat, inv)
+    assert kinds(p) == [("stop", "m-2")] and not p.actions[0].drain
+    assert kinds(plan_remembering(cat, inv, now=1000.0, memory=PassMemory())) == [("stop", "m-2")]
+
+
+def test_a_draining_copy_keeps_its_gpus_so_nothing_is_placed_on_them_in_the_meantime():
+    # Node a has 8 GPUs; m-2 holds 4,5 while it drains; another model needing 4 GPUs finds only 6,7 free.
+    cat, inv = setup(2)
+    other = model("o", profile("q", gpus_per_node=4))
+    cat = catalog(cat.fleet, cat.model("m"), other)
+    p = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
+    assert kinds(p) == [] and [o.replica for o in p.unplaced] == ["o-0"]
+
+
+def test_scaling_back_up_while_draining_keeps_the_replica_and_forgets_the_drain():
+    cat, inv = setup(2)
+    memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
+    back, _ = setup(3)
+    p = plan_remembering(back, inv, now=1002.0, memory=memory)
+    assert kinds(p) == [] and p.waiting == () and p.draining == {}
+    assert remember(memory, p, inv, {}, 1002.0).draining == {}
+
+
+def test_a_drain_survives_one_shot_apply_runs_in_the_memory_file():
+    cat, inv = setup(2)
+    memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
+    again = memory_from_document(memory_to_document(memory))
+    assert again.draining == memory.draining and again.draining
+
+
+def test_hold_drains_leaves_a_plan_without_drains_as_it_is():
+    cat, inv = setup(3)
+    p = plan(cat, inv)
+    assert hold_drains(p, cat, {}, 1000.0) is p
