@@ -123,6 +123,12 @@ def run_pass(
     memory = with_drain_loads(catalog, memory)
     # 2. Plan (pure): what to do about it.
     plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
+    # 2b. A copy that begins to drain and whose engine runs no request now has nothing to drain: with
+    #     that answer in the memory, the plan stops it in this pass (as it would have in the next).
+    idle = idle_new_drains(catalog, plan, memory)
+    if idle:
+        memory = replace(memory, draining={**memory.draining, **idle})
+        plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
@@ -163,6 +169,15 @@ def run_pass(
             for d in result.decisions[said:]:  # a gateway file edited by hand: one warning line
                 log(d)
     return result
+
+
+def idle_new_drains(catalog: Catalog, plan: Plan, memory: PassMemory) -> dict:
+    """The drains the plan begins whose engine says it runs no request (their `running` set to 0)."""
+    new = {key: d for key, d in plan.draining.items() if key not in memory.draining}
+    if not new:
+        return {}
+    asked = with_drain_loads(catalog, PassMemory(draining=new)).draining
+    return {key: d for key, d in asked.items() if d.running is not None and d.running <= 0}
 
 
 def with_drain_loads(catalog: Catalog, memory: PassMemory, timeout_s: float = METRICS_TIMEOUT_S) -> PassMemory:

@@ -141,11 +141,12 @@ FAR = (NodeSpec(id="n1", address="10.9.0.1", data_address="10.9.0.1"),
        NodeSpec(id="n2", address="10.9.0.2", data_address="10.9.0.2"))
 
 
-def rendered(engine: str, *ports: int, dist_port: int | None = None, gpus_per_node: int = 1, **kw):
+def rendered(engine: str, *ports: int, dist_port: int | None = None, gpus_per_node: int = 1,
+             served_name: str | None = None, **kw):
     nodes = len(ports)
     prof = Profile(name="p", engine=engine, gpu_class="X-1GB" if gpus_per_node else None,
                    gpus_per_node=gpus_per_node, nodes=nodes, port=ports[0], **kw)
-    model = Model(name="m", source="/models/m", profiles=(prof,))
+    model = Model(name="m", source="/models/m", profiles=(prof,), served_name=served_name)
     fleet = Fleet(nodes=(LOCAL,) if nodes == 1 else FAR)
     assignments = tuple(Assignment(node=fleet.nodes[r].id, rank=r, gpus=tuple(range(gpus_per_node)), port=port)
                         for r, port in enumerate(ports))
@@ -231,7 +232,8 @@ def test_rendered_single_node_launch_runs_answers_health_and_records_argv_and_en
     assert wait_ready(port, proc)
 
     status, body = http("GET", f"http://127.0.0.1:{port}/v1/models")
-    assert status == 200 and json.loads(body)["data"][0]["id"] == "/models/m"
+    # The catalog name, as the adapters pass it (--served-model-name, --alias): SPEC section 10.
+    assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
     record = procs.record(name, proc)
     assert record["pid"] == proc.pid
     assert record["args"] == list(launch.argv[1:])  # `sglang serve ...` too: the command is `sglang`
@@ -335,7 +337,8 @@ def test_worker_keeps_trying_while_its_head_is_not_up_yet_and_stops_cleanly_on_s
 def test_hostile_catalog_strings_reach_the_fake_engine_literally_through_one_shell_and_run_nothing(procs, tmp_path):
     port = free_port()
     hostile = "x; touch pwned-semicolon $(touch pwned-subshell) `touch pwned-tick`\n'\"touch pwned-newline"
-    [launch] = rendered("vllm", port, args=("--served-model-name", hostile))
+    # The catalog refuses such a served_name; render alone must still keep it one literal argument.
+    [launch] = rendered("vllm", port, served_name=hostile)
     workdir = tmp_path / "work"
     workdir.mkdir()
     # What an SSH transport does: quote the argv once (shlex.join), one shell on the far side.
@@ -344,7 +347,8 @@ def test_hostile_catalog_strings_reach_the_fake_engine_literally_through_one_she
     assert wait_ready(port, proc)
     status, body = http("GET", f"http://127.0.0.1:{port}/v1/models")
     assert json.loads(body)["data"][0]["id"] == hostile
-    assert procs.record("vllm", proc)["args"][-2:] == ["--served-model-name", hostile]
+    args = procs.record("vllm", proc)["args"]
+    assert args[args.index("--served-model-name") + 1] == hostile
     assert list(workdir.iterdir()) == []
     assert procs.stop(proc) == 0
 

@@ -12,7 +12,10 @@ A fake engine behaves like the real one at the boundary the reconciler sees:
   llama.cpp the head (llama-server --rpc) connects to every rpc-server. The
   head is Ready only once all nnodes-1 peers are connected, and a worker whose
   head goes away exits, as a real rank does when its NCCL peer vanishes;
-- it writes what it was started with to a JSON record a test can read.
+- it writes what it was started with to a JSON record a test can read;
+- GET /metrics reports the requests in flight under the real engine's series names;
+  a completion with `"hold_s": N` in its body answers only after N seconds (a long
+  request, for draining).
 
 Environment:
   FAKE_ENGINE_RECORD_DIR     directory for the record `<name>-<pid>.json` (name: vllm,
@@ -44,6 +47,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NoReturn
 
 POLL_S = 0.05
+# The series each real engine reports its running and waiting requests under (reconciler/engine_metrics.py).
+LOAD_SERIES = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "llama-server": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+}
 
 
 def log(msg: str) -> None:
@@ -146,6 +155,8 @@ class Engine:
         self.delay = float(os.environ.get("FAKE_ENGINE_START_DELAY_S", "0") or 0)
         self.connect_timeout = float(os.environ.get("FAKE_ENGINE_CONNECT_TIMEOUT_S", "600") or 600)
         self.record: Record | None = None
+        self.in_flight = 0
+        self.in_flight_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -226,6 +237,11 @@ class Engine:
                         self._send(200, engine.health_ready)
                     else:
                         self._send(503, engine.health_starting)
+                elif path == "/metrics" and engine.name in LOAD_SERIES:
+                    running, waiting = LOAD_SERIES[engine.name]
+                    text = (f"# TYPE {running} gauge\n{running} {engine.in_flight}\n"
+                            f"# TYPE {waiting} gauge\n{waiting} 0\n")
+                    self._send(200, text.encode(), "text/plain; version=0.0.4")
                 elif path == "/v1/models":
                     body = {"object": "list", "data": [{"id": engine.model, "object": "model", "owned_by": engine.name}]}
                     self._send(200, json.dumps(body).encode())
@@ -242,10 +258,21 @@ class Engine:
                     self._send(503, b'{"error":"not ready"}')
                     return
                 try:
-                    prompt = json.loads(raw or b"{}").get("prompt", "")
-                except ValueError:
+                    req = json.loads(raw or b"{}")
+                    prompt = req.get("prompt", "")
+                    hold_s = min(float(req.get("hold_s", 0) or 0), 600.0)
+                except (ValueError, AttributeError):
                     self._send(400, b'{"error":"invalid JSON"}')
                     return
+                with engine.in_flight_lock:
+                    engine.in_flight += 1
+                try:
+                    engine.stop.wait(hold_s)  # a stop cuts it short, as a killed engine cuts a request
+                finally:
+                    with engine.in_flight_lock:
+                        engine.in_flight -= 1
+                if engine.stop.is_set() and hold_s:
+                    return  # stopped mid-request: no answer, the connection just ends
                 body = {"object": "text_completion", "model": engine.model,
                         "choices": [{"index": 0, "text": f"echo: {prompt}", "finish_reason": "stop"}]}
                 self._send(200, json.dumps(body).encode())
