@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 
 from reconciler.actor import Actor, LogFn, RenderFn
 from reconciler.observed import observe_replica
-from reconciler.engine_metrics import METRICS_TIMEOUT_S, EngineLoad, LoadTarget, LoadUnknown, read_loads, series_for
+from reconciler.engine_metrics import ENGINE_SERIES, METRICS_TIMEOUT_S, EngineLoad, LoadTarget, LoadUnknown, read_loads, series_for
 from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.gateway import write_gateway_files
@@ -188,13 +188,20 @@ def with_drain_loads(catalog: Catalog, memory: PassMemory, timeout_s: float = ME
         return memory
     targets, notes = [], {}
     for key, d in memory.draining.items():
-        series = series_for(d.engine)
         spec = catalog.fleet.node(d.nodes[0])
-        if series is None or spec is None:
-            notes[key] = "no metrics to ask" if series is None else f"node {d.nodes[0]} is not in fleet.yaml"
+        # A removed model's engine is not known any more: each engine's series is tried in turn.
+        candidates = [series_for(d.engine)] if d.engine else list(ENGINE_SERIES.values())
+        candidates = [c for c in candidates if c is not None]
+        if not candidates or spec is None:
+            notes[key] = "no metrics to ask" if not candidates else f"node {d.nodes[0]} is not in fleet.yaml"
             continue
-        targets.append(LoadTarget(key, spec.data_host.bare, d.port, series))
-    answers = read_loads(targets, timeout_s=timeout_s)
+        targets += [LoadTarget(f"{key}#{i}", spec.data_host.bare, d.port, c) for i, c in enumerate(candidates)]
+    answered = read_loads(targets, timeout_s=timeout_s)
+    answers: dict = {}
+    for name, answer in sorted(answered.items()):
+        key = name.rsplit("#", 1)[0]
+        if not isinstance(answers.get(key), EngineLoad):  # the series the engine does report wins
+            answers[key] = answer
     draining = {}
     for key, d in memory.draining.items():
         answer = answers.get(key)

@@ -18,6 +18,8 @@ command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
+# The real Prometheus that scrapes status/gateway/prometheus.json (tests/test_gateway_real.py).
+[ -x /usr/bin/prometheus ] || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

@@ -216,12 +216,14 @@ def test_hostile_strings_in_the_catalog_reach_the_engine_literally_over_ssh(flee
     records.mkdir()
     marker = tmp_path / "pwned"
     hostile = [h.format(m=marker) for h in HOSTILE]
-    write_model(catalog_dir, vllm_model("evil-llm", records, role="solo", args=["--served-model-name", *hostile],
+    # --chat-template takes any string (--served-model-name is the reconciler's own: SPEC section 10).
+    args = [x for h in hostile for x in ("--chat-template", h)]
+    write_model(catalog_dir, vllm_model("evil-llm", records, role="solo", args=args,
                                         **{"env": {"FAKE_ENGINE_RECORD_DIR": str(records), "EVIL": hostile[0]}}))
     result = apply_once(catalog_dir, pool)
     assert result.replicas["evil-llm-0"].phase == "Ready", result.replicas["evil-llm-0"].message
     [engine] = engine_records(records)
-    assert engine["args"][engine["args"].index("--served-model-name") + 1:][: len(hostile)] == hostile
+    assert engine["args"][-len(args):] == args
     assert engine["env"]["EVIL"] == hostile[0]
     assert not marker.exists()
 

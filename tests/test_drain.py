@@ -109,3 +109,77 @@ def test_hold_drains_leaves_a_plan_without_drains_as_it_is():
     cat, inv = setup(3)
     p = plan(cat, inv)
     assert hold_drains(p, cat, {}, 1000.0) is p
+
+
+# --------------------------------------------------------------------------
+# What the engine says during a drain, asked over real HTTP on loopback
+# --------------------------------------------------------------------------
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+from reconciler.model import Fleet, NodeSpec  # noqa: E402
+from reconciler.plan import Drain  # noqa: E402
+from reconciler.reconcile import with_drain_loads  # noqa: E402
+
+
+def metrics_server(body: bytes | None):
+    """A loopback server whose /metrics answers `body`, or (None) accepts and never answers."""
+    if body is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        return sock, sock.getsockname()[1], sock.close
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def close():
+        server.shutdown()
+        server.server_close()
+    return server, server.server_address[1], close
+
+
+def asked(body: bytes | None, engine: str = "llama.cpp") -> Drain:
+    _, port, close = metrics_server(body)
+    try:
+        cat = catalog(Fleet(nodes=(NodeSpec(id="a", address="127.0.0.1", data_address="127.0.0.1"),)), model("m", P))
+        d = Drain("m-2", "m", ("a",), port, engine, 1000.0, 1010.0)
+        [answer] = with_drain_loads(cat, PassMemory(draining={d.key: d}), timeout_s=0.5).draining.values()
+        return answer
+    finally:
+        close()
+
+
+def test_an_engine_that_reports_its_running_requests_is_read():
+    d = asked(b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
+    assert d.running == 1.0 and d.note == ""
+
+
+def test_a_removed_models_engine_is_read_under_whichever_series_it_reports():
+    assert asked(b"vllm:num_requests_running 0\nvllm:num_requests_waiting 2\n", engine="").running == 0.0
+
+
+def test_a_metrics_endpoint_that_hangs_or_lies_leaves_the_load_unknown_so_drain_s_ends_the_drain():
+    hung = asked(None)
+    assert hung.running is None and "did not answer within 0.5 s" in hung.note
+    lying = asked(b"llamacpp:requests_processing -3\nllamacpp:requests_deferred 0\n")
+    assert lying.running is None and "not a count of requests" in lying.note
+    garbage = asked(b"\x00\x01 not metrics {{{\n")
+    assert garbage.running is None and garbage.note
+    cat, inv = setup(2)
+    memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
+    unknown = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=hung.running, note=hung.note)
+                                                    for k, v in memory.draining.items()})
+    assert kinds(plan_remembering(cat, inv, now=1010.0, memory=unknown)) == [("stop", "m-2")]
