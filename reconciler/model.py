@@ -24,7 +24,7 @@ CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
 NODE_STATES = ("ready", "cordoned", "drained")
 OBSERVED_STATES = NODE_STATES + ("unreachable", "unusable")
-PHASES = ("Pending", "Fetching", "Starting", "Ready", "Failed", "Stopping", "Unknown")
+PHASES = ("Pending", "Fetching", "Starting", "Ready", "Draining", "Failed", "Stopping", "Unknown")
 PLACEHOLDERS = (
     "MODEL_SOURCE",
     "REPLICA_ID",

@@ -158,6 +158,7 @@ class Stream(threading.Thread):
         self.done = False  # the server's `data: [DONE]`
         self.error: Exception | None = None
         self.started = threading.Event()
+        self.ended_at: float | None = None  # wall time of its last byte (bench/gateway.py)
 
     def run(self) -> None:
         body = json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "Tell a long story."}],
@@ -183,6 +184,7 @@ class Stream(threading.Thread):
         except Exception as exc:  # a cut stream: the assertion below says how
             self.error = exc
         finally:
+            self.ended_at = time.time()
             self.started.set()
 
 
