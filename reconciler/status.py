@@ -73,6 +73,9 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; status files are read by gateways, dashboards and monitors
+        # running as other users, so they get the mode any new file gets here (0644 under umask 022).
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -85,6 +88,12 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
             pass
         raise
     return True
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it; set straight back
+    os.umask(mask)
+    return mask
 
 
 # path -> (key, text) as this process last wrote it. An idle pass hands on an equal document:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import queue
 import threading
@@ -198,6 +199,12 @@ def warm_result(spec: NodeSpec, answer: Callable[[], bytes], timeout: float, sta
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
     except OutputTooLarge as exc:
         return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
+    except concurrent.futures.CancelledError:
+        # The request was dropped with its connection (a node cut off the network, the pool closing
+        # it): an expected fault, said in words, never a traceback.
+        elapsed = clock() - started
+        why = f"no answer within {timeout:g} s" if elapsed >= timeout else "the connection closed before the node answered"
+        return NodeProbe(unreachable(spec, why), (), True, elapsed)
     except (TransportError, ValueError):
         # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
         # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
