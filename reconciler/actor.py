@@ -64,7 +64,6 @@ from reconciler.readiness import (
 from reconciler.observed import head_host, observe_replica
 from reconciler.scheduling import MAX_PARALLEL_ACTIONS, Effects, action_dependencies
 from reconciler.snapshot import RankRecords, gpu_problems, ranks_by_replica, start_order
-from reconciler.status import replica_endpoint
 
 # `apply` waits at most this long for a started replica to become Ready; past it the
 # replica is reported Starting and the next pass (or the daemon) keeps watching.
@@ -160,7 +159,7 @@ class Actor:
         self.decide(replica, node, "fail", message, ok=False)
         return self.settle(action, ReplicaState(
             replica, model, profile, FAILED, message, placement.nodes if placement else (),
-            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
+            self.catalog.fleet.endpoint(placement.head.node, placement.head.port) if placement else None,
             failure=failure,
         ), ok=False)
 
@@ -302,7 +301,7 @@ class Actor:
         self.pending[action.replica] = StartedReplica(launches, action.model, profile, placement, self.clock())
         return self.settle(verb, ReplicaState(
             action.replica, action.model, profile.name, STARTING, "", placement.nodes,
-            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
+            self.catalog.fleet.endpoint(placement.head.node, placement.head.port),
             revision=self.revision_of(launches),
         ), ok=True)
 
@@ -551,7 +550,7 @@ class Actor:
         """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
         head = started.head
         base = ReplicaState(replica, started.model, started.profile.name, STARTING, "", started.placement.nodes,
-                            replica_endpoint(self.catalog.fleet, head.node, head.port),
+                            self.catalog.fleet.endpoint(head.node, head.port),
                             revision=self.revision_of(started.launches))
         answered, seen = self.health(head_host(self.catalog.fleet, head.node), head.port,
                                      head.health_path or started.profile.health_path)

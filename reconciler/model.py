@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from reconciler.host import Host, parse_host
+from reconciler.vocabulary import FailureKind, NodeState, Phase  # noqa: F401  (the states' values)
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
@@ -123,6 +124,12 @@ class Fleet:
 
     def node(self, node_id: str) -> NodeSpec | None:
         return self._by_id.get(node_id)
+
+    def endpoint(self, node_id: str, port: int) -> str:
+        """Where a replica whose head is on node_id serves: the head's data address (what other hosts
+        reach), not its SSH address."""
+        spec = self._by_id.get(node_id)
+        return (spec.data_host if spec is not None else parse_host(node_id)).url(port)
 
 
 @dataclass(frozen=True)
@@ -373,8 +380,8 @@ class ObservedNode:
     # TCP ports something listens on (from /proc/net/tcp*), so placement never hands out a taken one
     ports_in_use: tuple[int, ...] = ()
     # For a node not usable now, whether waiting can help: temporary (retried with backoff),
-    # permanent (stalled until the node or the catalog changes: a refused host key), bug.
-    failure: str = ""
+    # permanent (stalled until the node or the catalog changes: a refused host key), bug. None: usable.
+    failure: FailureKind | None = None
     # None: not probed for (an older snapshot); then every role is assumed, as for engines: None
     llama_cpp: LlamaCppBinaries | None = None
     cpu_count: int | None = None  # CPUs the probe may run on (its affinity), None: unknown
