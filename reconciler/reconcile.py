@@ -40,13 +40,7 @@ from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import (
-    predicted_failures,
-    predicted_phases,
-    unplaced_message,
-    write_nodes_status,
-    write_plan_status,
-)
+from reconciler.status import predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
 
 # A probe answers the fleet as it is; a FleetProbe also says how long each node's probe took.
@@ -184,13 +178,11 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[],
             if not force and now - last[0] < PROGRESS_WRITE_EVERY_S:
                 return
             last[0] = now
-            states = list(actor.states.items())
-            phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in states}}
-            messages = {rid: st.message for rid, st in states if st.message}
-            failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
+            # What the plan predicts, with what the actions have settled so far laid over it.
+            result = predicted_pass(catalog, plan)
+            result.replicas.update(actor.states)
             try:
-                write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
-                                  failures=failures)
+                write_pass(catalog, result, nodes=False)
             except ReconcilerError:
                 pass  # the pass's own write at the end reports it
 
@@ -284,21 +276,5 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
 
 
 def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
-    """Write status/ for this pass (models, endpoints, nodes); returns the files whose content changed.
-
-    Models and endpoints go through status.py's writer, the same one `plan
-    --write-status` uses, so a predicted status and an applied one have one
-    shape; here it gets the phases and messages the pass observed.
-    """
-    phases = {rid: st.phase for rid, st in result.replicas.items()}
-    messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
-    # The pass observed every replica, so its messages are the whole story: without the plan's
-    # action reasons ("start: not running") a replica started in this pass reads the same as
-    # in the next, quiet one, and status does not change for nothing.
-    observed_plan = replace(result.plan, actions=(), waiting=())
-    revisions = {rid: st.revision for rid, st in result.replicas.items()}
-    failures = {rid: st.failure for rid, st in result.replicas.items() if st.failure}
-    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures)
-    if result.inventory is not None:
-        written += write_nodes_status(catalog.root, result.inventory, catalog.models)
-    return [str(p) for p in written]
+    """Write status/ for this pass from its PassResult (status.write_pass); the files whose content changed."""
+    return [str(p) for p in write_pass(catalog, result)]

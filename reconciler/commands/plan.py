@@ -14,7 +14,7 @@ from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
-from reconciler.status import observed_revisions, predicted_revisions, rejection_document, write_plan_status
+from reconciler.status import observed_revisions, predicted_pass, rejection_document, write_pass
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -159,8 +159,7 @@ def main(args) -> int:
     else:
         sys.stdout.write(render_text(pl, args.all))
     if args.write_status:
-        write_plan_status(catalog.root, catalog, pl,
-                          revisions=predicted_revisions(pl, observed_revisions(inventory)))
+        write_pass(catalog, predicted_pass(catalog, pl, observed_revisions(inventory)), nodes=False)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)
