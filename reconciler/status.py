@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from enum import StrEnum
 import tempfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import yaml
 
 from reconciler.constants import STATUS_DIR
-from reconciler.errors import StatusWriteError
+from reconciler.errors import Problem, StatusWriteError
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
@@ -272,6 +273,59 @@ def endpoints_document(catalog: Catalog, result: PassResult) -> dict:
     """status/endpoints.yaml: per model of the catalog, the URLs of its Ready replicas (PassResult.endpoints)."""
     ready = result.endpoints()
     return {"models": {model.name: sorted(ready.get(model.name, ())) for model in catalog.models}}
+
+
+# --------------------------------------------------------------------------
+# status/catalog.yaml (SPEC section 2 and 6): one builder, for apply and the daemon
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What a daemon with --git-pull last heard from its upstream."""
+
+    ref: str
+    state: str  # up-to-date | diverged | unreachable | ...
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class CatalogStatus:
+    """What status/catalog.yaml says, whoever applied last (`apply` or the daemon), so a reviewer and
+    a daemon started later read one shape.
+
+    branch/uncommitted are None outside git (and then not written); never HEAD's own id, which a
+    status commit would move."""
+
+    attempted: str | None
+    applied: str | None
+    message: str
+    errors: tuple[Problem, ...] = ()
+    branch: str | None = None
+    uncommitted: tuple[str, ...] | None = None
+    upstream: Upstream | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def catalog_document(st: CatalogStatus) -> dict:
+    doc: dict[str, Any] = {
+        "last_attempted_revision": st.attempted,
+        "last_applied_revision": st.applied,
+        "message": st.message,
+        "errors": [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in st.errors],
+    }
+    if st.uncommitted is not None:
+        doc["branch"] = st.branch
+        doc["uncommitted_changes"] = list(st.uncommitted)
+        if st.upstream is not None:
+            doc["upstream"] = {"ref": st.upstream.ref, "state": st.upstream.state, "message": st.upstream.message}
+    doc["warnings"] = list(st.warnings)
+    return doc
+
+
+def write_catalog_status(catalog_root: str | os.PathLike, st: CatalogStatus) -> bool:
+    """status/catalog.yaml, when its content changed; StatusWriteError when it cannot be written."""
+    return write_document(status_dir(catalog_root) / "catalog.yaml", catalog_document(st))
 
 
 def status_dir(catalog_root: str | os.PathLike) -> Path:
