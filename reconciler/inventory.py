@@ -17,7 +17,7 @@ import yaml
 import yaml_rs
 
 from reconciler.errors import InventoryInvalid, Problem
-from reconciler.vocabulary import FailureKind
+from reconciler.vocabulary import FailureKind, NodeState
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -116,7 +116,7 @@ def node_from_document(d: dict) -> ObservedNode:
     weights = d.get("weights")
     return ObservedNode(
         id=d["id"],
-        state=d.get("state", "ready"),
+        state=NodeState(d.get("state", NodeState.READY)),
         reason=d.get("reason", "") or "",
         labels=frozen_map(d.get("labels")),
         memory_total_mb=d.get("memory_total_mb"),

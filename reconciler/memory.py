@@ -31,6 +31,7 @@ from reconciler.inventory import inventory_from_document, inventory_to_document
 from reconciler.model import Action, Catalog, Inventory, spec_hash
 from reconciler.outcomes import FAILED, PassMemory, ReplicaState, StartFailure  # noqa: F401  (re-exported)
 from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay, plan as make_plan
+from reconciler.vocabulary import ActionKind, NodeState
 
 # A permanent failure is tried again this often even when nothing the probe sees has changed
 # (the same period as a node stalled on a refused host key).
@@ -58,7 +59,7 @@ def remember(
     unreachable = {}
     last_nodes = []
     for node in inventory.nodes:
-        if node.state == "unreachable":
+        if node.state == NodeState.UNREACHABLE:
             unreachable[node.id] = memory.unreachable_since.get(node.id, now)
             previous = memory.last_seen.node(node.id) if memory.last_seen is not None else None
             if previous is not None:
@@ -138,7 +139,7 @@ def hold_failed_starts(plan: Plan, catalog: Catalog, inventory: Inventory, failu
         return plan
     actions, waiting = [], list(plan.waiting)
     for a in plan.actions:
-        f = failures.get(a.replica) if a.action == "start" else None
+        f = failures.get(a.replica) if a.action == ActionKind.START else None
         if f is None or now >= f.retry_at or attempt_key(catalog, inventory, a) != f.key:
             actions.append(a)
             continue

@@ -17,15 +17,15 @@ from types import MappingProxyType
 from typing import Mapping
 
 from reconciler.host import Host, parse_host
-from reconciler.vocabulary import FailureKind, NodeState, Phase  # noqa: F401  (the states' values)
+from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, NodeState, Phase
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
 CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
-NODE_STATES = ("ready", "cordoned", "drained")
-OBSERVED_STATES = NODE_STATES + ("unreachable", "unusable")
-PHASES = ("Pending", "Fetching", "Starting", "Ready", "Failed", "Stopping", "Unknown")
+NODE_STATES = tuple(INTENT_STATES)  # what fleet.yaml may say
+OBSERVED_STATES = tuple(NodeState)
+PHASES = tuple(Phase)
 PLACEHOLDERS = (
     "MODEL_SOURCE",
     "REPLICA_ID",
@@ -70,7 +70,7 @@ class NodeSpec:
     address: str
     data_address: str
     labels: Mapping[str, str] = _empty()
-    state: str = "ready"
+    state: NodeState = NodeState.READY
     model_dirs: tuple[str, ...] = ()
     # fabric name -> HCAs of this node on that fabric, as declared by the operator
     fabrics: Mapping[str, tuple[str, ...]] = _empty()
@@ -367,7 +367,7 @@ class LlamaCppBinaries:
 @dataclass(frozen=True)
 class ObservedNode:
     id: str
-    state: str = "ready"  # ready | cordoned | drained | unreachable | unusable (answered; GPUs unknown)
+    state: NodeState = NodeState.READY  # unusable: answered, but GPUs unknown or hardware broken
     reason: str = ""
     labels: Mapping[str, str] = _empty()
     memory_total_mb: int | None = None
@@ -562,7 +562,7 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Action:
-    action: str  # start | stop | replace | restart
+    action: ActionKind
     replica: str
     model: str
     reason: str = ""

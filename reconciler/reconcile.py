@@ -42,6 +42,7 @@ from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
+from reconciler.vocabulary import NodeState
 
 # A probe answers the fleet as it is; a FleetProbe also says how long each node's probe took.
 ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
@@ -156,9 +157,9 @@ def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inve
     if not unanswered:
         return inventory
     return Inventory(tuple(
-        replace(n, state="unreachable", reason=f"stopped answering during the pass: {unanswered[n.id]}",
+        replace(n, state=NodeState.UNREACHABLE, reason=f"stopped answering during the pass: {unanswered[n.id]}",
                 failure=TEMPORARY)
-        if n.id in unanswered and n.state != "unreachable" else n
+        if n.id in unanswered and n.state != NodeState.UNREACHABLE else n
         for n in inventory.nodes
     ))
 

@@ -16,6 +16,7 @@ from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
 from reconciler import status
 from reconciler.status import CatalogStatus, write_rendered
+from reconciler.vocabulary import NodeState, Phase
 
 
 def catalog_status(catalog) -> CatalogStatus:
@@ -82,7 +83,7 @@ def main(args) -> int:
         write_catalog_status(catalog)
 
     nodes = result.inventory.nodes if result.inventory is not None else ()
-    if nodes and all(n.state == "unreachable" for n in nodes):
+    if nodes and all(n.state == NodeState.UNREACHABLE for n in nodes):
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
         return Exit.UNREACHABLE
@@ -132,13 +133,13 @@ def _say_waiting(say: _Say, result) -> int:
             f"{w.replica}  {nodes_of}  waiting  {w.reason}" + (f" (phase {phase})" if phase else ""))
     named = {w.replica for w in waiting}
     for rid, st in sorted(replicas.items()):
-        if st.phase == "Unknown" and rid not in named:
+        if st.phase == Phase.UNKNOWN and rid not in named:
             say({"replica": rid, "action": "unknown", "reason": st.message}, f"{rid}  -  unknown  {st.message}")
     return len(waiting)
 
 
 def _say_down_nodes(say: _Say, nodes) -> int:
-    down = [n for n in nodes if n.state in ("unreachable", "unusable")]
+    down = [n for n in nodes if n.state in (NodeState.UNREACHABLE, NodeState.UNUSABLE)]
     for n in down:
         say({"node": n.id, "state": n.state, "failure": n.failure or None, "reason": n.reason},
             f"node {n.id}: {n.state}: {n.reason}" + (f" ({n.failure})" if n.failure else ""))

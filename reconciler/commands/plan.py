@@ -15,6 +15,7 @@ from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.status import observed_revisions, predicted_pass, rejection_document, write_pass
+from reconciler.vocabulary import ActionKind
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -26,7 +27,7 @@ def _nodes(p: Placement | None) -> list[dict]:
 def action_document(a: Action) -> dict:
     """One action in the JSON shape of SPEC section 5 (plus `reason` everywhere and the extras noted)."""
     doc: dict = {"action": a.action, "replica": a.replica, "model": a.model}
-    if a.action == "stop":
+    if a.action == ActionKind.STOP:
         doc["reason"] = a.reason
         # Extension: which node records the stop applies to.
         doc["nodes"] = [{"node": n.node, "rank": n.rank} for n in a.placement.nodes] if a.placement else []
@@ -38,7 +39,7 @@ def action_document(a: Action) -> dict:
     doc["nodes"] = _nodes(p)
     if p is not None and p.dist_port is not None:
         doc["dist_port"] = p.dist_port
-    if a.action == "replace":
+    if a.action == ActionKind.REPLACE:
         doc["stop_first"] = a.stop_first
     return doc
 

@@ -31,6 +31,7 @@ from reconciler.model import (
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
 from reconciler.probe.script import BOOTSTRAP, payload
 from reconciler.transport import KeepsStreams, Transport, TransportPool
+from reconciler.vocabulary import NodeState
 
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
 PYTHON = "python3"
@@ -111,7 +112,7 @@ def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None, owner: s
 
 def unreachable(spec: NodeSpec, reason: str, failure: str = TEMPORARY) -> ObservedNode:
     """A node that did not answer, or whose answer cannot be read; `failure` says whether waiting can help."""
-    return ObservedNode(id=spec.id, state="unreachable", reason=reason, labels=spec.labels, failure=failure)
+    return ObservedNode(id=spec.id, state=NodeState.UNREACHABLE, reason=reason, labels=spec.labels, failure=failure)
 
 
 def _no_python(rc: int, stderr: str) -> bool:
@@ -121,7 +122,7 @@ def _no_python(rc: int, stderr: str) -> bool:
 
 def unusable(spec: NodeSpec, reason: str) -> ObservedNode:
     """A node that answered with something the reconciler cannot place on (GPUs unknown, a report it cannot read)."""
-    return ObservedNode(id=spec.id, state="unusable", reason=reason, labels=spec.labels, failure=PERMANENT)
+    return ObservedNode(id=spec.id, state=NodeState.UNUSABLE, reason=reason, labels=spec.labels, failure=PERMANENT)
 
 
 def command_timeout(spec: NodeSpec) -> float:
@@ -429,7 +430,7 @@ class FleetProber:
             was = self._down.get(node_id)
             if r is not None and r.node.failure:
                 self._last_failure[node_id] = r.node.failure
-            if r is not None and r.node.state in ("unreachable", "unusable"):
+            if r is not None and r.node.state in (NodeState.UNREACHABLE, NodeState.UNUSABLE):
                 if was is None:
                     self._down[node_id] = (self._wall(), r.node.reason)
                     gone = True
@@ -443,7 +444,7 @@ class FleetProber:
         if log is None:
             return
         if gone:
-            log("node.unreachable" if r.node.state == "unreachable" else "node.unusable", node=node_id, reason=r.node.reason)
+            log("node.unreachable" if r.node.state == NodeState.UNREACHABLE else "node.unusable", node=node_id, reason=r.node.reason)
         elif back is not None:
             log("node.back", node=node_id, down_s=round(self._wall() - back[0], 1), msg="answers again")
 
@@ -688,7 +689,7 @@ def _gpu_verdict(spec: NodeSpec, report: Mapping) -> tuple[str, str, str]:
     # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
     # there stays (its records were read), nothing new goes there.
     said = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(gpu_error)[:300])
-    return ("unusable" if spec.state == "ready" else spec.state), f"GPUs unknown: {said}", PERMANENT
+    return (NodeState.UNUSABLE if spec.state == NodeState.READY else spec.state), f"GPUs unknown: {said}", PERMANENT
 
 
 def _llama_cpp(reported) -> LlamaCppBinaries | None:
