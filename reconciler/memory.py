@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -30,6 +29,7 @@ from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
 from reconciler.model import Action, Catalog, Inventory, spec_hash
 from reconciler.outcomes import FAILED, PassMemory, ReplicaState, StartFailure  # noqa: F401  (re-exported)
+from reconciler.status import write_rendered
 from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay, plan as make_plan
 from reconciler.vocabulary import ActionKind, NodeState
 
@@ -216,6 +216,19 @@ def memory_path(catalog_root: str) -> Path:
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
     return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
+
+
+def _frozen(memory: PassMemory) -> tuple:
+    """The memory's contents as a value no later change to its mappings can alter: the daemon
+    saves after every pass, and an equal memory is not rendered to JSON again (write_rendered)."""
+    return (tuple(sorted(memory.history.items())), tuple(sorted(memory.unreachable_since.items())),
+            memory.last_seen, tuple(sorted(memory.placed_on.items())), tuple(sorted(memory.start_failures.items())))
+
+
+def save_memory(path: Path, memory: PassMemory) -> None:
+    """Write the memory where load_memory reads it (atomically, only on change); StatusWriteError when
+    it cannot be written."""
+    write_rendered(path, _frozen(memory), lambda: json.dumps(memory_to_document(memory), sort_keys=True))
 
 
 def load_memory(path: Path) -> PassMemory:

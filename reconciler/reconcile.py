@@ -36,7 +36,7 @@ from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, WaitKind, Waiting
-from reconciler.probe import FleetProbe, probe_fleet_report
+from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
@@ -48,28 +48,35 @@ from reconciler.vocabulary import NodeState
 ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
 
 
-def timed_probe(catalog: Catalog, transports: FleetTransports) -> FleetProbe:
-    probed = probe_fleet_report(
-        catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}), owner=catalog_owner(catalog)
-    )
-    # GPUs, engines, fabrics and weights come from the probe; node states, other jobs' GPUs and our jobs from Slurm.
-    return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
+class ProbeFleet:
+    """The pass's probe, wired once: every node's probe, then Slurm's view of `launcher: slurm` nodes
+    folded in (node states, other jobs' GPUs, our jobs); GPUs, engines, fabrics and weights come from
+    the probe. `apply` probes each node once (prober None); the daemon hands its FleetProber, which
+    outlives a pass so a silent node is not waited on twice. The FleetProbe carries each node's
+    probe duration."""
+
+    def __init__(self, prober: FleetProber | None = None, log=None, pending: Callable[[], bool] | None = None):
+        self.prober, self.log, self.pending = prober, log, pending
+
+    def __call__(self, catalog: Catalog, transports: FleetTransports) -> FleetProbe:
+        sources = sorted({m.source for m in catalog.models})
+        owner = catalog_owner(catalog)
+        if self.prober is None:
+            probed = probe_fleet_report(catalog.fleet, transports, sources=sources, owner=owner)
+        else:
+            probed = self.prober(catalog.fleet, transports, sources=sources, owner=owner, log=self.log,
+                                 interrupt=self.pending)
+        return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
 def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    return timed_probe(catalog, transports).inventory
+    return ProbeFleet()(catalog, transports).inventory
 
 
 def _probed(answer: "Inventory | FleetProbe") -> tuple[Inventory, dict[str, float] | None]:
     if isinstance(answer, FleetProbe):
         return answer.inventory, answer.durations()
     return answer, None  # a probe that does not time its nodes (a reused inventory, a test's)
-
-
-def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
-    """The pass's plan (memory.plan_remembering, which `plan` and `explain` call too, so they predict it):
-    starts that failed before wait out their backoff, or stay stalled (memory.hold_failed_starts)."""
-    return plan_remembering(catalog, inventory, now=now, memory=memory, explain=explain)
 
 
 def run_pass(
@@ -81,8 +88,8 @@ def run_pass(
     history: PassMemory | None = None,
     log: LogFn = lambda d: None,
     launcher: Launcher | None = None,
-    probe: ProbeFn | None = None,
-    planner: Callable[..., Plan] | None = None,
+    probe: ProbeFn = ProbeFleet(),
+    planner: Callable[..., Plan] = plan_remembering,
     render: RenderFn | None = None,
     ready_wait_s: float | None = None,
     write_status: bool = True,
@@ -108,9 +115,10 @@ def run_pass(
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is.
-    inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
-    # 2. Plan (pure): what to do about it.
-    plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
+    inventory, probe_seconds = _probed(probe(catalog, fleet_transports))
+    # 2. Plan (pure): what to do about it; memory.plan_remembering, which `plan` and `explain` call too,
+    #    so they predict it (starts that failed before wait out their backoff, or stay stalled).
+    plan = planner(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
     if dry_run:
         result.decisions = predicted_decisions(plan, log)

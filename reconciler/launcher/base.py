@@ -83,7 +83,3 @@ class Launcher(Protocol):
 
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         """The managed ranks on a node, with liveness; raises TransportError when the node cannot answer."""
-
-
-
-__all__ = ["Launcher", "LogChunk", "RankState", "SshLauncher", "StartOutcome", "StopOutcome"]
