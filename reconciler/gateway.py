@@ -23,7 +23,7 @@ from typing import Mapping
 from reconciler.model import Catalog, Model, replica_ordinal
 from reconciler.outcomes import ReplicaState
 from reconciler.plan import Plan
-from reconciler.status import dump_yaml, predicted_phases, status_dir, write_if_changed
+from reconciler.status import dump_yaml, predicted_pass, status_dir, write_if_changed
 from reconciler.vocabulary import Phase
 
 GATEWAY_DIR = "gateway"
@@ -97,17 +97,8 @@ def prometheus_targets(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -
 
 
 def predicted_replicas(catalog: Catalog, plan: Plan) -> dict[str, ReplicaState]:
-    """The replica states a plan predicts (`plan --write-status`): each replica at the phase
-    status.predicted_phases gives it, where the plan puts it or finds it running."""
-    phases = predicted_phases(plan)
-    states = {}
-    for rid, phase in phases.items():
-        out = plan.outcomes.get(rid)
-        where = out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
-        if where is None:
-            continue
-        states[rid] = ReplicaState(rid, where.model, where.profile, phase, nodes=where.nodes)
-    return states
+    """The replica states a plan predicts (`plan --write-status`; status.predicted_pass)."""
+    return predicted_pass(catalog, plan).replicas
 
 
 def render_litellm(doc: dict) -> str:

@@ -39,19 +39,13 @@ from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decis
 from reconciler.vocabulary import Phase
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, WaitKind, Waiting
-from reconciler.probe import FleetProbe, probe_fleet_report
+from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import (
-    predicted_failures,
-    replica_endpoint,
-    predicted_phases,
-    unplaced_message,
-    write_nodes_status,
-    write_plan_status,
-)
+from reconciler.status import predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
+from reconciler.vocabulary import NodeState
 
 DRAINING = Phase.DRAINING
 
@@ -59,28 +53,35 @@ DRAINING = Phase.DRAINING
 ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
 
 
-def timed_probe(catalog: Catalog, transports: FleetTransports) -> FleetProbe:
-    probed = probe_fleet_report(
-        catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}), owner=catalog_owner(catalog)
-    )
-    # GPUs, engines, fabrics and weights come from the probe; node states, other jobs' GPUs and our jobs from Slurm.
-    return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
+class ProbeFleet:
+    """The pass's probe, wired once: every node's probe, then Slurm's view of `launcher: slurm` nodes
+    folded in (node states, other jobs' GPUs, our jobs); GPUs, engines, fabrics and weights come from
+    the probe. `apply` probes each node once (prober None); the daemon hands its FleetProber, which
+    outlives a pass so a silent node is not waited on twice. The FleetProbe carries each node's
+    probe duration."""
+
+    def __init__(self, prober: FleetProber | None = None, log=None, pending: Callable[[], bool] | None = None):
+        self.prober, self.log, self.pending = prober, log, pending
+
+    def __call__(self, catalog: Catalog, transports: FleetTransports) -> FleetProbe:
+        sources = sorted({m.source for m in catalog.models})
+        owner = catalog_owner(catalog)
+        if self.prober is None:
+            probed = probe_fleet_report(catalog.fleet, transports, sources=sources, owner=owner)
+        else:
+            probed = self.prober(catalog.fleet, transports, sources=sources, owner=owner, log=self.log,
+                                 interrupt=self.pending)
+        return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
 def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    return timed_probe(catalog, transports).inventory
+    return ProbeFleet()(catalog, transports).inventory
 
 
 def _probed(answer: "Inventory | FleetProbe") -> tuple[Inventory, dict[str, float] | None]:
     if isinstance(answer, FleetProbe):
         return answer.inventory, answer.durations()
     return answer, None  # a probe that does not time its nodes (a reused inventory, a test's)
-
-
-def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
-    """The pass's plan (memory.plan_remembering, which `plan` and `explain` call too, so they predict it):
-    starts that failed before wait out their backoff, or stay stalled (memory.hold_failed_starts)."""
-    return plan_remembering(catalog, inventory, now=now, memory=memory, explain=explain)
 
 
 def run_pass(
@@ -92,8 +93,8 @@ def run_pass(
     history: PassMemory | None = None,
     log: LogFn = lambda d: None,
     launcher: Launcher | None = None,
-    probe: ProbeFn | None = None,
-    planner: Callable[..., Plan] | None = None,
+    probe: ProbeFn = ProbeFleet(),
+    planner: Callable[..., Plan] = plan_remembering,
     render: RenderFn | None = None,
     ready_wait_s: float | None = None,
     write_status: bool = True,
@@ -119,16 +120,18 @@ def run_pass(
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is; and how busy each draining copy's engine is (SPEC section 10).
-    inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
+    inventory, probe_seconds = _probed(probe(catalog, fleet_transports))
     memory = with_drain_loads(catalog, memory)
-    # 2. Plan (pure): what to do about it.
-    plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
+    # 2. Plan (pure): what to do about it; memory.plan_remembering, which `plan` and `explain` call too,
+    #    so they predict it (starts that failed before wait out their backoff, or stay stalled, and
+    #    serving copies to be stopped drain first).
+    plan = planner(catalog, inventory, now=now, memory=memory)
     # 2b. A copy that begins to drain and whose engine runs no request now has nothing to drain: with
     #     that answer in the memory, the plan stops it in this pass (as it would have in the next).
     idle = idle_new_drains(catalog, plan, memory)
     if idle:
         memory = replace(memory, draining={**memory.draining, **idle})
-        plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
+        plan = planner(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
@@ -220,9 +223,9 @@ def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inve
     if not unanswered:
         return inventory
     return Inventory(tuple(
-        replace(n, state="unreachable", reason=f"stopped answering during the pass: {unanswered[n.id]}",
+        replace(n, state=NodeState.UNREACHABLE, reason=f"stopped answering during the pass: {unanswered[n.id]}",
                 failure=TEMPORARY)
-        if n.id in unanswered and n.state != "unreachable" else n
+        if n.id in unanswered and n.state != NodeState.UNREACHABLE else n
         for n in inventory.nodes
     ))
 
@@ -242,13 +245,11 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[],
             if not force and now - last[0] < PROGRESS_WRITE_EVERY_S:
                 return
             last[0] = now
-            states = list(actor.states.items())
-            phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in states}}
-            messages = {rid: st.message for rid, st in states if st.message}
-            failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
+            # What the plan predicts, with what the actions have settled so far laid over it.
+            result = predicted_pass(catalog, plan)
+            result.replicas.update(actor.states)
             try:
-                write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
-                                  failures=failures)
+                write_pass(catalog, result, nodes=False)
             except ReconcilerError:
                 pass  # the pass's own write at the end reports it
 
@@ -325,7 +326,7 @@ def draining_states(catalog: Catalog, plan: Plan, states: Mapping[str, ReplicaSt
         head = where.nodes[0] if where is not None and where.nodes else None
         out[w.replica] = ReplicaState(
             w.replica, w.model, where.profile if where else None, DRAINING, w.reason, where.nodes if where else (),
-            replica_endpoint(catalog.fleet, head.node, head.port) if head is not None else None)
+            catalog.fleet.endpoint(head.node, head.port) if head is not None else None)
     return out
 
 
@@ -371,25 +372,10 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
 
 
 def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
-    """Write status/ for this pass (models, endpoints, nodes); returns the files whose content changed.
-
-    Models and endpoints go through status.py's writer, the same one `plan
-    --write-status` uses, so a predicted status and an applied one have one
-    shape; here it gets the phases and messages the pass observed.
-    """
-    phases = {rid: st.phase for rid, st in result.replicas.items()}
-    messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
-    # The pass observed every replica, so its messages are the whole story: without the plan's
-    # action reasons ("start: not running") a replica started in this pass reads the same as
-    # in the next, quiet one, and status does not change for nothing.
-    observed_plan = replace(result.plan, actions=(), waiting=())
-    revisions = {rid: st.revision for rid, st in result.replicas.items()}
-    failures = {rid: st.failure for rid, st in result.replicas.items() if st.failure}
-    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures)
-    # status/gateway/ (SPEC section 10): each Ready replica's head; a file edited by hand is written over.
+    """Write status/ for this pass from its PassResult (status.write_pass), and status/gateway/ (SPEC
+    section 10: each Ready replica's head; a file edited by hand is written over, with one warning
+    decision); the files whose content changed."""
+    written = write_pass(catalog, result)
     gateway_written, warnings = write_gateway_files(catalog.root, catalog, result.replicas)
-    written += gateway_written
     result.decisions += [Decision("-", "-", "warn", line) for line in warnings]
-    if result.inventory is not None:
-        written += write_nodes_status(catalog.root, result.inventory, catalog.models)
-    return [str(p) for p in written]
+    return [str(p) for p in written + gateway_written]

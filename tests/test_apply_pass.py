@@ -24,6 +24,8 @@ from reconciler.transport import LocalTransport
 from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch, wait_for
 from tests.apply_support.seams import SimplePlanner, as_plan, catalog, local_fleet, local_probe, tiny_model, tiny_render
 
+pytestmark = [pytest.mark.process]
+
 
 @pytest.fixture
 def env(tmp_path):
@@ -99,7 +101,8 @@ def test_a_second_pass_with_nothing_changed_writes_no_status_file(tmp_path, env)
     cat = catalog(tmp_path, fleet, tiny_model("m"))
     planner = SimplePlanner({"m-0": [("n1", free_port(), ())]})
     first = one_pass(cat, transports, launcher, planner, records)
-    assert len(first.written) == 3
+    # models/m.yaml, endpoints.yaml, nodes.yaml, gateway/litellm.yaml, gateway/prometheus.json
+    assert len(first.written) == 5
     second = one_pass(cat, transports, launcher, planner, records)
     assert second.written == []
 

@@ -8,7 +8,7 @@ import dataclasses
 from reconciler.memory import PassMemory, hold_drains, memory_from_document, memory_to_document, plan_remembering, remember
 from reconciler.model import spec_hash
 from reconciler.plan import WaitKind, plan
-from reconciler.status import endpoints_document, model_status_document, predicted_phases
+from reconciler.status import endpoints_document, model_status_document, predicted_pass, predicted_phases
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=2)
@@ -36,10 +36,11 @@ def test_a_scale_down_of_a_serving_replica_drains_first_and_is_stopped_once_its_
     assert (w.replica, w.kind, w.until) == ("m-2", WaitKind.DRAINING, 1010.0)
     assert "out of every gateway file" in w.reason and "at most 10 s from now" in w.reason
     assert predicted_phases(first)["m-2"] == "Draining"
-    doc = model_status_document(cat.model("m"), first, cat.fleet)
+    predicted = predicted_pass(cat, first)
+    doc = model_status_document(cat.model("m"), predicted, cat.fleet)
     assert [(r["id"], r["phase"]) for r in doc["replicas"]] == [("m-0", "Ready"), ("m-1", "Ready"), ("m-2", "Draining")]
-    assert doc["ready"] == 2
-    assert len(endpoints_document(cat, first)["models"]["m"]) == 2
+    assert doc["ready"] == 2 and "out of every gateway file" in doc["replicas"][2]["message"]
+    assert len(endpoints_document(cat, predicted)["models"]["m"]) == 2
 
     memory = remember(PassMemory(), first, inv, {}, 1000.0)
     [d] = memory.draining.values()

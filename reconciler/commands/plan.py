@@ -14,8 +14,10 @@ from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
-from reconciler.gateway import predicted_replicas, write_gateway_files
-from reconciler.status import observed_revisions, predicted_revisions, rejection_document, write_plan_status
+from reconciler.gateway import write_gateway_files
+from reconciler.commands.plan_words import same_rejections, span, where_text
+from reconciler.status import observed_revisions, predicted_pass, rejection_document, write_pass
+from reconciler.vocabulary import ActionKind
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -27,7 +29,7 @@ def _nodes(p: Placement | None) -> list[dict]:
 def action_document(a: Action) -> dict:
     """One action in the JSON shape of SPEC section 5 (plus `reason` everywhere and the extras noted)."""
     doc: dict = {"action": a.action, "replica": a.replica, "model": a.model}
-    if a.action == "stop":
+    if a.action == ActionKind.STOP:
         doc["reason"] = a.reason
         # Extension: which node records the stop applies to.
         doc["nodes"] = [{"node": n.node, "rank": n.rank} for n in a.placement.nodes] if a.placement else []
@@ -39,7 +41,7 @@ def action_document(a: Action) -> dict:
     doc["nodes"] = _nodes(p)
     if p is not None and p.dist_port is not None:
         doc["dist_port"] = p.dist_port
-    if a.action == "replace":
+    if a.action == ActionKind.REPLACE:
         doc["stop_first"] = a.stop_first
     return doc
 
@@ -60,35 +62,6 @@ def plan_document(pl: Plan, show_all: bool = False) -> dict:
         "unplaced": unplaced,
         "waiting": [{"replica": w.replica, "model": w.model, "reason": w.reason} for w in pl.waiting],
     }
-
-
-def _gpus(gpus) -> str:
-    g = list(gpus)
-    if not g:
-        return ""
-    if len(g) > 2 and g == list(range(g[0], g[-1] + 1)):
-        return f"[{g[0]}-{g[-1]}]"
-    return "[" + ",".join(map(str, g)) + "]"
-
-
-def where_text(p: Placement | None) -> str:
-    """Nodes, GPUs and ports in one short line: `a1[0-7]:8000 a2[0-7]:8000`."""
-    if p is None:
-        return "-"
-    return " ".join(f"{a.node}{_gpus(a.gpus)}:{a.port}" for a in p.nodes)
-
-
-def span(replicas: list[str]) -> str:
-    return replicas[0] if len(replicas) == 1 else f"{replicas[0]} .. {replicas[-1]}"
-
-
-def same_rejections(pl: Plan) -> dict[str, list[str]]:
-    """Per unplaced replica that carries rejections, the other unplaced replicas that failed the same way."""
-    same: dict[str, list[str]] = {}
-    for o in pl.unplaced:
-        if o.rejections_same_as:
-            same.setdefault(o.rejections_same_as, []).append(o.replica)
-    return same
 
 
 def render_text(pl: Plan, show_all: bool = False) -> str:
@@ -154,16 +127,16 @@ def main(args) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(plan_document(pl, args.all), separators=(",", ":")) + "\n")
     elif args.format == "markdown":
-        from reconciler.commands.plan_markdown import render_markdown  # it imports this module
+        from reconciler.commands.plan_markdown import render_markdown  # only when asked for: plan starts fast
 
         sys.stdout.write(render_markdown(pl, args.all))
     else:
         sys.stdout.write(render_text(pl, args.all))
     if args.write_status:
-        write_plan_status(catalog.root, catalog, pl,
-                          revisions=predicted_revisions(pl, observed_revisions(inventory)))
+        predicted = predicted_pass(catalog, pl, observed_revisions(inventory))
+        write_pass(catalog, predicted, nodes=False)
         # status/gateway/ as the plan predicts it (SPEC section 10).
-        _, warnings = write_gateway_files(catalog.root, catalog, predicted_replicas(catalog, pl))
+        _, warnings = write_gateway_files(catalog.root, catalog, predicted.replicas)
         for line in warnings:
             print(f"reconciler: warning: {line}", file=sys.stderr)
     if args.fail_on_unplaced and pl.unplaced:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import sys
 import time
 from pathlib import Path
 
-from reconciler.reconcile import run_pass as run_apply_pass
+from reconciler.reconcile import ProbeFleet, run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
-from reconciler.launcher.slurm_launcher import fold_slurm
-from reconciler.owner import catalog_owner
 from reconciler.probe import FleetProber
 from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
@@ -52,21 +49,6 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
 
         parse_address(options.metrics_address)
     return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
-
-
-class ProbeFleet:
-    """The pass's probe: every node, through the daemon's FleetProber (a silent node is waited on once)."""
-
-    def __init__(self, prober: FleetProber, log, pending=None):
-        self.prober, self.log, self.pending = prober, log, pending
-
-    def __call__(self, catalog, transports):
-        sources = sorted({m.source for m in catalog.models})
-        probed = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log,
-                             interrupt=self.pending)
-        # As the one-shot pass's probe does: Slurm's node states and jobs on `launcher: slurm` nodes;
-        # the FleetProbe whole, so the pass result carries each node's probe duration.
-        return dataclasses.replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
 class ReusedInventory:
