@@ -184,3 +184,37 @@ def test_a_metrics_endpoint_that_hangs_or_lies_leaves_the_load_unknown_so_drain_
     unknown = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=hung.running, note=hung.note)
                                                     for k, v in memory.draining.items()})
     assert kinds(plan_remembering(cat, inv, now=1010.0, memory=unknown)) == [("stop", "m-2")]
+
+
+def test_a_replaces_old_copy_left_draining_beside_the_new_one_is_stopped_once_idle():
+    # The actor left m-0's old copy on a draining after the new copy on b turned Ready (Actor.begin_drain).
+    m = model("m", P, replicas=1)
+    h = spec_hash(m, P)
+    cat = catalog(fleet(node_spec("a"), node_spec("b")), m)
+    inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1), port=8000, spec_hash="0ld")]),
+                    observed("b", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1), port=8000, spec_hash=h)]))
+    from reconciler.plan import Drain
+
+    old = Drain("m-0", "m", ("a",), 8000, "vllm", 1000.0, 1010.0)
+    memory = PassMemory(placed_on={"m-0": ("b",)}, draining={old.key: old})
+    held = plan_remembering(cat, inv, now=1002.0, memory=memory)
+    assert kinds(held) == [] and [(w.replica, w.kind) for w in held.waiting] == [("m-0", WaitKind.DRAINING)]
+    assert held.outcomes["m-0"].placement.nodes[0].node == "b"  # the replica is the new copy meanwhile
+    idle = dataclasses.replace(memory, draining={old.key: dataclasses.replace(old, running=0.0)})
+    stopped = plan_remembering(cat, inv, now=1003.0, memory=idle)
+    assert kinds(stopped) == [("stop", "m-0")] and [a.node for a in stopped.actions[0].placement.nodes] == ["a"]
+
+
+def test_an_in_place_replace_of_a_serving_copy_drains_it_before_the_stop_and_start():
+    from reconciler.model import UpdatePolicy
+
+    big = profile("p", gpus_per_node=8)
+    m = dataclasses.replace(model("m", big, replicas=1), update=UpdatePolicy(max_unavailable=1))
+    cat = catalog(fleet(node_spec("a")), m)
+    inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), spec_hash="0ld")]))
+    assert [(a.action, a.stop_first, a.drain) for a in plan(cat, inv).actions] == [("replace", True, True)]
+    held = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
+    assert kinds(held) == [] and predicted_phases(held)["m-0"] == "Draining"
+    memory = remember(PassMemory(), held, inv, {}, 1000.0)
+    late = plan_remembering(cat, inv, now=1011.0, memory=memory)
+    assert kinds(late) == [("replace", "m-0")] and "drain_s (10 s) has passed" in late.actions[0].reason
