@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 
+import pytest
 import yaml
 
 from reconciler.gateway import (
@@ -125,3 +126,18 @@ def test_plan_write_status_predicts_the_kept_replicas_as_ready(tmp_path):
     assert predicted["m-0"].phase == Phase.READY and predicted["m-1"].phase == Phase.DRAINING
     doc = litellm_document(c, predicted)
     assert [e["litellm_params"]["api_base"] for e in doc["model_list"]] == ["http://10.9.9.9:8123/v1"]
+
+
+@pytest.mark.process
+def test_plan_write_status_writes_the_gateway_files_of_the_example_catalog(tmp_path):
+    from tests.conftest import REPO, copy_tracked, run_cli
+
+    root = copy_tracked(REPO / "catalog", tmp_path / "catalog")
+    r = run_cli("plan", str(root), "--inventory", str(REPO / "catalog" / "status" / "nodes.yaml"), "--write-status")
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load((root / "status/gateway/litellm.yaml").read_text())
+    # The one replica the snapshot shows running, predicted Ready; nothing the plan only starts.
+    assert [(e["model_name"], e["model_info"]["id"]) for e in doc["model_list"]] == [("llama-3-70b", "llama-3-70b-0")]
+    [group] = json.loads((root / "status/gateway/prometheus.json").read_text())
+    assert group["labels"]["replica"] == "llama-3-70b-0" and group["labels"]["engine"] == "vllm"
+    assert "edited by hand" not in r.stderr
