@@ -10,8 +10,8 @@ model and LiteLLM (LLMFLEET_LITELLM or `litellm` on PATH; the test extra pins it
    prometheus.json after the very pass that found it Ready (target: the same pass), and the seconds
    from that pass logging it Ready to both files' modification time.
 2. Request latency through LiteLLM (started on litellm.yaml as written) against the same request
-   straight to the engine: the median of N each, one-token chat completions of one cached prompt,
-   so the difference is what the hand-off costs.
+   straight to the engines: the median of N each, interleaved, one-token chat completions of one
+   cached prompt, so the difference is what the hand-off costs.
 3. A drained replica: a stream runs on it while it is scaled down; `apply` runs back to back (one
    pass interval = the time one apply takes, printed); the seconds from the stream's last byte to
    the replica's process being gone (target: at most one pass interval).
@@ -119,10 +119,16 @@ def main() -> int:
             wait_until("LiteLLM", lambda: get_json(base + "/health/liveliness") is not None, timeout=600, every=1)
             print(f"litellm start: {time.perf_counter() - t0:.1f} s to answer /health/liveliness")
             status = replicas_in_status(root)
-            direct = next(n["endpoint"] for n in status["gemma-0"]["nodes"] if n["rank"] == 0)
-            chat_once(direct, {}), chat_once(base, {"Authorization": "Bearer none"})  # warm: prompt cached
-            d = [chat_once(direct, {}) for _ in range(args.requests)]
-            g = [chat_once(base, {"Authorization": "Bearer none"}) for _ in range(args.requests)]
+            heads = [next(n["endpoint"] for n in status[r]["nodes"] if n["rank"] == 0) for r in ("gemma-0", "gemma-1")]
+            key = {"Authorization": "Bearer none"}
+            for head in heads:  # warm: the prompt cached on both replicas
+                chat_once(head, {})
+            chat_once(base, key)
+            # Interleaved, direct over both replicas as LiteLLM spreads over them: both see the same load.
+            d, g = [], []
+            for i in range(args.requests):
+                d.append(chat_once(heads[i % 2], {}))
+                g.append(chat_once(base, key))
             md, mg = statistics.median(d), statistics.median(g)
             print(f"latency, median of {args.requests}: direct {md * 1000:.0f} ms, through LiteLLM {mg * 1000:.0f} ms "
                   f"(+{(mg - md) * 1000:.0f} ms)")
