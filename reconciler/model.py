@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from reconciler.host import Host, parse_host
 from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, NodeState, Phase
@@ -334,9 +334,19 @@ class Disk:
     total_bytes: int
 
 
+class RankKey(NamedTuple):
+    """One managed rank, by where it runs. rank None: every rank of the replica on that node."""
+
+    node: str
+    replica: str
+    rank: int | None
+
+
 @dataclass(frozen=True)
 class RunningRank:
-    """One managed engine process found on a node (from its record)."""
+    """One managed engine process: as the probe found its record in a snapshot, or as its node (or
+    Slurm) reports it now to a launcher's `ranks` (then `node`, `started_at` and `log_tail` are set).
+    The one rank type: what placement counts, what readiness judges and what logs show."""
 
     id: str  # replica id
     model: str
@@ -351,6 +361,17 @@ class RunningRank:
     slurm_job: str = ""  # the Slurm job the rank runs in (launcher: slurm)
     waiting: str = ""  # queued, not running yet: the scheduler's reason ("Resources", "Priority", ...)
     revision: str | None = None  # the catalog revision it was started from (None: unknown, an older record)
+    node: str = ""  # the node it runs on, when asked of one node (a snapshot keeps it by its node instead)
+    started_at: float | None = None  # wall clock of the node at launch
+    log_tail: tuple[str, ...] = ()  # its last log lines, when asked for them
+
+    @property
+    def replica(self) -> str:
+        return self.id
+
+    @property
+    def key(self) -> RankKey:
+        return RankKey(self.node, self.id, self.rank)
 
 
 @dataclass(frozen=True)
