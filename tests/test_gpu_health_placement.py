@@ -1,0 +1,231 @@
+"""Placement and plan with GPU health (SPEC section 9): only healthy, uncordoned, unquarantined GPUs
+whose memory is not held by nobody are free; the rejection says which GPU and why; a replica on a
+GPU that turns bad moves. Plus the fleet.yaml side: cordon_gpus and gpu_quarantine_s."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from reconciler.catalog import load_catalog
+from reconciler.inventory import inventory_from_document, inventory_to_document
+from reconciler.model import Quarantine, RejectKind, spec_hash
+from reconciler.placement import place
+from reconciler.plan import plan
+from reconciler.probe import observed_from_report
+from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
+from tests.test_catalog import FLEET, MODEL, problems_of, write_catalog
+
+XID79 = "Xid 79 at 2026-11-30T10:02:11Z: GPU has fallen off the bus"
+
+
+def broken(gs, index, health="unhealthy", reason=XID79, **kw):
+    gs = list(gs)
+    gs[index] = replace(gs[index], health=health, health_reason=reason, **kw)
+    return tuple(gs)
+
+
+def rejections(res, rid):
+    return res.outcomes[rid].rejections
+
+
+def test_an_unhealthy_gpu_is_not_free_and_the_rejection_names_it():
+    f = fleet(node_spec("a"))
+    inv = inventory(observed("a", gpu=broken(gpus(8), 3)))
+    res = place([model("m", profile(gpus_per_node=8))], f, inv)
+    assert res.outcomes["m-0"].placement is None
+    (rej,) = rejections(res, "m-0")
+    assert rej.kind == RejectKind.GPU_UNHEALTHY
+    assert rej.reason == f"has 7 free healthy H100-80GB GPUs (gpu3: {XID79}), needs 8"
+
+
+def test_a_node_short_of_gpus_anyway_is_rejected_for_gpus_not_for_the_bad_one():
+    f = fleet(node_spec("a"))
+    inv = inventory(observed("a", gpu=broken(gpus(4), 0)))
+    (rej,) = rejections(place([model("m", profile(gpus_per_node=8))], f, inv), "m-0")
+    assert rej.kind == RejectKind.GPUS
+    assert "gpu0: Xid 79" in rej.reason
+
+
+def test_a_healthy_node_still_says_what_it_always_said():
+    f = fleet(node_spec("a"))
+    (rej,) = rejections(place([model("m", profile(gpus_per_node=8))], f, inventory(observed("a", gpu=gpus(4)))), "m-0")
+    assert rej.reason == "has 4 free H100-80GB GPUs, needs 8"
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (dict(health="lost", health_reason="GPU 0000:3b:00 is in /proc/driver/nvidia/gpus but the driver does not list it"),
+         "gpu1: GPU 0000:3b:00 is in /proc/driver/nvidia/gpus"),
+        (dict(health="unhealthy", health_reason="2 uncorrected ECC errors"), "gpu1: 2 uncorrected ECC errors"),
+        (dict(quarantined=Quarantine("3 failed starts in a row of m-0", 2e9)), "gpu1: quarantined: 3 failed starts"),
+        (dict(memory_used_mb=71200), "gpu1: 71200 MiB used by no process"),
+    ],
+)
+def test_every_kind_of_bad_gpu_is_left_out_and_named(change, said):
+    gs = list(gpus(2))
+    gs[1] = replace(gs[1], **change)
+    f = fleet(node_spec("a"))
+    res = place([model("m", profile(gpus_per_node=2))], f, inventory(observed("a", gpu=tuple(gs))))
+    (rej,) = rejections(res, "m-0")
+    assert rej.kind == RejectKind.GPU_UNHEALTHY and said in rej.reason
+
+
+def test_one_gpu_of_a_node_goes_to_the_healthy_ones():
+    f = fleet(node_spec("a"))
+    inv = inventory(observed("a", gpu=broken(gpus(4), 0)))
+    res = place([model("m", profile(gpus_per_node=2))], f, inv)
+    assert res.outcomes["m-0"].placement.nodes[0].gpus == (1, 2)
+
+
+def test_memory_under_the_threshold_with_no_process_is_still_free():
+    gs = (replace(gpus(1)[0], memory_used_mb=900),)  # the driver's own context: under 1 GiB and under 5%
+    res = place([model("m", profile(gpus_per_node=1))], fleet(node_spec("a")), inventory(observed("a", gpu=gs)))
+    assert res.outcomes["m-0"].placement is not None
+
+
+def test_memory_held_by_this_catalogs_own_running_rank_is_not_a_leak():
+    P = profile(gpus_per_node=1)
+    m = model("m", P, replicas=1)
+    gs = (replace(gpus(1)[0], memory_used_mb=70000),)
+    inv = inventory(observed("a", gpu=gs, replicas=[rank("m-0", "m", "p", gpus=(0,), spec_hash=spec_hash(m, P))]))
+    p = plan(catalog(fleet(node_spec("a")), m), inv)
+    assert p.actions == ()  # kept where it runs, not moved off its own memory
+
+
+def test_cordoned_gpus_of_fleet_yaml_are_never_handed_out():
+    f = fleet(replace(node_spec("a"), cordon_gpus=(0, 1)))
+    res = place([model("m", profile(gpus_per_node=2))], f, inventory(observed("a", gpu=gpus(4))))
+    assert res.outcomes["m-0"].placement.nodes[0].gpus == (2, 3)
+    res = place([model("m", profile(gpus_per_node=3))], f, inventory(observed("a", gpu=gpus(4))))
+    (rej,) = rejections(res, "m-0")
+    assert "gpu0: cordoned in fleet.yaml; gpu1: cordoned in fleet.yaml" in rej.reason
+
+
+def test_a_bad_gpu_released_by_its_replica_does_not_become_free():
+    # The replica on bad GPU 0 is replaced; its GPUs are released, and GPU 0 must not come back free.
+    P = profile(gpus_per_node=2)
+    m = model("m", P, replicas=1)
+    gs = broken(gpus(2), 0)
+    inv = inventory(observed("a", gpu=gs, replicas=[rank("m-0", "m", "p", gpus=(0, 1), spec_hash=spec_hash(m, P))]),
+                    observed("b", gpu=gpus(1)))
+    p = plan(catalog(fleet(node_spec("a"), node_spec("b")), m), inv)
+    assert all(0 not in a.gpus or a.node != "a" for act in p.actions if act.placement for a in act.placement.nodes
+               if act.action != "stop")
+
+
+def test_a_ready_replica_on_a_gpu_that_turns_unhealthy_is_replaced_elsewhere():
+    P = profile(gpus_per_node=4)
+    m = model("m", P, replicas=1)
+    H = spec_hash(m, P)
+    inv = inventory(observed("a", gpu=broken(gpus(4), 2), replicas=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)]),
+                    observed("b", gpu=gpus(4)))
+    p = plan(catalog(fleet(node_spec("a"), node_spec("b")), m), inv)
+    (a,) = p.actions
+    assert a.action == "replace"
+    assert a.reason == f"gpu 2 of a is unhealthy: {XID79}"
+    assert a.placement.nodes[0].node == "b"
+
+
+def test_a_replica_on_a_lost_gpu_is_replaced_too():
+    P = profile(gpus_per_node=1)
+    m = model("m", P, replicas=1)
+    gs = broken(gpus(2), 0, health="lost", reason="GPU 0000:3b:00 is in /proc/driver/nvidia/gpus but the driver does not list it")
+    inv = inventory(observed("a", gpu=gs, replicas=[rank("m-0", "m", "p", gpus=(0,), spec_hash=spec_hash(m, P))]))
+    p = plan(catalog(fleet(node_spec("a")), m), inv)
+    (a,) = p.actions
+    assert a.action == "replace" and "gpu 0 of a is lost" in a.reason
+    assert a.placement.nodes[0].gpus == (1,)
+
+
+def test_a_replica_on_a_cordoned_gpu_stays_as_on_a_cordoned_node():
+    P = profile(gpus_per_node=1)
+    m = model("m", P, replicas=1)
+    inv = inventory(observed("a", gpu=gpus(2), replicas=[rank("m-0", "m", "p", gpus=(0,), spec_hash=spec_hash(m, P))]))
+    assert plan(catalog(fleet(replace(node_spec("a"), cordon_gpus=(0,))), m), inv).actions == ()
+
+
+# --------------------------------------------------------------------------
+# The snapshot: health fields round-trip, and the probe's report becomes them
+# --------------------------------------------------------------------------
+
+
+def test_health_fields_round_trip_through_the_snapshot_document():
+    gs = broken(gpus(2), 1)
+    gs = (replace(gs[0], quarantined=Quarantine("3 failed starts in a row of m-0", 1_800_000_000.0, "GPU-0")), gs[1])
+    node = replace(observed("a", gpu=gs), health_checks={"ecc": "ok", "remap": "ok", "xid": "unreadable"})
+    doc = inventory_to_document(inventory(node))
+    g0, g1 = doc["nodes"][0]["gpus"]
+    assert g0["quarantined"] == {"reason": "3 failed starts in a row of m-0", "until": "2027-01-15T08:00:00Z", "uuid": "GPU-0"}
+    assert g1["health"] == "unhealthy" and g1["health_reason"] == XID79
+    assert doc["nodes"][0]["health_checks"] == {"ecc": "ok", "remap": "ok", "xid": "unreadable"}
+    back = inventory_from_document(doc).node("a")
+    assert back.gpus == node.gpus and back.health_checks == node.health_checks
+
+
+def test_a_snapshot_without_health_fields_reads_as_healthy():
+    inv = inventory_from_document({"nodes": [{"id": "a", "gpus": [{"index": 0, "uuid": "GPU-0"}]}]})
+    assert inv.node("a").gpus[0].healthy and inv.node("a").health_checks is None
+
+
+REPORT_GPU = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559}
+
+
+@pytest.mark.parametrize(
+    "said, health, reason",
+    [
+        ({"health": "ok"}, "ok", ""),
+        ({"health": "unhealthy", "health_reason": "2 uncorrected ECC errors"}, "unhealthy", "2 uncorrected ECC errors"),
+        ({"health": "lost"}, "lost", "the probe reported it lost"),
+        ({"health": "fine, trust me"}, "unhealthy", "the probe reported health 'fine, trust me'"),
+        ({"health": ["ok"]}, "unhealthy", "the probe reported health \"['ok']\""),
+        ({"health": "unhealthy", "health_reason": "bad\x1b[31m\nline"}, "unhealthy", "bad?[31m?line"),
+    ],
+)
+def test_the_probes_verdict_is_read_and_garble_is_never_healthy(said, health, reason):
+    node, _ = observed_from_report(node_spec("a"), {"gpus": [REPORT_GPU | said]})
+    assert (node.gpus[0].health, node.gpus[0].health_reason) == (health, reason)
+
+
+def test_garbled_health_checks_are_unreadable_not_ok():
+    node, _ = observed_from_report(node_spec("a"), {"gpus": [REPORT_GPU], "health_checks": {"ecc": "ok", "xid": "perfect"}})
+    assert dict(node.health_checks) == {"ecc": "ok", "remap": "unreadable", "xid": "unreadable"}
+
+
+def test_a_cordoned_gpu_is_reported_so():
+    node, _ = observed_from_report(replace(node_spec("a"), cordon_gpus=(0,)), {"gpus": [REPORT_GPU]})
+    assert node.gpus[0].health_reason == "cordoned in fleet.yaml" and node.gpus[0].health == "ok"
+
+
+def test_a_lost_gpu_takes_the_name_of_its_siblings():
+    lost = {"index": 1, "uuid": "", "name": "", "memory_total_mb": 0, "health": "lost", "health_reason": "gone"}
+    node, _ = observed_from_report(node_spec("a"), {"gpus": [REPORT_GPU, lost]})
+    assert node.gpus[1].gpu_class == "H100-80GB" and node.gpus[1].health == "lost"
+
+
+# --------------------------------------------------------------------------
+# fleet.yaml: cordon_gpus and gpu_quarantine_s
+# --------------------------------------------------------------------------
+
+
+def test_cordon_gpus_and_the_quarantine_time_load_from_fleet_yaml(tmp_path):
+    text = FLEET.replace("    model_dirs: [/models]\n    fabrics", "    model_dirs: [/models]\n    cordon_gpus: [3, 1]\n    fabrics", 1)
+    cat = load_catalog(write_catalog(tmp_path, {"fleet.yaml": "gpu_quarantine_s: 600\n" + text, "models/llama.yaml": MODEL}))
+    assert cat.fleet.node("gpu-1").cordon_gpus == (1, 3)
+    assert cat.fleet.node("gpu-2").cordon_gpus == ()
+    assert cat.fleet.gpu_quarantine_s == 600
+
+
+def test_the_quarantine_time_defaults_to_an_hour(tmp_path):
+    cat = load_catalog(write_catalog(tmp_path, {"fleet.yaml": FLEET, "models/llama.yaml": MODEL}))
+    assert cat.fleet.gpu_quarantine_s == 3600
+
+
+@pytest.mark.parametrize("value, col, said", [("[three]", 19, "expected an integer"), ("[1, -1]", 22, "must be at least 0"),
+                                               ("3", 18, "expected a list")])
+def test_a_cordon_gpus_entry_that_is_not_a_gpu_index_is_an_error_at_its_line(tmp_path, value, col, said):
+    text = FLEET.replace("    model_dirs: [/models]\n    fabrics", f"    model_dirs: [/models]\n    cordon_gpus: {value}\n    fabrics", 1)
+    problems = problems_of(write_catalog(tmp_path, {"fleet.yaml": text, "models/llama.yaml": MODEL}))
+    assert any(p.startswith(f"fleet.yaml:8:{col}") and said in p for p in problems), problems
