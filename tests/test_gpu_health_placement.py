@@ -229,3 +229,40 @@ def test_a_cordon_gpus_entry_that_is_not_a_gpu_index_is_an_error_at_its_line(tmp
     text = FLEET.replace("    model_dirs: [/models]\n    fabrics", f"    model_dirs: [/models]\n    cordon_gpus: {value}\n    fabrics", 1)
     problems = problems_of(write_catalog(tmp_path, {"fleet.yaml": text, "models/llama.yaml": MODEL}))
     assert any(p.startswith(f"fleet.yaml:8:{col}") and said in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------
+# plan --inventory of a snapshot with bad GPUs: no SSH, the reason in the rejection
+# --------------------------------------------------------------------------
+
+
+def test_plan_of_a_snapshot_with_bad_gpus_rejects_with_the_reason(cli, tmp_path):
+    import json as _json
+    import shutil
+
+    import yaml
+
+    from tests.conftest import REPO, copy_tracked
+
+    root = tmp_path / "catalog"
+    copy_tracked(REPO / "catalog", root)
+    shutil.copytree(REPO / "schema", tmp_path / "schema")
+    doc = yaml.safe_load((REPO / "catalog" / "status" / "nodes.yaml").read_text())
+    for n in doc["nodes"]:
+        if n["id"] in ("h100-a1", "h100-a3"):
+            n["gpus"][3] |= {"health": "unhealthy", "health_reason": XID79}
+            n["health_checks"] = {"ecc": "ok", "remap": "ok", "xid": "ok"}
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text(yaml.safe_dump(doc))
+    r = cli("plan", str(root), "--inventory", str(snapshot), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    plan_doc = _json.loads(r.stdout)
+    # The 8-GPU replica that would have gone to h100-a1 goes to the A100 fallback instead.
+    start = next(a for a in plan_doc["actions"] if a["replica"] == "llama-3-70b-1")
+    assert {n["node"] for n in start["nodes"]}.isdisjoint({"h100-a1", "h100-a3"})
+    (unplaced,) = plan_doc["unplaced"]
+    assert {"profile": "h100-2x8", "pool": "ib-pod1/H100-80GB", "node": "h100-a1",
+            "reason": f"has 7 free healthy H100-80GB GPUs (gpu3: {XID79}), needs 8"} in unplaced["rejections"]
+    text = cli("explain", "deepseek-v3", str(root), "--inventory", str(snapshot))
+    assert text.returncode == 0, text.stderr
+    assert f"1 has too few free healthy H100-80GB GPUs (h100-a1: 7 free, needs 8 (gpu3: {XID79}))" in text.stdout

@@ -696,10 +696,10 @@ def _health_checks(reported) -> Mapping[str, str] | None:
 
 
 def _lost_named(gpus: list[Gpu]) -> list[Gpu]:
-    """A GPU the driver no longer lists has no name: on a node whose other GPUs are all one model
-    (the common case) it takes theirs, so a rejection counts it among that class's GPUs."""
-    names = {(g.name, g.gpu_class, g.memory_total_mb) for g in gpus if g.name}
-    if len(names) != 1:
+    """A GPU the driver cannot name (lost, or no handle) has no name: on a node whose other GPUs are
+    all one model (the common case) it takes theirs, so a rejection counts it among that class's GPUs."""
+    names = {(g.name, g.gpu_class, g.memory_total_mb) for g in gpus if g.name and g.memory_total_mb}
+    if len(names) != 1 or all(g.name for g in gpus):
         return gpus
     (name, cls, total), = names
     return [replace(g, name=name, gpu_class=cls, memory_total_mb=total) if not g.name else g for g in gpus]
