@@ -414,7 +414,8 @@ class _Diff:
             self.healthy(rid, model_name, current, hist)
 
     def bad_gpus(self, copy: _Copy) -> str:
-        """`gpu 3 of h100-a1 is unhealthy: Xid 79 ...` for the copy's GPUs that are not ok, else ""."""
+        """`gpu 3 of h100-a1 is unhealthy: Xid 79 ...` for the copy's GPUs that are not ok or are
+        quarantined (the crash-loop breaker's: it is placed elsewhere, not restarted there), else ""."""
         said = []
         for node, rank in copy.ranks:
             obs = self.inventory.node(node)
@@ -423,6 +424,8 @@ class _Diff:
             on = set(rank.gpus)
             said += [f"gpu {g.index} of {node} is {g.health}" + (f": {g.health_reason}" if g.health_reason else "")
                      for g in obs.gpus if g.index in on and g.health != GpuHealth.OK]
+            said += [f"gpu {g.index} of {node} is quarantined: {g.quarantined.reason}"
+                     for g in obs.gpus if g.index in on and g.health == GpuHealth.OK and g.quarantined is not None]
         return "; ".join(said)
 
     def not_desired(self, rid: str, model_name: str, model: Model | None, entries: list[tuple[str, RunningRank]]) -> None:

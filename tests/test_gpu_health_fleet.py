@@ -177,3 +177,57 @@ def test_a_ready_replica_whose_gpu_goes_bad_is_moved_to_a_healthy_one(fleet, poo
         assert visible_devices(fleet, "mover", records)[-1] == [1]
     finally:
         fleet.set_hardware("mover", faults={})
+
+
+# --------------------------------------------------------------------------
+# The crash-loop breaker
+# --------------------------------------------------------------------------
+
+FAKE_VLLM = Path(__file__).resolve().parent / "fakes" / "bin" / "vllm"
+# An engine that dies at start on one GPU only, as on a GPU whose memory is bad.
+DIES_ON_GPU = """#!/bin/sh
+case "$CUDA_VISIBLE_DEVICES" in
+  *{uuid}*) echo "CUDA error: uncorrectable ECC error encountered" >&2; exit 1 ;;
+esac
+exec {fake} "$@"
+"""
+
+
+def test_three_failed_starts_on_one_gpu_quarantine_it_and_the_replica_is_ready_elsewhere(fleet, pool, tmp_path):
+    if "looper" not in fleet.nodes:
+        fleet.add_node("looper", gpus=["H100"] * 2, engines=["vllm"], labels={"role": "loop"})
+    uuid0 = fleet.node("looper").hardware["gpus"][0]["uuid"]
+    (fleet.node("looper").dir / "engines" / "vllm").unlink()
+    (fleet.node("looper").dir / "engines" / "vllm").write_text(DIES_ON_GPU.format(uuid=uuid0, fake=FAKE_VLLM))
+    (fleet.node("looper").dir / "engines" / "vllm").chmod(0o755)
+    root = tmp_path / "catalog"
+    (root / "models").mkdir(parents=True)
+    fleet.fleet_yaml(root, ["looper"])
+    (root / "fleet.yaml").write_text("gpu_quarantine_s: 1000000\n" + (root / "fleet.yaml").read_text())
+    records = tmp_path / "engines"
+    records.mkdir()
+    write_model(root, "loop", records, "loop", 1)
+    try:
+        memory, now = None, time.time()
+        for attempt in range(1, 4):
+            result = run_pass(load_catalog(root, with_revision=False), transports=pool, history=memory, ready_wait_s=20,
+                              now=now)
+            state = result.replicas["loop-0"]
+            assert state.phase == "Failed", (attempt, state.phase, state.message)
+            assert [a.gpus for a in state.nodes] == [(0,)], attempt
+            memory, now = result.memory, now + 4000  # past any backoff
+        assert list(memory.quarantines) == [("looper", 0)]
+        nodes_yaml = yaml.safe_load((root / "status" / "nodes.yaml").read_text())
+        (looper,) = [n for n in nodes_yaml["nodes"] if n["id"] == "looper"]
+        assert looper["gpus"][0]["quarantined"]["reason"].startswith("3 failed starts in a row of loop-0")
+        assert "quarantined" not in looper["gpus"][1]
+        assert "quarantined" not in (root / "fleet.yaml").read_text()  # observed state, never the catalog's
+        result = run_pass(load_catalog(root, with_revision=False), transports=pool, history=memory, ready_wait_s=20, now=now)
+        state = result.replicas["loop-0"]
+        assert state.phase == "Ready", state.message
+        assert [a.gpus for a in state.nodes] == [(1,)]
+    finally:
+        cat = load_catalog(root, with_revision=False)
+        launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes}, stop_grace_s=2)
+        for rank in launcher.ranks("looper"):
+            launcher.stop("looper", rank.replica)

@@ -266,3 +266,100 @@ def test_plan_of_a_snapshot_with_bad_gpus_rejects_with_the_reason(cli, tmp_path)
     text = cli("explain", "deepseek-v3", str(root), "--inventory", str(snapshot))
     assert text.returncode == 0, text.stderr
     assert f"1 has too few free healthy H100-80GB GPUs (h100-a1: 7 free, needs 8 (gpu3: {XID79}))" in text.stdout
+
+
+# --------------------------------------------------------------------------
+# The crash-loop breaker (memory.py): pure
+# --------------------------------------------------------------------------
+
+from reconciler.memory import (  # noqa: E402
+    CRASH_LOOP_STARTS,
+    GpuStrikes,
+    PassMemory,
+    crash_loops_after,
+    memory_from_document,
+    memory_to_document,
+    with_quarantines,
+)
+from reconciler.model import Assignment  # noqa: E402
+from reconciler.outcomes import ReplicaState  # noqa: E402
+
+
+def failed_on(gpus_, node="a", message="exit 1: CUDA error: uncorrectable ECC error encountered", failure="temporary"):
+    return ReplicaState("m-0", "m", "p", "Failed", message, nodes=(Assignment(node, 0, tuple(gpus_)),), failure=failure)
+
+
+def strike(strikes, quarantines, state, now=1000.0, inv=None):
+    inv = inv or inventory(observed("a", gpu=gpus(4)))
+    return crash_loops_after(strikes, quarantines, inv, {"m-0": state}, now, 3600)
+
+
+def test_three_failed_starts_on_the_same_gpus_quarantine_them():
+    strikes, quarantines = {}, {}
+    for n in range(1, CRASH_LOOP_STARTS):
+        strikes, quarantines = strike(strikes, quarantines, failed_on((0, 1)))
+        assert strikes["m-0"].count == n and quarantines == {}
+    strikes, quarantines = strike(strikes, quarantines, failed_on((0, 1)))
+    assert strikes == {}
+    assert sorted(quarantines) == [("a", 0), ("a", 1)]
+    q = quarantines[("a", 0)]
+    assert q.until == 1000.0 + 3600 and q.uuid == "GPU-0"
+    assert q.reason == "3 failed starts in a row of m-0: exit 1: CUDA error: uncorrectable ECC error encountered"
+
+
+def test_a_failure_elsewhere_starts_the_count_again():
+    strikes, q = strike({"m-0": GpuStrikes((("a", (0, 1)),), 2)}, {}, failed_on((2, 3)))
+    assert strikes["m-0"].count == 1 and q == {}
+
+
+def test_ready_forgets_the_strikes():
+    ready = ReplicaState("m-0", "m", "p", "Ready", nodes=(Assignment("a", 0, (0, 1)),))
+    strikes, _ = strike({"m-0": GpuStrikes((("a", (0, 1)),), 2)}, {}, ready)
+    assert strikes == {}
+
+
+def test_a_permanent_failure_is_not_the_gpus_doing():
+    strikes, _ = strike({}, {}, failed_on((0,), message="vllm is not installed", failure="permanent"))
+    assert strikes == {}
+
+
+def test_a_quarantine_expires_and_clears_when_the_gpu_shows_a_new_uuid():
+    q = {("a", 0): Quarantine("3 failed starts", 5000.0, "GPU-0"), ("a", 1): Quarantine("3 failed starts", 5000.0, "GPU-old")}
+    inv = inventory(observed("a", gpu=gpus(4)))
+    _, kept = crash_loops_after({}, q, inv, {}, 1000.0, 3600)
+    assert list(kept) == [("a", 0)]  # GPU 1 now shows uuid GPU-1: a reset or a new card
+    _, kept = crash_loops_after({}, q, inv, {}, 5000.0, 3600)
+    assert kept == {}
+
+
+def test_a_node_that_did_not_answer_keeps_its_quarantines():
+    q = {("a", 0): Quarantine("3 failed starts", 5000.0, "GPU-0")}
+    _, kept = crash_loops_after({}, q, inventory(observed("a", state="unreachable")), {}, 1000.0, 3600)
+    assert kept == q
+
+
+def test_quarantined_gpus_are_marked_and_placement_leaves_them_out():
+    q = {("a", 0): Quarantine("3 failed starts in a row of m-0", 5000.0, "GPU-0")}
+    inv = with_quarantines(inventory(observed("a", gpu=gpus(2))), q, 1000.0)
+    assert inv.node("a").gpus[0].quarantined == q[("a", 0)] and inv.node("a").gpus[1].quarantined is None
+    res = place([model("m", profile(gpus_per_node=1))], fleet(node_spec("a")), inv)
+    assert res.outcomes["m-0"].placement.nodes[0].gpus == (1,)
+    assert with_quarantines(inventory(observed("a", gpu=gpus(2))), q, 6000.0).node("a").gpus[0].quarantined is None
+
+
+def test_a_crashed_replica_on_quarantined_gpus_is_placed_elsewhere_not_restarted_there():
+    P = profile(gpus_per_node=1)
+    m = model("m", P, replicas=1)
+    q = {("a", 0): Quarantine("3 failed starts in a row of m-0", 5000.0, "GPU-0")}
+    inv = inventory(observed("a", gpu=gpus(2), replicas=[rank("m-0", "m", "p", gpus=(0,), spec_hash=spec_hash(m, P), alive=False)]))
+    p = plan(catalog(fleet(node_spec("a")), m), with_quarantines(inv, q, 1000.0), now=1000.0)
+    (a,) = p.actions
+    assert a.action == "replace" and "quarantined" in a.reason
+    assert a.placement.nodes[0].gpus == (1,)
+
+
+def test_strikes_and_quarantines_survive_the_memory_file():
+    memory = PassMemory(gpu_strikes={"m-0": GpuStrikes((("a", (0, 1)),), 2, "exit 1")},
+                        quarantines={("a", 3): Quarantine("3 failed starts", 5000.0, "GPU-3")})
+    back = memory_from_document(memory_to_document(memory))
+    assert back.gpu_strikes == memory.gpu_strikes and back.quarantines == memory.quarantines
