@@ -231,3 +231,15 @@ def test_three_failed_starts_on_one_gpu_quarantine_it_and_the_replica_is_ready_e
         launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes}, stop_grace_s=2)
         for rank in launcher.ranks("looper"):
             launcher.stop("looper", rank.replica)
+
+
+def test_reconciler_nodes_shows_a_character_per_gpu_and_each_bad_ones_reason(fleet, tmp_path):
+    from tests.conftest import run_cli
+
+    root = tmp_path / "catalog"
+    (root / "models").mkdir(parents=True)
+    fleet.fleet_yaml(root, ["apply-a"])
+    r = run_cli("nodes", str(root))
+    assert r.returncode == 0, r.stderr
+    assert "4x H100-80GB (2 free) xx.." in r.stdout
+    assert "apply-a gpu0 x Xid 79 at " in r.stdout and "apply-a gpu1 x 2 uncorrected ECC errors" in r.stdout

@@ -363,3 +363,30 @@ def test_strikes_and_quarantines_survive_the_memory_file():
                         quarantines={("a", 3): Quarantine("3 failed starts", 5000.0, "GPU-3")})
     back = memory_from_document(memory_to_document(memory))
     assert back.gpu_strikes == memory.gpu_strikes and back.quarantines == memory.quarantines
+
+
+# --------------------------------------------------------------------------
+# reconciler nodes: one character per GPU, and each bad GPU's reason
+# --------------------------------------------------------------------------
+
+from reconciler.commands.nodes import bad_gpu_lines, gpu_chars, gpu_summary  # noqa: E402
+from reconciler.model import GpuProcess  # noqa: E402
+
+
+def test_one_character_per_gpu_says_how_each_is():
+    gs = list(gpus(8))
+    gs[1] = replace(gs[1], processes=(GpuProcess(4242, "python", 1000),))
+    gs[2] = replace(gs[2], health="unhealthy", health_reason=XID79)
+    gs[3] = replace(gs[3], health="lost", health_reason="gone from the driver")
+    gs[4] = replace(gs[4], quarantined=Quarantine("3 failed starts in a row of m-0", 2e9))
+    gs[6] = replace(gs[6], memory_used_mb=71200)
+    node = observed("a", gpu=gs, replicas=[rank("m-1", "m", "p", gpus=(7,))])
+    assert gpu_chars(node, frozenset({5})) == ".fxxqcf#"
+    assert gpu_summary(node, frozenset({5})) == "8x H100-80GB (1 free) .fxxqcf#"
+    assert bad_gpu_lines(node, frozenset({5})) == [
+        f"a gpu2 x {XID79}",
+        "a gpu3 x gone from the driver",
+        "a gpu4 q quarantined: 3 failed starts in a row of m-0",
+        "a gpu5 c cordoned in fleet.yaml",
+        "a gpu6 f 71200 MiB used by no process",
+    ]
