@@ -168,7 +168,9 @@ def test_a_ready_replica_whose_gpu_goes_bad_is_moved_to_a_healthy_one(fleet, poo
     assert visible_devices(fleet, "mover", records) == [[0]]
     fleet.set_hardware("mover", faults={0: "xid79"})
     try:
-        second = apply_once(catalog_dir, pool, history=first.memory)
+        # A fresh pool: an open probe session reads the kernel log again only every HEALTH_RECHECK_S.
+        with TransportPool() as fresh:
+            second = apply_once(catalog_dir, fresh, history=first.memory)
         assert any("gpu 0 of mover is unhealthy: Xid 79" in d.reason for d in second.decisions), \
             [str(d) for d in second.decisions]
         state = second.replicas["one-0"]

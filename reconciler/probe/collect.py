@@ -80,6 +80,11 @@ def _payload() -> bytes:
         return _build_payload()
 
 
+# The GPU health queries (SPEC section 9) are part of every probe; bench/probe.py turns them off
+# to measure what they cost, and nothing else should.
+GPU_HEALTH_QUERIES = True
+
+
 def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> dict:
     args = {
         "model_dirs": list(spec.model_dirs),
@@ -88,6 +93,8 @@ def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None 
     }
     if owner is not None:
         args["owner"] = owner
+    if not GPU_HEALTH_QUERIES:
+        args["gpu_health"] = False
     # The node's own waits end well inside the command's deadline, so a hung nvidia-smi or
     # `import sglang` is reported as such (GPUs unknown) instead of the whole node timing out.
     inner = round(max(1.0, min(20.0, float(spec.ssh.command_timeout_s) / 2)), 1)

@@ -87,6 +87,7 @@ def gpu_class(name: str, memory_total_mb: int | None) -> str:
 # the PCI bus id that Xid lines and /proc/driver/nvidia/gpus name a GPU by, uncorrected ECC
 # errors since the driver loaded, and pages waiting to be retired.
 GPU_QUERY = "index,uuid,name,memory.total,memory.used,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
+GPU_QUERY_WITHOUT_HEALTH = "index,uuid,name,memory.total,memory.used"
 APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
 # What nvidia-smi prints in a field of a GPU it names but cannot answer for (SPEC section 9):
 # such a GPU is unhealthy, and the other GPUs of the output are still read.

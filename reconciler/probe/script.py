@@ -23,6 +23,8 @@ Arguments (JSON object, all optional):
   state_dir:  path          where managed-process records are (`~` is this node's home)
   sglang_timeout_s: number  deadline for the `import sglang` check (default 20)
   nvidia_smi_timeout_s: number
+  gpu_health: bool          false: no health queries (bench/probe.py's comparison); default true
+  health_recheck_s: number  in a session, how often the kernel log and remapped rows are read again (10)
   dmesg_timeout_s: number   deadline for reading the kernel log (default 5): a dmesg that hangs
                             costs the Xid check (`xid: unreadable`), never the probe
 """
@@ -38,6 +40,7 @@ if "parse_gpu_csv" not in globals():
     from reconciler.probe.parse import (  # noqa: F401
         APPS_QUERY,
         GPU_QUERY,
+        GPU_QUERY_WITHOUT_HEALTH,
         NETLINK_SOCK_DIAG,
         ParseError,
         inet_diag_listen_request,
@@ -304,16 +307,17 @@ class NvidiaSmi:
     (their UUIDs) is unchanged: topology only changes with the hardware.
     """
 
-    def __init__(self, binary, timeout, cache=None):
+    def __init__(self, binary, timeout, cache=None, health=True, remap=True):
         self.binary = binary
         self.timeout = timeout
         # One deadline for every query: waited for one after another, their timeouts would add up
         # past the probe's own deadline, and a hung nvidia-smi would take the whole node with it.
         self.deadline = _now() + timeout
         self.cache = cache
-        self.gpus = _start([binary, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"])
+        query = GPU_QUERY if health else GPU_QUERY_WITHOUT_HEALTH
+        self.gpus = _start([binary, "--query-gpu=" + query, "--format=csv,noheader,nounits"])
         self.apps = _start([binary, "--query-compute-apps=" + APPS_QUERY, "--format=csv,noheader,nounits"])
-        self.remap = _start([binary, "--query-remapped-rows=" + REMAP_QUERY, "--format=csv,noheader"])
+        self.remap = _start([binary, "--query-remapped-rows=" + REMAP_QUERY, "--format=csv,noheader"]) if remap else None
         self.topo = _start([binary, "topo", "-m"]) if cache is None else None
         self.remap_rows, self.remap_state = None, CHECK_UNSUPPORTED
 
@@ -395,6 +399,8 @@ class NvidiaSmi:
     def _finish_remap(self, warnings):
         """Rows pending remap, or why not: unsupported where the driver has no such query, unreadable
         where it answered something else (a check that did not run is never taken as clean)."""
+        if self.remap is None:
+            return
         out, why = _finish(self.remap, self._left(), "nvidia-smi --query-remapped-rows")
         if why:
             said = why.lower()
@@ -626,9 +632,14 @@ def collect(args, cache=None):
     held = cache.get("sglang") if cache is not None else None
     sglang_fresh = held is not None and _now() - held[0] < SGLANG_RECHECK_S
     sglang = None if sglang_fresh else start_sglang_check()
-    dmesg = start_dmesg()
+    health = args.get("gpu_health", True) is not False
+    # In a session, the kernel log and the remapped rows are read again at most every
+    # HEALTH_RECHECK_S (ECC counts and device errors, in the GPU query, every pass).
+    slow = cache.get("slow_health") if cache is not None else None
+    slow_fresh = slow is not None and _now() - slow[0] < float(args.get("health_recheck_s", HEALTH_RECHECK_S))
+    dmesg = start_dmesg() if health and not slow_fresh else None
     gpus = gpus_from_pynvml(report, warnings)
-    smi = start_nvidia_smi(args, cache, warnings) if gpus is None else None
+    smi = start_nvidia_smi(args, cache, warnings, health, health and not slow_fresh) if gpus is None else None
 
     host_facts(report, args, model_dirs, warnings)
     engines = engines_on_path()
@@ -642,7 +653,9 @@ def collect(args, cache=None):
     report["ports_in_use"] = listening_ports(warnings)
 
     gpus = finish_gpus(report, gpus, smi, warnings)
-    gpus = gpu_health(report, gpus, smi, dmesg, float(args.get("dmesg_timeout_s", 5)), warnings)
+    if health:
+        gpus = gpu_health(report, gpus, smi, dmesg, float(args.get("dmesg_timeout_s", 5)), warnings,
+                          cache, slow if slow_fresh else None)
     # Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign.
     exclude_managed(gpus, [r for r in records if owner is None or r.get("owner") in (None, owner)])
     report["gpus"] = gpus
@@ -704,22 +717,36 @@ def read_bounded(proc, timeout, limit):
     return text, None
 
 
-def gpu_health(report, gpus, smi, dmesg, dmesg_timeout, warnings):
-    """Each GPU's health and the node's health_checks (SPEC section 9), judged by health.assess."""
-    xid_events, xid_state = None, CHECK_UNSUPPORTED
-    if dmesg is not None:
-        text, why = read_bounded(dmesg, dmesg_timeout, DMESG_MAX_BYTES)
-        if why:
-            warnings.append(why + ": Xid events unknown")
-            xid_state = CHECK_UNREADABLE
-        else:
-            boot = None
-            if "Xid" in text:
-                try:
-                    boot = parse_boot_time(read_text("/proc/stat"))
-                except OSError:
-                    pass
-            xid_events = parse_xid_lines(text, boot)
+HEALTH_RECHECK_S = 10  # in a session, the kernel log and the remapped rows are read at most this often
+
+
+def gpu_health(report, gpus, smi, dmesg, dmesg_timeout, warnings, cache=None, held=None):
+    """Each GPU's health and the node's health_checks (SPEC section 9), judged by health.assess.
+    `held`: the session's kernel-log and remap answers while fresh (then neither was asked again)."""
+    if held is not None:
+        _, remap_rows, remap_state, xid_events, xid_state, notes = held
+        warnings.extend(notes)
+    else:
+        notes = []
+        xid_events, xid_state = None, CHECK_UNSUPPORTED
+        if dmesg is not None:
+            text, why = read_bounded(dmesg, dmesg_timeout, DMESG_MAX_BYTES)
+            if why:
+                notes.append(why + ": Xid events unknown")
+                xid_state = CHECK_UNREADABLE
+            else:
+                boot = None
+                if "Xid" in text:
+                    try:
+                        boot = parse_boot_time(read_text("/proc/stat"))
+                    except OSError:
+                        pass
+                xid_events = parse_xid_lines(text, boot)
+        remap_rows = smi.remap_rows if smi is not None else None
+        remap_state = smi.remap_state if smi is not None else CHECK_UNSUPPORTED
+        warnings.extend(notes)
+        if cache is not None and (dmesg is not None or (smi is not None and smi.remap is not None)):
+            cache["slow_health"] = (_now(), remap_rows, remap_state, xid_events, xid_state, notes)
     try:
         proc_bus_ids = sorted(os.listdir(NVIDIA_PROC_GPUS))
     except OSError:
@@ -729,8 +756,8 @@ def gpu_health(report, gpus, smi, dmesg, dmesg_timeout, warnings):
     nvml = report.get("gpu_source") == "nvml"
     gpus, checks, notes = assess(
         gpus,
-        remap_rows=smi.remap_rows if smi is not None else None,
-        remap_state=smi.remap_state if smi is not None else CHECK_UNSUPPORTED,
+        remap_rows=remap_rows,
+        remap_state=remap_state,
         xid_events=xid_events,
         xid_state=xid_state,
         proc_bus_ids=proc_bus_ids,
@@ -777,13 +804,13 @@ def gpus_from_pynvml(report, warnings):
     return gpus
 
 
-def start_nvidia_smi(args, cache, warnings):
+def start_nvidia_smi(args, cache, warnings, health=True, remap=True):
     """nvidia-smi started (it runs while the rest is read), or None where there is none."""
     binary = which("nvidia-smi")
     if not binary:
         return None
     try:
-        return NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache)
+        return NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache, health, remap)
     except OSError as e:
         warnings.append("cannot run nvidia-smi: %s" % (e.strerror or e))
         return None
