@@ -196,6 +196,9 @@ def node_to_document(n: ObservedNode) -> dict:
         "weights": None if n.weights is None else sorted(n.weights),
         "replicas": [],
     }
+    # A managed rank reserves its GPUs whole: beside memory_used_mb (the driver's figure), VRAM used
+    # on a GPU no rank of ours holds, with no process listed, is held by nobody (SPEC section 9).
+    reserved = {i for r in n.replicas if r.alive for i in r.gpus}
     for g in sorted(n.gpus, key=lambda g: g.index):
         gd: dict[str, Any] = {
             "index": g.index,
@@ -204,6 +207,7 @@ def node_to_document(n: ObservedNode) -> dict:
             "class": g.gpu_class,
             "memory_total_mb": g.memory_total_mb,
             "memory_used_mb": g.memory_used_mb,
+            "allocated_mb": g.memory_total_mb if g.index in reserved else 0,
             "nvlink_peers": sorted(g.nvlink_peers),
         }
         if g.processes:

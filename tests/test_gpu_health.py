@@ -314,3 +314,40 @@ def test_a_gpu_nvml_calls_lost_is_unhealthy():
     facts, remap, checks = health_from_nvml({"ecc": NvmlFailed(15), "retired_pending": NvmlFailed(15),
                                              "remapped_rows": NvmlFailed(999)})
     assert judge_gpu(facts, remap, [], checks | {"xid": "ok"})[0] == GpuHealth.UNHEALTHY
+
+
+# --------------------------------------------------------------------------
+# The node side's bounded read of dmesg (one child process each, no fleet)
+# --------------------------------------------------------------------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from reconciler.probe import script  # noqa: E402
+
+
+def _child(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+
+
+def test_a_kernel_log_of_megabytes_is_read_to_its_newest_bytes_only():
+    proc = _child("import sys; sys.stdout.write('[ 1.0] noise line\\n' * 1_000_000); "
+                  "sys.stdout.write('[ 2.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\\n')")
+    text, why = script.read_bounded(proc, 30, 1 << 20)
+    assert why is None
+    assert len(text) <= 1 << 20 and text.startswith("[ 1.0]")  # the cut first line is dropped
+    assert [e["xid"] for e in parse_xid_lines(text)] == [79]
+
+
+def test_a_dmesg_that_hangs_is_killed_at_its_deadline_and_said_so():
+    proc = _child("import time; time.sleep(60)")
+    text, why = script.read_bounded(proc, 0.3, 1 << 20)
+    assert text is None and why == "dmesg ran past 0.3s"
+    assert proc.poll() is not None  # killed, not left behind
+
+
+def test_a_dmesg_refused_says_its_error():
+    proc = _child("import sys; sys.stderr.write('dmesg: read kernel buffer failed: Operation not permitted\\n'); sys.exit(1)")
+    text, why = script.read_bounded(proc, 5, 1 << 20)
+    assert text is None and why == "dmesg exited 1: dmesg: read kernel buffer failed: Operation not permitted"

@@ -390,3 +390,11 @@ def test_one_character_per_gpu_says_how_each_is():
         "a gpu5 c cordoned in fleet.yaml",
         "a gpu6 f 71200 MiB used by no process",
     ]
+
+
+def test_allocated_mb_is_what_our_ranks_reserved_beside_what_the_driver_reports():
+    gs = (replace(gpus(2)[0], memory_used_mb=70000), replace(gpus(2)[1], memory_used_mb=71200))
+    node = observed("a", gpu=gs, replicas=[rank("m-0", "m", "p", gpus=(0,))])
+    g0, g1 = inventory_to_document(inventory(node))["nodes"][0]["gpus"]
+    assert (g0["allocated_mb"], g0["memory_used_mb"]) == (81559, 70000)
+    assert (g1["allocated_mb"], g1["memory_used_mb"]) == (0, 71200)  # used by nobody
