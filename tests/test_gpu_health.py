@@ -351,3 +351,56 @@ def test_a_dmesg_refused_says_its_error():
     proc = _child("import sys; sys.stderr.write('dmesg: read kernel buffer failed: Operation not permitted\\n'); sys.exit(1)")
     text, why = script.read_bounded(proc, 5, 1 << 20)
     assert text is None and why == "dmesg exited 1: dmesg: read kernel buffer failed: Operation not permitted"
+
+
+# --------------------------------------------------------------------------
+# NVML on the node: the same verdicts as nvidia-smi's (pynvml stood in by recorded answers)
+# --------------------------------------------------------------------------
+
+from tests.test_probe_parse import FakeNvml  # noqa: E402
+
+
+class NvmlError(FakeNvml.NVMLError):
+    def __init__(self, value):
+        super().__init__({15: "GPU is lost", 3: "Not Supported", 999: "Unknown Error"}.get(value, str(value)))
+        self.value = value
+
+
+class HealthNvml(FakeNvml):
+    """FakeNvml plus the health calls: GPU 1 has 2 uncorrected ECC errors, GPU 2 a row pending remap,
+    GPU 3 cannot be opened (NVML_ERROR_GPU_IS_LOST), and pages pending retirement are not supported
+    (Ampere and later remap rows instead)."""
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 3:
+            raise NvmlError(15)
+        return i
+
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter):
+        assert (kind, counter) == (1, 0)  # uncorrected, volatile: since the driver loaded
+        return 2 if h == 1 else 0
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        raise NvmlError(3)
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return (0, 1, 1, 0) if h == 2 else (0, 0, 0, 0)
+
+
+def test_nvml_answers_give_each_gpu_its_verdict():
+    buses = [f"00000000:{b:02X}:00.0" for b in (0x18, 0x2A, 0x3A, 0x5D)]
+    nvml = HealthNvml(gpus=[("NVIDIA H100 80GB HBM3", 81559, 0, b) for b in buses], links={})
+    gpus = script.gpus_from_nvml(nvml)
+    out, checks, _ = assess(gpus, xid_events=[], xid_state="ok", nvml_checks=True)
+    said = {g["index"]: (g["health"], g.get("health_reason", "")) for g in out}
+    assert said == {
+        0: ("ok", ""),
+        1: ("unhealthy", "2 uncorrected ECC errors"),
+        2: ("unhealthy", "row remap pending"),
+        3: ("unhealthy", "the driver cannot answer for it: GPU is lost"),
+    }
+    assert checks == {"ecc": "ok", "remap": "ok", "xid": "ok"}
+    assert nvml.shutdown
