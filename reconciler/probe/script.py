@@ -747,10 +747,14 @@ def gpu_health(report, gpus, smi, dmesg, dmesg_timeout, warnings, cache=None, he
         warnings.extend(notes)
         if cache is not None and (dmesg is not None or (smi is not None and smi.remap is not None)):
             cache["slow_health"] = (_now(), remap_rows, remap_state, xid_events, xid_state, notes)
-    try:
-        proc_bus_ids = sorted(os.listdir(NVIDIA_PROC_GPUS))
-    except OSError:
-        proc_bus_ids = []
+    proc_bus_ids = []
+    if report.get("gpu_source") in ("nvml", "nvidia-smi"):
+        # Lost is said of a GPU missing from a listing the driver gave; a driver that answered
+        # nothing (nvidia-smi failed) leaves every GPU unknown, as it always did.
+        try:
+            proc_bus_ids = sorted(os.listdir(NVIDIA_PROC_GPUS))
+        except OSError:
+            pass
     if not gpus and not proc_bus_ids:
         return gpus
     nvml = report.get("gpu_source") == "nvml"
