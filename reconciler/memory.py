@@ -142,18 +142,24 @@ def live_quarantines(quarantines: Mapping[tuple[str, int], Quarantine], inventor
 
 
 def with_quarantines(inventory: Inventory, quarantines: Mapping[tuple[str, int], Quarantine], now: float) -> Inventory:
-    """The inventory with each quarantined GPU marked (placement treats it as unhealthy), pure."""
+    """The inventory with each quarantined GPU marked (placement treats it as unhealthy), pure. A mark
+    the inventory already carries (a snapshot read with --inventory) is dropped once it has expired."""
     live = live_quarantines(quarantines, inventory, now)
-    if not live:
+    if not live and not any(g.quarantined is not None for n in inventory.nodes for g in n.gpus):
         return inventory
     nodes = []
     for n in inventory.nodes:
         marks = {i: q for (nid, i), q in live.items() if nid == n.id}
-        if marks:
-            n = dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, quarantined=marks[g.index]) if g.index in marks
-                                                  else g for g in n.gpus))
+        if marks or any(g.quarantined is not None for g in n.gpus):
+            n = dataclasses.replace(n, gpus=tuple(_marked(g, marks.get(g.index), now) for g in n.gpus))
         nodes.append(n)
     return Inventory(tuple(nodes))
+
+
+def _marked(gpu, quarantine: Quarantine | None, now: float):
+    if quarantine is None and gpu.quarantined is not None and gpu.quarantined.until > now:
+        quarantine = gpu.quarantined  # the snapshot's own mark, still in force
+    return gpu if gpu.quarantined == quarantine else dataclasses.replace(gpu, quarantined=quarantine)
 
 
 def start_failures_after(before: Mapping[str, StartFailure], inventory: Inventory, acted: Mapping[str, ReplicaState],

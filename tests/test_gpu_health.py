@@ -404,3 +404,56 @@ def test_nvml_answers_give_each_gpu_its_verdict():
     }
     assert checks == {"ecc": "ok", "remap": "ok", "xid": "ok"}
     assert nvml.shutdown
+
+
+# --------------------------------------------------------------------------
+# The node side's collect() with the test fleet's fake nvidia-smi and dmesg on PATH (no SSH)
+# --------------------------------------------------------------------------
+
+from tests import fleet as test_fleet  # noqa: E402
+
+
+def fake_node_bin(root: Path, faults: dict, dmesg_mode: str = "ok") -> Path:
+    """A bin dir with the fleet's fake nvidia-smi and dmesg, for four H100s broken as `faults` say."""
+    bin_dir = root / "bin"
+    (bin_dir / ".nvidia-smi").mkdir(parents=True, exist_ok=True)
+    (bin_dir / ".dmesg").mkdir(exist_ok=True)
+    gpus = [test_fleet.gpu_entry("H100", i, "n") for i in range(4)]
+    smi = bin_dir / ".nvidia-smi"
+    (smi / "gpus.csv").write_text(test_fleet.render_gpus_csv(gpus, [], faults))
+    (smi / "remap.csv").write_text(test_fleet.render_remap_csv(gpus, faults))
+    (smi / "apps.csv").write_text("")
+    (smi / "topo.txt").write_text(test_fleet.render_topo(gpus, [[0, 1, 2, 3]]))
+    (smi / "mode").write_text("ok\n")
+    (bin_dir / ".dmesg" / "log.txt").write_text(test_fleet.render_kernel_log(gpus, faults))
+    (bin_dir / ".dmesg" / "mode").write_text(dmesg_mode + "\n")
+    for name, text in (("nvidia-smi", test_fleet.NVIDIA_SMI), ("dmesg", test_fleet.DMESG)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def health_of(report):
+    return {g["index"]: g["health"] for g in report["gpus"]}
+
+
+def test_a_session_reads_the_kernel_log_again_once_its_answer_is_older_than_the_recheck(tmp_path, monkeypatch):
+    bin_dir = fake_node_bin(tmp_path, {})
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    cache: dict = {}
+    args = {"state_dir": str(tmp_path / "state")}
+    assert set(health_of(script.collect(args, cache)).values()) == {"ok"}
+    fake_node_bin(tmp_path, {2: "xid79"})
+    # Within the recheck the session's answer stands (the GPU query's own fields are read every pass)...
+    assert health_of(script.collect(args, cache))[2] == "ok"
+    # ...and once it is older, the kernel log is read again.
+    report = script.collect(args | {"health_recheck_s": 0}, cache)
+    assert health_of(report)[2] == "unhealthy" and report["health_checks"]["xid"] == "ok"
+
+
+def test_without_a_session_each_probe_reads_everything(tmp_path, monkeypatch):
+    bin_dir = fake_node_bin(tmp_path, {1: "ecc", 3: "remap_pending"}, dmesg_mode="unreadable")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    report = script.collect({"state_dir": str(tmp_path / "state")})
+    assert health_of(report) == {0: "ok", 1: "unhealthy", 2: "ok", 3: "unhealthy"}
+    assert report["health_checks"] == {"ecc": "ok", "remap": "ok", "xid": "unreadable"}

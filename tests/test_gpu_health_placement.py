@@ -398,3 +398,10 @@ def test_allocated_mb_is_what_our_ranks_reserved_beside_what_the_driver_reports(
     g0, g1 = inventory_to_document(inventory(node))["nodes"][0]["gpus"]
     assert (g0["allocated_mb"], g0["memory_used_mb"]) == (81559, 70000)
     assert (g1["allocated_mb"], g1["memory_used_mb"]) == (0, 71200)  # used by nobody
+
+
+def test_a_snapshots_own_quarantine_mark_holds_until_it_expires():
+    gs = (replace(gpus(1)[0], quarantined=Quarantine("3 failed starts", 5000.0, "GPU-0")),)
+    inv = inventory(observed("a", gpu=gs))
+    assert with_quarantines(inv, {}, 1000.0).node("a").gpus[0].quarantined is not None
+    assert with_quarantines(inv, {}, 6000.0).node("a").gpus[0].quarantined is None
