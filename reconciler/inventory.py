@@ -117,7 +117,11 @@ def _gpu_from_doc(d: dict) -> Gpu:
     quarantined = get("quarantined")
     if (health is None or health == GpuHealth.OK) and not quarantined and not get("xid_info"):
         return gpu  # a healthy GPU (the common case) costs nothing more
-    return replace(gpu, health=health or GpuHealth.OK, health_reason=get("health_reason", "") or "",
+    try:
+        verdict = GpuHealth(health or GpuHealth.OK)
+    except ValueError:  # not a verdict (a hand-edited memory file): never read as healthy
+        verdict = GpuHealth.UNHEALTHY
+    return replace(gpu, health=verdict, health_reason=get("health_reason", "") or "",
                    xid_info=tuple(get("xid_info") or ()), quarantined=_quarantine_from_doc(quarantined, gpu.uuid))
 
 

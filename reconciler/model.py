@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from reconciler.host import Host, parse_host
-from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, NodeState, Phase
+from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, GpuHealth, NodeState, Phase
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
@@ -322,14 +322,14 @@ class Gpu:
     # Who else holds it by a scheduler's bookkeeping ("Slurm job 42 of alice"): taken, as a foreign process is.
     held_by: str = ""
     # SPEC section 9: the probe's verdict (a GpuHealth word) and, when not ok, why in one line.
-    health: str = "ok"
+    health: GpuHealth = GpuHealth.OK
     health_reason: str = ""
     xid_info: tuple[str, ...] = ()  # Xid events that are not fatal, newest last: information only
     quarantined: "Quarantine | None" = None  # the crash-loop breaker's, from status/ (never the catalog)
 
     @property
     def healthy(self) -> bool:
-        return self.health == "ok" and self.quarantined is None
+        return self.health == GpuHealth.OK and self.quarantined is None
 
 
 @dataclass(frozen=True)

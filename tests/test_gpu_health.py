@@ -331,6 +331,7 @@ def _child(code: str) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.process
 def test_a_kernel_log_of_megabytes_is_read_to_its_newest_bytes_only():
     proc = _child("import sys; sys.stdout.write('[ 1.0] noise line\\n' * 1_000_000); "
                   "sys.stdout.write('[ 2.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\\n')")
@@ -340,6 +341,7 @@ def test_a_kernel_log_of_megabytes_is_read_to_its_newest_bytes_only():
     assert [e["xid"] for e in parse_xid_lines(text)] == [79]
 
 
+@pytest.mark.process
 def test_a_dmesg_that_hangs_is_killed_at_its_deadline_and_said_so():
     proc = _child("import time; time.sleep(60)")
     text, why = script.read_bounded(proc, 0.3, 1 << 20)
@@ -347,6 +349,7 @@ def test_a_dmesg_that_hangs_is_killed_at_its_deadline_and_said_so():
     assert proc.poll() is not None  # killed, not left behind
 
 
+@pytest.mark.process
 def test_a_dmesg_refused_says_its_error():
     proc = _child("import sys; sys.stderr.write('dmesg: read kernel buffer failed: Operation not permitted\\n'); sys.exit(1)")
     text, why = script.read_bounded(proc, 5, 1 << 20)
@@ -437,6 +440,7 @@ def health_of(report):
     return {g["index"]: g["health"] for g in report["gpus"]}
 
 
+@pytest.mark.process
 def test_a_session_reads_the_kernel_log_again_once_its_answer_is_older_than_the_recheck(tmp_path, monkeypatch):
     bin_dir = fake_node_bin(tmp_path, {})
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
@@ -451,6 +455,7 @@ def test_a_session_reads_the_kernel_log_again_once_its_answer_is_older_than_the_
     assert health_of(report)[2] == "unhealthy" and report["health_checks"]["xid"] == "ok"
 
 
+@pytest.mark.process
 def test_without_a_session_each_probe_reads_everything(tmp_path, monkeypatch):
     bin_dir = fake_node_bin(tmp_path, {1: "ecc", 3: "remap_pending"}, dmesg_mode="unreadable")
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")

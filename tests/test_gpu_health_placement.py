@@ -236,6 +236,7 @@ def test_a_cordon_gpus_entry_that_is_not_a_gpu_index_is_an_error_at_its_line(tmp
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_plan_of_a_snapshot_with_bad_gpus_rejects_with_the_reason(cli, tmp_path):
     import json as _json
     import shutil

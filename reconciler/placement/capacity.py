@@ -12,7 +12,7 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from reconciler.model import ObservedNode
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import GpuHealth, NodeState
 
 MAX_PORT = 65535
 
@@ -143,7 +143,7 @@ LEAK_FRACTION = 0.05
 
 def gpu_unusable(g, cordoned: bool, held_by_own_rank: bool) -> str:
     """Why this GPU takes no new rank (SPEC section 9), or "" when it may."""
-    if g.health != "ok":
+    if g.health != GpuHealth.OK:
         return g.health_reason or f"{g.health}"
     if g.quarantined is not None:
         return f"quarantined: {g.quarantined.reason}" if g.quarantined.reason else "quarantined"
