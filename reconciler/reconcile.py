@@ -32,7 +32,7 @@ from reconciler.fetch import Fetcher
 from reconciler.gateway import write_gateway_files
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
-from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember
+from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember, with_quarantines
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
@@ -163,7 +163,11 @@ def run_pass(
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
-                                 attempt_keys=attempt_keys(catalog, inventory, plan), drains_begun=actor.drains_begun)
+                                 attempt_keys=attempt_keys(catalog, inventory, plan),
+                                 quarantine_s=catalog.fleet.gpu_quarantine_s,
+                                 drains_begun=actor.drains_begun)
+        # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
+        result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
