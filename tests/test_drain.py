@@ -218,3 +218,17 @@ def test_an_in_place_replace_of_a_serving_copy_drains_it_before_the_stop_and_sta
     memory = remember(PassMemory(), held, inv, {}, 1000.0)
     late = plan_remembering(cat, inv, now=1011.0, memory=memory)
     assert kinds(late) == [("replace", "m-0")] and "drain_s (10 s) has passed" in late.actions[0].reason
+
+
+def test_a_replica_on_a_gpu_gone_bad_moves_at_once_without_draining():
+    from reconciler.vocabulary import GpuHealth
+
+    m = model("m", P, replicas=1)
+    cat = catalog(fleet(node_spec("a"), node_spec("b")), m)
+    bad = tuple(dataclasses.replace(g, health=GpuHealth.UNHEALTHY) if g.index == 0 else g for g in gpus(8))
+    inv = inventory(observed("a", gpu=bad, replicas=[rank("m-0", "m", "p", gpus=(0, 1), spec_hash=spec_hash(m, P))]),
+                    observed("b", gpu=gpus(8)))
+    [a] = plan(cat, inv).actions
+    assert (a.action, a.drain) == ("replace", False)
+    p = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
+    assert kinds(p) == [("replace", "m-0")] and p.waiting == ()
