@@ -17,6 +17,15 @@ model and LiteLLM (LLMFLEET_LITELLM or `litellm` on PATH; the test extra pins it
    the replica's process being gone (target: at most one pass interval).
 
 Asserts nothing (benchmarks are not tests).
+
+Figures (2026-12-01, the team's shared 2-core machine under load, LiteLLM 1.80.17, llama.cpp 0.3.36's
+llama-server, Gemma 3 270M Q4_K_M; two runs):
+    ready -> gateway files: same pass: yes; +0.022 s / +0.047 s from Ready logged to the later write
+    latency, median of 20, interleaved: direct 960 ms, through LiteLLM 1424 ms (+464 ms); the first
+        run, not interleaved, read 618 / 104 ms: on this machine the load of the moment dominates
+    drain: the stream completed in full (96 tokens) both runs; stopped 2.3 s / 1.8 s after its last
+        byte, against a pass interval (one apply) of 2.1 s / 3.1 s
+    LiteLLM takes 14-57 s here to answer its first /health/liveliness
 """
 
 from __future__ import annotations
