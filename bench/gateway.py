@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 from tests.fleet import TestFleet  # noqa: E402
 from tests.real_llama import gemma_model, llama_bin  # noqa: E402
 from tests.test_gateway_real import (  # noqa: E402
+    MASTER_KEY,
     SERVED,
     Child,
     Stream,
@@ -122,14 +123,15 @@ def main() -> int:
             apply_logged(root, state)
             port = free_loopback_port()
             children.append(Child([litellm, "--config", str(gw / "litellm.yaml"), "--host", "127.0.0.1",
-                                   "--port", str(port)], tmp / "litellm.log", cwd=tmp))
+                                   "--port", str(port)], tmp / "litellm.log", cwd=tmp,
+                                  env={**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY}))
             base = f"http://127.0.0.1:{port}"
             t0 = time.perf_counter()
             wait_until("LiteLLM", lambda: get_json(base + "/health/liveliness") is not None, timeout=600, every=1)
             print(f"litellm start: {time.perf_counter() - t0:.1f} s to answer /health/liveliness")
             status = replicas_in_status(root)
             heads = [next(n["endpoint"] for n in status[r]["nodes"] if n["rank"] == 0) for r in ("gemma-0", "gemma-1")]
-            key = {"Authorization": "Bearer none"}
+            key = {"Authorization": f"Bearer {MASTER_KEY}"}
             for head in heads:  # warm: the prompt cached on both replicas
                 chat_once(head, {})
             chat_once(base, key)

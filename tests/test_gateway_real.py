@@ -37,6 +37,9 @@ pytestmark = [pytest.mark.fleet, pytest.mark.real_engine, pytest.mark.external]
 REPO = Path(__file__).resolve().parent.parent
 PORT = 8080
 SERVED = "gemma-3-270m"
+# LiteLLM's own key, from its environment as an operator gives it (releases from 1.10x refuse to start
+# without one); never in the file the reconciler writes.
+MASTER_KEY = "sk-test-gateway-key"
 STREAM_TOKENS = 160  # long enough to outlast the passes that drain it on a loaded 2-core machine
 
 
@@ -142,7 +145,7 @@ def chat_via(base: str, max_tokens: int = 2) -> tuple[dict, str]:
     body = json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "Say hi."}],
                        "max_tokens": max_tokens, "temperature": 0}).encode()
     req = urllib.request.Request(base + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json", "Authorization": "Bearer none"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.load(r), r.headers.get("x-litellm-model-id", "")
 
@@ -233,7 +236,7 @@ def test_litellm_and_prometheus_read_the_files_as_written_and_a_scale_down_never
         lite_port = free_loopback_port()
         children.append(Child([litellm, "--config", str(root / "status" / "gateway" / "litellm.yaml"),
                                "--host", "127.0.0.1", "--port", str(lite_port)], tmp_path / "litellm.log",
-                              cwd=tmp_path, env={**os.environ, "LITELLM_LOG": "ERROR"}))
+                              cwd=tmp_path, env={**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": MASTER_KEY}))
         prom, lite = children
         targets_url = f"http://127.0.0.1:{prom_port}/api/v1/targets?state=active"
 
@@ -248,8 +251,11 @@ def test_litellm_and_prometheus_read_the_files_as_written_and_a_scale_down_never
             ("gemma", "llama.cpp", f"http://{f.node(n).address}:{PORT}/metrics") for n in ("g1", "g2")}
 
         base = f"http://127.0.0.1:{lite_port}"
-        wait_until("LiteLLM to serve", lambda: lite.alive() and get_json(base + "/health/liveliness") is not None,
-                   timeout=300, every=2)
+        def serving():
+            assert lite.alive(), f"LiteLLM exited:\n{lite.tail()}"
+            return get_json(base + "/health/liveliness") is not None
+
+        wait_until("LiteLLM to serve", serving, timeout=300, every=2)
         served_by: dict[str, int] = {}
         for _ in range(16):  # LiteLLM picks a deployment at random: both within 16 is all but certain
             answer, deployment = chat_via(base)
