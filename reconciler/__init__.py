@@ -20,7 +20,8 @@ The modules, top layer first; a module imports only from the layers below it
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor               the pass's effects: start, stop, replace, restart, through a Launcher, at once
     observed,           how a replica of an earlier pass is doing; the order actions need when they
-    scheduling          run at once, and the buffers their effects go to
+    scheduling,         run at once, and the buffers their effects go to; the autoscale step (each
+    scaling             Ready replica's load read once, through engine_metrics, then autoscale.decide)
     readiness, memory,  pure phase judgement + the health request; what a pass hands the
     outcomes            next; the typed results (Decision, ReplicaState, PassResult)
     catalog/, probe/,   read and validate YAML; probe nodes; write status; launch ranks
@@ -30,7 +31,8 @@ The modules, top layer first; a module imports only from the layers below it
     placement/, render  where replicas go (pure, every rejection kept); the exact argv of each rank
     engines/            one adapter per engine (pure)
     inventory,          the snapshot document <-> Inventory; transports (argv in, bytes out);
-    transport, snapshot snapshot arithmetic (pure)
+    transport, snapshot snapshot arithmetic (pure); autoscale: the count the load wants inside
+    autoscale           the range git holds, and its status block (pure)
     model, errors       frozen values; the exception tree
     host                one value for an address, parsed once
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from reconciler.model import Assignment, Inventory, replica_ordinal
 
 if TYPE_CHECKING:  # typing only: memory imports plan, which this layer must not need at run time
+    from reconciler.autoscale import AutoscaleState
     from reconciler.memory import PassMemory
     from reconciler.plan import Plan
 
@@ -83,6 +84,11 @@ class PassResult:
     # Node id -> seconds its probe took in this pass, for each probe that ended; None when the
     # pass probed nothing (it planned against the inventory an earlier pass left).
     probe_seconds: dict[str, float] | None = None
+    # Autoscaled model -> its count and why after this pass (SPEC section 11; status/models `autoscale:`).
+    autoscale: "dict[str, AutoscaleState]" = field(default_factory=dict)
+    # Epoch seconds the daemon should pass again for autoscaling (a count moved: now; a move falls due);
+    # None: the resync interval will do.
+    next_pass_at: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from reconciler.actor import Actor, LogFn, RenderFn
+from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
 from reconciler.observed import observe_replica
 from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
@@ -39,11 +40,13 @@ from reconciler.plan import Plan, WaitKind, Waiting
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
+from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import (
     predicted_failures,
     predicted_phases,
     unplaced_message,
+    counts_in_force,
     write_nodes_status,
     write_plan_status,
 )
@@ -93,6 +96,7 @@ def run_pass(
     write_status: bool = True,
     health: HealthCheck = http_health,
     fetcher: Fetcher | None = None,
+    autoscale: LoadReader | None = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -103,11 +107,18 @@ def run_pass(
                   Ready (default actor.APPLY_READY_WAIT_S, capped by each profile's
                   start_timeout_s); the daemon may pass 0 and judge them on later
                   passes. A replace always waits for its new copy (see Actor.replace_wait_s).
+    autoscale     how to read Ready replicas' loads (scaling.default_reader; the daemon's): each
+                  autoscaled model's count is then decided for the next pass. None (apply): the
+                  count in force is kept, so a manual pass never undoes the daemon's scaling.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
     now = time.time() if now is None else now
     memory = history or PassMemory()
+    # 0. The count in force of each autoscaled model, as status/ holds it (min without it): the
+    #    catalog's `replicas` for this pass. The catalog itself is never written.
+    in_force = counts_in_force(catalog)
+    catalog = with_counts(catalog, in_force)
     fleet_transports = FleetTransports(transports, catalog.fleet)
     ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
@@ -116,7 +127,8 @@ def run_pass(
     inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
     # 2. Plan (pure): what to do about it.
     plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
-    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
+    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
+                        autoscale=in_force)
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
         return result
@@ -126,7 +138,7 @@ def run_pass(
         # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
         #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
         if write_status:
-            actor.on_change = _progress_writer(catalog, plan, actor)
+            actor.on_change = _progress_writer(catalog, plan, actor, in_force)
         no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
         # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
         #     decisions in the plan's order. One action's failure never stops the others.
@@ -144,6 +156,10 @@ def run_pass(
         for rid, state in result.replicas.items():
             if state.start_timed_out and rid not in actor.states:
                 actor.end_stalled_start(rid, [(a.node, a.rank) for a in state.nodes])
+        # 5c. Autoscale (the daemon): each Ready replica's load, read once, decides the next count.
+        if autoscale is not None:
+            result.autoscale = scale_pass(catalog, result.replicas, in_force, now, autoscale, log)
+            result.next_pass_at = next_pass_at(catalog, in_force, result.autoscale, now)
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
@@ -172,7 +188,8 @@ def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inve
 PROGRESS_WRITE_EVERY_S = 2.0
 
 
-def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[], None]:
+def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
+                     autoscale: Mapping[str, AutoscaleState]) -> Callable[[], None]:
     """status/models rewritten mid-pass, so a person sees a Fetching replica's bytes done/total (at most
     every PROGRESS_WRITE_EVERY_S) and a Stopping one (at once), during the pass, not only after it."""
     last = [0.0]
@@ -190,7 +207,7 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[],
             failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
             try:
                 write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
-                                  failures=failures)
+                                  failures=failures, autoscale=autoscale)
             except ReconcilerError:
                 pass  # the pass's own write at the end reports it
 
@@ -298,7 +315,8 @@ def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
     observed_plan = replace(result.plan, actions=(), waiting=())
     revisions = {rid: st.revision for rid, st in result.replicas.items()}
     failures = {rid: st.failure for rid, st in result.replicas.items() if st.failure}
-    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures)
+    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures,
+                                autoscale=result.autoscale)
     if result.inventory is not None:
         written += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return [str(p) for p in written]

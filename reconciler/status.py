@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
+from reconciler.autoscale import AutoscaleState, kept_states, state_document, state_from_document
 from reconciler.constants import STATUS_DIR
 from reconciler.errors import PERMANENT, TEMPORARY, StatusWriteError
 from reconciler.host import Host
@@ -27,8 +28,10 @@ from reconciler.plan import Plan, WaitKind
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
+    from yaml import CSafeLoader as _Loader
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeDumper as _Dumper
+    from yaml import SafeLoader as _Loader
 
 
 class _StatusDumper(_Dumper):
@@ -207,8 +210,11 @@ def _with_rejections(entry: dict, out, show_all: bool) -> None:
 def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
                           messages: Mapping[str, str] | None = None, show_all: bool = False,
                           revisions: Mapping[str, str | None] | None = None,
-                          failures: Mapping[str, str] | None = None) -> dict:
+                          failures: Mapping[str, str] | None = None,
+                          autoscale: AutoscaleState | None = None) -> dict:
     """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
+
+    autoscale: a model with a range: its count and why (SPEC section 11), after `ready`.
 
     phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
     messages: replica id -> message, overriding the plan's own reasons.
@@ -241,12 +247,33 @@ def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mappin
         if not entry["message"]:
             entry["message"] = reasons.get(rid, "")
         replicas.append(entry)
-    return {
+    doc = {
         "name": model.name,
         "desired": model.replicas,
         "ready": sum(1 for r in replicas if r["phase"] == "Ready"),
-        "replicas": replicas,
     }
+    if model.scale is not None and autoscale is not None:
+        doc["autoscale"] = state_document(model, autoscale)
+    doc["replicas"] = replicas
+    return doc
+
+
+def read_autoscale_states(catalog_root: str | os.PathLike, models: Iterable[Model]) -> dict[str, AutoscaleState]:
+    """Each autoscaled model's count as status/models/<name>.yaml holds it (SPEC section 11: `apply`
+    and `plan` take it from there); a model without a readable block is absent, so it starts at min."""
+    states = {}
+    root = Path(catalog_root) / STATUS_DIR / "models"
+    for m in models:
+        if m.scale is None:
+            continue
+        try:
+            doc = yaml.load((root / f"{m.name}.yaml").read_bytes(), Loader=_Loader)
+        except (OSError, yaml.YAMLError):
+            continue
+        state = state_from_document(doc.get("autoscale")) if isinstance(doc, dict) else None
+        if state is not None:
+            states[m.name] = state
+    return states
 
 
 def endpoints_document(catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None) -> dict:
@@ -303,8 +330,12 @@ def observed_revisions(inventory: Inventory) -> dict[str, str | None]:
 def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
                       messages: Mapping[str, str] | None = None,
                       revisions: Mapping[str, str | None] | None = None,
-                      failures: Mapping[str, str] | None = None) -> list[Path]:
+                      failures: Mapping[str, str] | None = None,
+                      autoscale: Mapping[str, AutoscaleState] | None = None) -> list[Path]:
     """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
+
+    autoscale: model -> its count and why; a model with a range and no state here is written without
+    the block (which reads back as min): callers hand on the state in force (autoscale.kept_states).
 
     Returns the paths whose content changed.
     """
@@ -316,7 +347,8 @@ def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: P
         path = root / "models" / f"{model.name}.yaml"
         wanted.add(path.name)
         if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages, revisions=revisions,
-                                                       failures=failures)):
+                                                       failures=failures,
+                                                       autoscale=(autoscale or {}).get(model.name))):
             changed.append(path)
     models_dir = root / "models"
     if models_dir.is_dir():
@@ -356,3 +388,11 @@ def status_snapshot(inventory: Inventory, models: Iterable[Model]) -> Inventory:
         dataclasses.replace(n, ports_in_use=tuple(p for p in n.ports_in_use if keep(p))) if n.ports_in_use else n
         for n in inventory.nodes
     ))
+
+
+def counts_in_force(catalog: Catalog) -> dict[str, AutoscaleState]:
+    """Each autoscaled model's state as status/models/<name>.yaml holds it, clamped to its range
+    (min without one): the count every pass, `plan` and `explain` run the model at."""
+    if not any(m.scale is not None for m in catalog.models):
+        return {}
+    return kept_states(catalog, read_autoscale_states(catalog.root, catalog.models))

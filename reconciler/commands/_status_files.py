@@ -57,8 +57,11 @@ def read_catalog_status(catalog: str) -> CatalogStatus:
         if not isinstance(doc, dict) or not isinstance(doc.get("replicas", []), list):
             raise StatusUnreadable(f"{path}: not a model status document (a mapping with `replicas`)")
         replicas = [r for r in doc.get("replicas") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)]
-        models.append({"name": str(doc.get("name") or path.stem), "desired": doc.get("desired"),
-                       "ready": doc.get("ready"), "replicas": replicas})
+        entry = {"name": str(doc.get("name") or path.stem), "desired": doc.get("desired"),
+                 "ready": doc.get("ready"), "replicas": replicas}
+        if isinstance(doc.get("autoscale"), dict):  # SPEC section 11: the count in force and why
+            entry["autoscale"] = doc["autoscale"]
+        models.append(entry)
     revision = catalog_doc.get("last_applied_revision")
     return CatalogStatus(
         root=root,

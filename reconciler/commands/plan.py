@@ -14,7 +14,9 @@ from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
-from reconciler.status import observed_revisions, predicted_revisions, rejection_document, write_plan_status
+from reconciler.autoscale import with_counts
+from reconciler.status import (counts_in_force, observed_revisions, predicted_revisions, rejection_document,
+                               write_plan_status)
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -90,7 +92,17 @@ def same_rejections(pl: Plan) -> dict[str, list[str]]:
     return same
 
 
-def render_text(pl: Plan, show_all: bool = False) -> str:
+def scale_lines(catalog, states) -> list[tuple[str, str, str]]:
+    """(model, `min-max (now N)`, why) for every autoscaled model: the range git holds, the count status/ holds."""
+    out = []
+    for m in catalog.models:
+        if m.scale is not None and m.name in states:
+            st = states[m.name]
+            out.append((m.name, f"{m.scale} (now {st.current})", st.reason))
+    return out
+
+
+def render_text(pl: Plan, show_all: bool = False, scaling=()) -> str:
     rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
     for a in pl.actions:
         profile = a.placement.profile if a.placement is not None else "-"
@@ -129,6 +141,11 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
     counts = {}
     for a in pl.actions:
         counts[a.action] = counts.get(a.action, 0) + 1
+    if scaling:
+        out.append("")
+        out.append("autoscaled (replicas min-max, the count in force from status/):")
+        for name, counts_text, why in scaling:
+            out.append(f"  {name}: {counts_text}: {why}")
     summary = ", ".join(f"{counts.get(k, 0)} to {k}" for k in ("start", "stop", "replace", "restart"))
     out.append("")
     out.append(f"{summary}; {len(pl.unplaced)} unplaced")
@@ -136,8 +153,16 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
 
 
 def planned(catalog, inventory, *, now: float, explain=()) -> Plan:
-    """The plan `apply` would make now: against the memory it keeps for this catalog on this host."""
+    """The plan `apply` would make now: against the memory it keeps for this catalog on this host.
+    `catalog` has its autoscaled counts in force already (scaled_catalog)."""
     return plan_remembering(catalog, inventory, now=now, memory=load_memory(memory_path(catalog.root)), explain=explain)
+
+
+def scaled_catalog(catalog):
+    """(the catalog at the counts in force, model -> autoscale state): a range's count is the one
+    status/ holds, as `apply` and the daemon take it (SPEC section 11), min without it."""
+    states = counts_in_force(catalog)
+    return with_counts(catalog, states), states
 
 
 def main(args) -> int:
@@ -145,7 +170,7 @@ def main(args) -> int:
     # frees them at exit: cyclic collection only re-walks them. Measured at 4,000 nodes it
     # costs a third of the run.
     gc.disable()
-    catalog = load_catalog(args.catalog)
+    catalog, scaling = scaled_catalog(load_catalog(args.catalog))
     inventory = observe(catalog, args.inventory)
     # The same memory `apply` keeps on this host (when each node went unreachable, what it ran,
     # restart backoff), so `plan` predicts what `apply` does, grace periods included.
@@ -155,12 +180,12 @@ def main(args) -> int:
     elif args.format == "markdown":
         from reconciler.commands.plan_markdown import render_markdown  # it imports this module
 
-        sys.stdout.write(render_markdown(pl, args.all))
+        sys.stdout.write(render_markdown(pl, args.all, scaling=scale_lines(catalog, scaling)))
     else:
-        sys.stdout.write(render_text(pl, args.all))
+        sys.stdout.write(render_text(pl, args.all, scaling=scale_lines(catalog, scaling)))
     if args.write_status:
         write_plan_status(catalog.root, catalog, pl,
-                          revisions=predicted_revisions(pl, observed_revisions(inventory)))
+                          revisions=predicted_revisions(pl, observed_revisions(inventory)), autoscale=scaling)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)

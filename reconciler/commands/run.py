@@ -14,6 +14,7 @@ from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
 from reconciler.launcher.slurm_launcher import fold_slurm
 from reconciler.owner import catalog_owner
 from reconciler.probe import FleetProber
+from reconciler.scaling import default_reader
 from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
@@ -97,11 +98,13 @@ class ApplyPass:
     """
 
     def __init__(
-        self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None, memory=None
+        self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None, memory=None,
+        read_loads=None,
     ) -> None:
         """memory: (load(root) -> memory, save(root, memory)); default: the file one-shot `apply` keeps,
         so restart counts and backoff survive a daemon restart and agree with `apply` run by hand."""
         self._run_pass = run_pass or run_apply_pass
+        self._read_loads = read_loads or default_reader  # Ready replicas' loads, for autoscaling
         self._pool = pool if pool is not None else TransportPool()
         self._history = None
         self._memory = memory or _memory_file_store()
@@ -133,6 +136,8 @@ class ApplyPass:
                 kwargs["probe"] = ReusedInventory(inventory)
                 log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
                     "pass left; the next resync probes every node")
+        if any(m.autoscale is not None for m in catalog.models):
+            kwargs["autoscale"] = self._read_loads  # the daemon decides counts; a one-shot apply keeps them
         result = self._run_pass(
             catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
