@@ -2,9 +2,12 @@
 """A small real engine with a real load, for autoscaling tests (stdlib only).
 
     load_engine.py --port P [--host H] [--parallel N] [--serve-s S] [--metrics MODE]
+                   [--hold-until FILE] [--max-hold-s S]
 
 POST /v1/completions holds one of N slots for S seconds (the rest wait for a slot, as
-llama-server's deferred requests do) and answers JSON. GET /metrics reports, as Prometheus
+llama-server's deferred requests do) and answers JSON. With --hold-until, a request in its
+slot first waits until FILE exists (at most --max-hold-s), so a test holds a load steady for
+as long as it needs and ends it at once. GET /metrics reports, as Prometheus
 exposition text, `load:requests_running` and `load:requests_waiting` counted from the requests
 actually in flight. GET /health answers 200.
 
@@ -29,6 +32,8 @@ p.add_argument("--parallel", type=int, default=1)
 p.add_argument("--serve-s", type=float, default=1.0)
 p.add_argument("--metrics", default="ok")
 p.add_argument("--metrics-file", default="")
+p.add_argument("--hold-until", default="")
+p.add_argument("--max-hold-s", type=float, default=120.0)
 args, _extra = p.parse_known_args()
 
 slots = threading.BoundedSemaphore(args.parallel)
@@ -99,6 +104,10 @@ class Handler(BaseHTTPRequestHandler):
                 counts["waiting"] -= 1
                 counts["running"] += 1
             try:
+                if args.hold_until:
+                    deadline = time.monotonic() + args.max_hold_s
+                    while not os.path.exists(args.hold_until) and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 time.sleep(args.serve_s)
             finally:
                 with lock:
