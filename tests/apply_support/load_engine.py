@@ -7,7 +7,8 @@
 POST /v1/completions holds one of N slots for S seconds (the rest wait for a slot, as
 llama-server's deferred requests do) and answers JSON. With --hold-until, a request in its
 slot first waits until FILE exists (at most --max-hold-s), so a test holds a load steady for
-as long as it needs and ends it at once. GET /metrics reports, as Prometheus
+as long as it needs and ends it at once; a request whose JSON body says "hold": false is
+not held (a probe that the server answers completions). GET /metrics reports, as Prometheus
 exposition text, `load:requests_running` and `load:requests_waiting` counted from the requests
 actually in flight. GET /health answers 200.
 
@@ -96,7 +97,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
+        try:
+            hold = json.loads(self.rfile.read(length) or b"{}").get("hold", True) is not False
+        except (ValueError, AttributeError):
+            hold = True
         with lock:
             counts["waiting"] += 1
         with slots:
@@ -104,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
                 counts["waiting"] -= 1
                 counts["running"] += 1
             try:
-                if args.hold_until:
+                if args.hold_until and hold:
                     deadline = time.monotonic() + args.max_hold_s
                     while not os.path.exists(args.hold_until) and time.monotonic() < deadline:
                         time.sleep(0.05)
