@@ -203,7 +203,7 @@ def step(up_delay: float, interval: float) -> None:
     try:
         first = wait(lambda: (d := doc()) and d.get("ready") == 1 and d)
         url = first["replicas"][0]["nodes"][0]["endpoint"]
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         for _ in range(4):
             t = threading.Thread(target=lambda: urllib.request.urlopen(
                 urllib.request.Request(url + "/v1/completions", data=b"{}"), timeout=180).read(), daemon=True)
@@ -231,6 +231,19 @@ def step(up_delay: float, interval: float) -> None:
         daemon.terminate()
         daemon.wait(timeout=30)
         log.close()
+    print("timeline (s after the load started, from the daemon's log):")
+    import datetime as dt
+    for line in (tmp / "daemon.log").read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        at = dt.datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp() - t0_wall
+        if at < -0.5 or at > took + 1:
+            continue
+        if e["event"] in ("pass.start", "pass.end") or e.get("action") in ("scale", "start"):
+            what = e.get("reason") or e.get("trigger") or ""
+            print(f"  {at:6.2f}  {e['event']} {e.get('action') or ''} {e.get('replica') or ''} {what}"[:150])
     start = engine_start_s()
     share = took - up_delay - start
     print(f"step of load -> added replica answering: {took:.2f} s; up_delay_s {up_delay:g} + engine start "

@@ -158,24 +158,22 @@ def kept_states(catalog: Catalog, states: Mapping[str, AutoscaleState]) -> dict[
 
 
 def due_at(policy: AutoscalePolicy, state: AutoscaleState) -> float | None:
-    """When this state's pending move would be made (epoch seconds, as written back: whole seconds up),
+    """When this state's pending move would be made (epoch seconds, `since` as written back),
     so the daemon can pass then instead of at its next resync; None when nothing is pending."""
     if state.since is None or state.direction == HOLD:
         return None
-    return math.ceil(state.since) + (policy.up_delay_s if state.direction == UP else policy.down_delay_s)
+    since = math.ceil(round(state.since * 1000, 3)) / 1000  # as written back
+    return since + (policy.up_delay_s if state.direction == UP else policy.down_delay_s)
 
 
-def next_pass_at(catalog: Catalog, before: Mapping[str, AutoscaleState], after: Mapping[str, AutoscaleState],
-                 now: float) -> float | None:
-    """When the daemon should pass again for autoscaling's sake: now when a count moved (the next
-    pass starts or stops the replicas), else when the first pending move falls due; None: no hurry."""
+def next_pass_at(catalog: Catalog, states: Mapping[str, AutoscaleState]) -> float | None:
+    """When the daemon should pass again for autoscaling's sake: when the first pending move falls
+    due (not at the next resync, which may be a minute later); None: nothing pending."""
     due = []
     for m in catalog.models:
-        state = after.get(m.name)
+        state = states.get(m.name)
         if state is None or m.autoscale is None:
             continue
-        if m.name in before and before[m.name].current != state.current:
-            return now
         when = due_at(m.autoscale, state)
         if when is not None:
             due.append(when)
@@ -188,8 +186,11 @@ def next_pass_at(catalog: Catalog, before: Mapping[str, AutoscaleState], after: 
 
 
 def iso_time(ts: float) -> str:
-    # Whole seconds, rounded up: a delay read back from the file is never shortened.
-    return _dt.datetime.fromtimestamp(math.ceil(ts), _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Milliseconds, rounded up: a delay read back from the file is never shortened, nor lengthened by
+    # a whole second (the daemon passes again when a move falls due).
+    ms = math.ceil(round(ts * 1000, 3))
+    when = _dt.datetime.fromtimestamp(ms // 1000, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{when}.{ms % 1000:03d}Z"
 
 
 def state_document(model: Model, state: AutoscaleState) -> dict:
@@ -238,7 +239,9 @@ def _parse_time(v: Any) -> float | None:
         return v.replace(tzinfo=v.tzinfo or _dt.timezone.utc).timestamp()
     if not isinstance(v, str):
         return None
-    try:
-        return _dt.datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc).timestamp()
-    except ValueError:
-        return None
+    for form in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return _dt.datetime.strptime(v, form).replace(tzinfo=_dt.timezone.utc).timestamp()
+        except ValueError:
+            continue
+    return None

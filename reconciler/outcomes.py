@@ -86,7 +86,7 @@ class PassResult:
     probe_seconds: dict[str, float] | None = None
     # Autoscaled model -> its count and why after this pass (SPEC section 11; status/models `autoscale:`).
     autoscale: "dict[str, AutoscaleState]" = field(default_factory=dict)
-    # Epoch seconds the daemon should pass again for autoscaling (a count moved: now; a move falls due);
+    # Epoch seconds the daemon should pass again for autoscaling (a pending move falls due);
     # None: the resync interval will do.
     next_pass_at: float | None = None
 

@@ -97,6 +97,7 @@ def run_pass(
     health: HealthCheck = http_health,
     fetcher: Fetcher | None = None,
     autoscale: LoadReader | None = None,
+    ready: Mapping[str, ReplicaState] | None = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -107,9 +108,11 @@ def run_pass(
                   Ready (default actor.APPLY_READY_WAIT_S, capped by each profile's
                   start_timeout_s); the daemon may pass 0 and judge them on later
                   passes. A replace always waits for its new copy (see Actor.replace_wait_s).
-    autoscale     how to read Ready replicas' loads (scaling.default_reader; the daemon's): each
-                  autoscaled model's count is then decided for the next pass. None (apply): the
-                  count in force is kept, so a manual pass never undoes the daemon's scaling.
+    autoscale     how to read Ready replicas' loads (scaling.default_reader; the daemon's): the
+                  loads of the replicas `ready` says were Ready (the previous pass's
+                  PassResult.replicas) decide each autoscaled model's count for this pass's plan.
+                  None (apply): the count in force is kept, so a manual pass never undoes the
+                  daemon's scaling.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
@@ -118,17 +121,22 @@ def run_pass(
     # 0. The count in force of each autoscaled model, as status/ holds it (min without it): the
     #    catalog's `replicas` for this pass. The catalog itself is never written.
     in_force = counts_in_force(catalog)
-    catalog = with_counts(catalog, in_force)
     fleet_transports = FleetTransports(transports, catalog.fleet)
     ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is.
     inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
+    # 1b. Autoscale (the daemon): the loads of the replicas the last pass left Ready, read once now,
+    #     decide this pass's count; the plan below then starts or stops (drained) what it changes.
+    counts = in_force
+    if autoscale is not None and in_force:
+        counts = scale_pass(with_counts(catalog, in_force), ready or {}, in_force, now, autoscale, log)
+    catalog = with_counts(catalog, counts)
     # 2. Plan (pure): what to do about it.
     plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
-                        autoscale=in_force)
+                        autoscale=counts, next_pass_at=next_pass_at(catalog, counts))
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
         return result
@@ -138,7 +146,7 @@ def run_pass(
         # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
         #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
         if write_status:
-            actor.on_change = _progress_writer(catalog, plan, actor, in_force)
+            actor.on_change = _progress_writer(catalog, plan, actor, counts)
         no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
         # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
         #     decisions in the plan's order. One action's failure never stops the others.
@@ -156,10 +164,6 @@ def run_pass(
         for rid, state in result.replicas.items():
             if state.start_timed_out and rid not in actor.states:
                 actor.end_stalled_start(rid, [(a.node, a.rank) for a in state.nodes])
-        # 5c. Autoscale (the daemon): each Ready replica's load, read once, decides the next count.
-        if autoscale is not None:
-            result.autoscale = scale_pass(catalog, result.replicas, in_force, now, autoscale, log)
-            result.next_pass_at = next_pass_at(catalog, in_force, result.autoscale, now)
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,

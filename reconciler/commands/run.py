@@ -105,6 +105,7 @@ class ApplyPass:
         so restart counts and backoff survive a daemon restart and agree with `apply` run by hand."""
         self._run_pass = run_pass or run_apply_pass
         self._read_loads = read_loads or default_reader  # Ready replicas' loads, for autoscaling
+        self._ready: dict = {}  # the last pass's replica states: whose loads the next pass reads
         self._pool = pool if pool is not None else TransportPool()
         self._history = None
         self._memory = memory or _memory_file_store()
@@ -137,11 +138,14 @@ class ApplyPass:
                 log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
                     "pass left; the next resync probes every node")
         if any(m.autoscale is not None for m in catalog.models):
-            kwargs["autoscale"] = self._read_loads  # the daemon decides counts; a one-shot apply keeps them
+            # The daemon decides counts, from the loads of what the last pass left Ready; apply keeps them.
+            kwargs["autoscale"] = self._read_loads
+            kwargs["ready"] = self._ready
         result = self._run_pass(
             catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
         self._history = result.memory
+        self._ready = result.replicas
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, result.inventory, self._clock())
