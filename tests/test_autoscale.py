@@ -417,3 +417,22 @@ def test_plan_takes_the_count_from_status_and_says_the_range(tmp_path):
     assert md.stdout.count("| start |") == 3
     text = run_cli("plan", str(root), "--inventory", str(snapshot))
     assert "m: 1-4 (now 3)" in text.stdout
+
+
+def test_a_scale_up_that_cannot_be_placed_has_rejections_and_status_says_what_the_load_wanted(tmp_path):
+    root = catalog_dir(tmp_path, model_text().replace("spread: preferred\n", ""))  # one node, spread required
+    status = root / "status" / "models"
+    status.mkdir(parents=True)
+    (status / "m.yaml").write_text(yaml.safe_dump({"name": "m", "autoscale": {
+        "current": 3, "wanted": 3, "reason": "requests 12 over 1 replica > target 4: 1 -> 3 after 10 s above"}}))
+    snapshot = tmp_path / "snap.yaml"
+    snapshot.write_text(yaml.safe_dump({"nodes": [{"id": "local", "state": "ready", "memory_total_mb": 65536,
+                                                   "engines": {"llama.cpp": "b1"}, "gpus": [], "replicas": []}]}))
+    done = run_cli("plan", str(root), "--inventory", str(snapshot), "--write-status")
+    assert done.returncode == 0, done.stderr
+    doc = yaml.safe_load((status / "m.yaml").read_text())
+    assert doc["desired"] == 3 and doc["autoscale"]["wanted"] == 3 and doc["autoscale"]["current"] == 3
+    pending = [r for r in doc["replicas"] if r["phase"] == "Pending" and r.get("rejections") or
+               r.get("rejections_same_as")]
+    assert [r["id"] for r in pending] == ["m-1", "m-2"], doc["replicas"]
+    assert "already hosts m-0" in doc["replicas"][1]["rejections"][0]["reason"]
