@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
-from typing import Callable, Iterable, Sequence
+from typing import Callable, ClassVar, Iterable, Sequence
 
 from reconciler.errors import PERMANENT, TEMPORARY, ReconcilerError, RenderError, TransportError
 from reconciler.fetch import Fetcher, choose_source, progress_message
@@ -64,7 +64,7 @@ from reconciler.readiness import (
 from reconciler.observed import head_host, observe_replica
 from reconciler.scheduling import MAX_PARALLEL_ACTIONS, Effects, action_dependencies
 from reconciler.snapshot import RankRecords, gpu_problems, ranks_by_replica, start_order
-from reconciler.status import replica_endpoint
+from reconciler.vocabulary import ActionKind, NodeState
 
 # `apply` waits at most this long for a started replica to become Ready; past it the
 # replica is reported Starting and the next pass (or the daemon) keeps watching.
@@ -76,6 +76,7 @@ LogFn = Callable[[Decision], None]
 
 
 class Actor:
+    _dispatch: ClassVar[dict[ActionKind, Callable[["Actor", Action], ActionOutcome]]]
     """Carries out plan actions through a Launcher, recording a Decision for each step.
 
     Working state, read by the pass when the actions are done:
@@ -160,7 +161,7 @@ class Actor:
         self.decide(replica, node, "fail", message, ok=False)
         return self.settle(action, ReplicaState(
             replica, model, profile, FAILED, message, placement.nodes if placement else (),
-            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port) if placement else None,
+            self.catalog.fleet.endpoint(placement.head.node, placement.head.port) if placement else None,
             failure=failure,
         ), ok=False)
 
@@ -214,17 +215,7 @@ class Actor:
             self._local.effects = None
 
     def act(self, action: Action) -> ActionOutcome:
-        kind = action.action
-        if kind == "start":
-            return self.start(action)
-        if kind == "stop":
-            return self.stop(action)
-        if kind == "replace":
-            return self.replace_replica(action)
-        if kind == "restart":
-            return self.restart(action)
-        self.decide(action.replica, "-", "skip", f"unknown action {kind!r}", ok=False)
-        return ActionOutcome(action.replica, kind, False)
+        return self._dispatch[ActionKind(action.action)](self, action)
 
     def old_targets(self, action: Action) -> list[tuple[str, int]]:
         """(node, rank) of the copy an action supersedes: the plan's `previous`, else what the records show."""
@@ -243,7 +234,7 @@ class Actor:
 
     def reachable(self, node_id: str) -> bool:
         node = self.probed.node(node_id)
-        return node is not None and node.state != "unreachable"
+        return node is not None and node.state != NodeState.UNREACHABLE
 
     def forget(self, replica: str, targets: Iterable[tuple[str, int | None]]) -> None:
         """Drop stopped ranks from the replica's working records, so later checks do not trip over them.
@@ -302,7 +293,7 @@ class Actor:
         self.pending[action.replica] = StartedReplica(launches, action.model, profile, placement, self.clock())
         return self.settle(verb, ReplicaState(
             action.replica, action.model, profile.name, STARTING, "", placement.nodes,
-            replica_endpoint(self.catalog.fleet, placement.head.node, placement.head.port),
+            self.catalog.fleet.endpoint(placement.head.node, placement.head.port),
             revision=self.revision_of(launches),
         ), ok=True)
 
@@ -319,7 +310,7 @@ class Actor:
         where the plan wants it (then the agent adopts them). False when they could not be stopped."""
         wanted = {(l.node, l.rank, l.spec_hash) for l in launches}
         # Ranks on unreachable nodes cannot be cleared now; the plan stops them as stale copies when they return.
-        existing = [(n, r) for n, r in self.ranks_of(replica) if n.state != "unreachable"]
+        existing = [(n, r) for n, r in self.ranks_of(replica) if n.state != NodeState.UNREACHABLE]
         if not existing or all(r.alive and (n.id, r.rank, r.spec_hash) in wanted for n, r in existing):
             return True
         targets = sorted({(n.id, r.rank) for n, r in existing})
@@ -489,7 +480,7 @@ class Actor:
         fetch them (without fetch, placement never picks such a node)."""
         needed = []
         for a in actions:
-            if a.action not in ("start", "replace") or a.placement is None:
+            if a.action not in (ActionKind.START, ActionKind.REPLACE) or a.placement is None:
                 continue
             model, profile = self._model_profile(a)
             if model is None or model.fetch is None:
@@ -551,7 +542,7 @@ class Actor:
         """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
         head = started.head
         base = ReplicaState(replica, started.model, started.profile.name, STARTING, "", started.placement.nodes,
-                            replica_endpoint(self.catalog.fleet, head.node, head.port),
+                            self.catalog.fleet.endpoint(head.node, head.port),
                             revision=self.revision_of(started.launches))
         answered, seen = self.health(head_host(self.catalog.fleet, head.node), head.port,
                                      head.health_path or started.profile.health_path)
@@ -632,3 +623,15 @@ class Actor:
                                                "restarted with backoff", ok=outcome.ok)
             self.note_unanswered(outcome)
         return all(o.ok for o in outcomes)
+
+
+# Every ActionKind has its handler: a kind added to the vocabulary without one fails at import, not
+# at the first pass that plans it.
+Actor._dispatch = {
+    ActionKind.START: Actor.start,
+    ActionKind.STOP: Actor.stop,
+    ActionKind.REPLACE: Actor.replace_replica,
+    ActionKind.RESTART: Actor.restart,
+}
+if set(Actor._dispatch) != set(ActionKind):
+    raise ImportError(f"Actor has no handler for {sorted(set(ActionKind) - set(Actor._dispatch))}")

@@ -17,6 +17,7 @@ import yaml
 import yaml_rs
 
 from reconciler.errors import InventoryInvalid, Problem
+from reconciler.vocabulary import FailureKind, NodeState
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -115,7 +116,7 @@ def node_from_document(d: dict) -> ObservedNode:
     weights = d.get("weights")
     return ObservedNode(
         id=d["id"],
-        state=d.get("state", "ready"),
+        state=NodeState(d.get("state", NodeState.READY)),
         reason=d.get("reason", "") or "",
         labels=frozen_map(d.get("labels")),
         memory_total_mb=d.get("memory_total_mb"),
@@ -126,7 +127,7 @@ def node_from_document(d: dict) -> ObservedNode:
         weights=None if weights is None else tuple(weights),
         replicas=tuple(_rank_from_doc(r) for r in d.get("replicas") or ()),
         ports_in_use=tuple(d.get("ports_in_use") or ()),
-        failure=d.get("failure", "") or "",
+        failure=FailureKind(d["failure"]) if d.get("failure") else None,
         llama_cpp=_llama_cpp_from_doc(d.get("llama_cpp")),
         cpu_count=d.get("cpu_count"),
     )

@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterable, Mapping
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
 from reconciler.model import Action, Catalog, Inventory, spec_hash
-from reconciler.outcomes import FAILED, ReplicaState
+from reconciler.outcomes import FAILED, PassMemory, ReplicaState, StartFailure  # noqa: F401  (re-exported)
 from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay, plan as make_plan
+from reconciler.vocabulary import ActionKind, NodeState
 
 # A permanent failure is tried again this often even when nothing the probe sees has changed
 # (the same period as a node stalled on a refused host key).
@@ -38,43 +39,6 @@ PERMANENT_RECHECK_S = 300.0
 # Each backoff is shortened by up to this fraction at random, so replicas that failed together
 # do not come back in lockstep (as the SSH transport's per-node backoff does).
 JITTER_FRACTION = 0.25
-
-
-@dataclass(frozen=True)
-class StartFailure:
-    """A start that failed and left nothing running: what the next passes do about it.
-
-    kind      errors.TEMPORARY or PERMANENT, from the typed outcome (never from the message)
-    attempts  failed starts in a row
-    retry_at  epoch seconds: the earliest next try (temporary), the next recheck (permanent)
-    key       attempt_key of what was tried: a change of it (the catalog, the node) retries at once
-    message   why it failed, for status while it waits
-    nodes     the nodes it was tried on
-    """
-
-    kind: str
-    attempts: int
-    retry_at: float
-    key: str
-    message: str
-    nodes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PassMemory:
-    """What one pass hands to the next: the daemon keeps it in memory, a one-shot `apply` starts empty.
-
-    history            the plan's per-replica restart bookkeeping (Plan.history)
-    unreachable_since  node id -> epoch seconds it was first seen unreachable
-    last_seen          the last snapshot in which each node answered (records of nodes unreachable now)
-    placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
-    """
-
-    history: Mapping[str, ReplicaHistory] = field(default_factory=dict)
-    unreachable_since: Mapping[str, float] = field(default_factory=dict)
-    last_seen: Inventory | None = None
-    placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    start_failures: Mapping[str, StartFailure] = field(default_factory=dict)
 
 
 def remember(
@@ -95,7 +59,7 @@ def remember(
     unreachable = {}
     last_nodes = []
     for node in inventory.nodes:
-        if node.state == "unreachable":
+        if node.state == NodeState.UNREACHABLE:
             unreachable[node.id] = memory.unreachable_since.get(node.id, now)
             previous = memory.last_seen.node(node.id) if memory.last_seen is not None else None
             if previous is not None:
@@ -175,7 +139,7 @@ def hold_failed_starts(plan: Plan, catalog: Catalog, inventory: Inventory, failu
         return plan
     actions, waiting = [], list(plan.waiting)
     for a in plan.actions:
-        f = failures.get(a.replica) if a.action == "start" else None
+        f = failures.get(a.replica) if a.action == ActionKind.START else None
         if f is None or now >= f.retry_at or attempt_key(catalog, inventory, a) != f.key:
             actions.append(a)
             continue

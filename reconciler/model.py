@@ -17,14 +17,15 @@ from types import MappingProxyType
 from typing import Mapping
 
 from reconciler.host import Host, parse_host
+from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, NodeState, Phase
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
 CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
-NODE_STATES = ("ready", "cordoned", "drained")
-OBSERVED_STATES = NODE_STATES + ("unreachable", "unusable")
-PHASES = ("Pending", "Fetching", "Starting", "Ready", "Failed", "Stopping", "Unknown")
+NODE_STATES = tuple(INTENT_STATES)  # what fleet.yaml may say
+OBSERVED_STATES = tuple(NodeState)
+PHASES = tuple(Phase)
 PLACEHOLDERS = (
     "MODEL_SOURCE",
     "REPLICA_ID",
@@ -69,7 +70,7 @@ class NodeSpec:
     address: str
     data_address: str
     labels: Mapping[str, str] = _empty()
-    state: str = "ready"
+    state: NodeState = NodeState.READY
     model_dirs: tuple[str, ...] = ()
     # fabric name -> HCAs of this node on that fabric, as declared by the operator
     fabrics: Mapping[str, tuple[str, ...]] = _empty()
@@ -123,6 +124,12 @@ class Fleet:
 
     def node(self, node_id: str) -> NodeSpec | None:
         return self._by_id.get(node_id)
+
+    def endpoint(self, node_id: str, port: int) -> str:
+        """Where a replica whose head is on node_id serves: the head's data address (what other hosts
+        reach), not its SSH address."""
+        spec = self._by_id.get(node_id)
+        return (spec.data_host if spec is not None else parse_host(node_id)).url(port)
 
 
 @dataclass(frozen=True)
@@ -408,7 +415,7 @@ class LlamaCppBinaries:
 @dataclass(frozen=True)
 class ObservedNode:
     id: str
-    state: str = "ready"  # ready | cordoned | drained | unreachable | unusable (answered; GPUs unknown)
+    state: NodeState = NodeState.READY  # unusable: answered, but GPUs unknown or hardware broken
     reason: str = ""
     labels: Mapping[str, str] = _empty()
     memory_total_mb: int | None = None
@@ -421,8 +428,8 @@ class ObservedNode:
     # TCP ports something listens on (from /proc/net/tcp*), so placement never hands out a taken one
     ports_in_use: tuple[int, ...] = ()
     # For a node not usable now, whether waiting can help: temporary (retried with backoff),
-    # permanent (stalled until the node or the catalog changes: a refused host key), bug.
-    failure: str = ""
+    # permanent (stalled until the node or the catalog changes: a refused host key), bug. None: usable.
+    failure: FailureKind | None = None
     # None: not probed for (an older snapshot); then every role is assumed, as for engines: None
     llama_cpp: LlamaCppBinaries | None = None
     cpu_count: int | None = None  # CPUs the probe may run on (its affinity), None: unknown
@@ -603,7 +610,7 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Action:
-    action: str  # start | stop | replace | restart
+    action: ActionKind
     replica: str
     model: str
     reason: str = ""

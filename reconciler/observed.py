@@ -19,7 +19,6 @@ from reconciler.readiness import (
     judge_unanswered,
 )
 from reconciler.snapshot import RankRecords
-from reconciler.status import replica_endpoint
 
 
 def head_host(fleet: Fleet, node_id: str) -> str:
@@ -47,7 +46,7 @@ def observe_replica(
     profile = model.profile(head.profile)
     nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
     base = ReplicaState(replica, model.name, head.profile, UNKNOWN, "", nodes,
-                        replica_endpoint(catalog.fleet, head_node.id, head.port), revision=head.revision)
+                        catalog.fleet.endpoint(head_node.id, head.port), revision=head.revision)
     settled = judge_records(base, ranks)
     if settled is not None and settled.phase == FAILED:
         return with_crash_logs(settled, ranks, replica, launcher)

@@ -3,24 +3,26 @@
 Decision       one line of the pass log (what was done where, and why)
 ReplicaState   a desired replica after the pass: phase, where it runs, its endpoint
 ActionOutcome  what carrying out one plan action came to
-PassResult     one whole pass: the plan, every decision, every replica's state
+StartFailure   a start that failed and left nothing running (memory.py decides what follows)
+PassMemory     what one pass hands the next
+PassResult     one whole pass: the plan, every decision, every replica's state; status/ is written
+               from it alone (status.write_pass)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Mapping
 
+from reconciler.autoscale import AutoscaleState
 from reconciler.model import Assignment, Inventory, replica_ordinal
+from reconciler.plan import Plan, ReplicaHistory
+from reconciler.vocabulary import ActionKind, FailureKind, Phase
 
-if TYPE_CHECKING:  # typing only: memory imports plan, which this layer must not need at run time
-    from reconciler.autoscale import AutoscaleState
-    from reconciler.memory import PassMemory
-    from reconciler.plan import Plan
-
-# The phases of SPEC section 2.
-PENDING, STARTING, READY, FAILED, STOPPING, UNKNOWN = "Pending", "Starting", "Ready", "Failed", "Stopping", "Unknown"
-FETCHING = "Fetching"  # SPEC section 7: the weights are on their way to a node that lacks them
+# The phases of SPEC section 2, by their old names (the vocabulary is reconciler.vocabulary.Phase).
+PENDING, STARTING, READY, FAILED, STOPPING, UNKNOWN = (
+    Phase.PENDING, Phase.STARTING, Phase.READY, Phase.FAILED, Phase.STOPPING, Phase.UNKNOWN)
+FETCHING = Phase.FETCHING
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Decision:
 
     replica: str
     node: str  # "-" when the decision is about no node in particular
-    action: str  # start | stop | replace | adopt | fail | skip | keep | health
+    action: str  # an ActionKind, or adopt | fail | skip | keep | health
     reason: str
     ok: bool = True
 
@@ -47,17 +49,17 @@ class ReplicaState:
     replica: str
     model: str
     profile: str | None
-    phase: str  # Pending | Fetching | Starting | Ready | Failed | Stopping | Unknown
+    phase: Phase
     message: str = ""
     nodes: tuple[Assignment, ...] = ()
     endpoint: str | None = None  # http://<head data address>:<port>, when placed
     # Failed because it was not Ready by its profile's start_timeout_s: its processes are to be ended.
     start_timed_out: bool = False
     revision: str | None = None  # the catalog revision its processes were started from
-    # Failed: whether retrying can help. errors.TEMPORARY: retried with capped exponential backoff and
-    # jitter (a timeout, a crash, a taken port); errors.PERMANENT: stalled until the catalog or the node
-    # changes (the engine's binary is not on the node, a launch that cannot be rendered). "" otherwise.
-    failure: str = ""
+    # Failed: whether retrying can help. TEMPORARY: retried with capped exponential backoff and jitter
+    # (a timeout, a crash, a taken port); PERMANENT: stalled until the catalog or the node changes (the
+    # engine's binary is not on the node, a launch that cannot be rendered). None when not Failed.
+    failure: FailureKind | None = None
 
 
 @dataclass(frozen=True)
@@ -66,26 +68,65 @@ class ActionOutcome:
     (Starting after a launch, Failed after a refusal); None when it leaves the state to be observed."""
 
     replica: str
-    action: str
+    action: ActionKind
     ok: bool
     state: ReplicaState | None = None
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """A start that failed and left nothing running: what the next passes do about it.
+
+    kind      TEMPORARY or PERMANENT, from the typed outcome (never from the message)
+    attempts  failed starts in a row
+    retry_at  epoch seconds: the earliest next try (temporary), the next recheck (permanent)
+    key       memory.attempt_key of what was tried: a change of it (the catalog, the node) retries at once
+    message   why it failed, for status while it waits
+    nodes     the nodes it was tried on
+    """
+
+    kind: FailureKind
+    attempts: int
+    retry_at: float
+    key: str
+    message: str
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PassMemory:
+    """What one pass hands to the next: the daemon keeps it in memory, a one-shot `apply` persists it
+    (memory.save_memory / load_memory).
+
+    history            the plan's per-replica restart bookkeeping (Plan.history): the one backoff of a
+                       crash; a failed start that left nothing running is start_failures'
+    unreachable_since  node id -> epoch seconds it was first seen unreachable
+    last_seen          the last snapshot in which each node answered (records of nodes unreachable now)
+    placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
+    """
+
+    history: Mapping[str, ReplicaHistory] = field(default_factory=dict)
+    unreachable_since: Mapping[str, float] = field(default_factory=dict)
+    last_seen: Inventory | None = None
+    placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    start_failures: Mapping[str, StartFailure] = field(default_factory=dict)
 
 
 @dataclass
 class PassResult:
     revision: str | None
     inventory: Inventory | None
-    plan: "Plan"
+    plan: Plan
     decisions: list[Decision] = field(default_factory=list)
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     dry_run: bool = False
     written: list[str] = field(default_factory=list)  # status files whose content changed
-    memory: "PassMemory | None" = None  # hand to the next pass as `history`
+    memory: PassMemory | None = None  # hand to the next pass as `history`
     # Node id -> seconds its probe took in this pass, for each probe that ended; None when the
     # pass probed nothing (it planned against the inventory an earlier pass left).
     probe_seconds: dict[str, float] | None = None
     # Autoscaled model -> its count and why after this pass (SPEC section 11; status/models `autoscale:`).
-    autoscale: "dict[str, AutoscaleState]" = field(default_factory=dict)
+    autoscale: dict[str, AutoscaleState] = field(default_factory=dict)
     # Epoch seconds the daemon should pass again for autoscaling (a pending move falls due);
     # None: the resync interval will do.
     next_pass_at: float | None = None
@@ -95,7 +136,8 @@ class PassResult:
         return all(d.ok for d in self.decisions)
 
     def endpoints(self) -> dict[str, list[str]]:
-        """Model -> URLs of its Ready replicas, in replica order."""
+        """Model -> URLs of its Ready replicas, in replica order: computed here only (status/endpoints.yaml,
+        apply's summary and the gateway files read this)."""
         out: dict[str, list[str]] = {}
         for state in sorted(self.replicas.values(), key=_replica_sort_key):
             if state.phase == READY and state.endpoint:

@@ -50,6 +50,7 @@ from reconciler.model import (
 )
 from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 from reconciler.rollout import WAIT, SpecChange, roll_out
+from reconciler.vocabulary import ActionKind, NodeState
 
 # Restart backoff: first restart at once, then 10 s, 20 s, 40 s ... capped at 5 minutes,
 # the same curve as a kubelet's CrashLoopBackOff so operators read it the same way.
@@ -140,8 +141,8 @@ class _Copy:
 def _effective_state(catalog: Catalog, inventory: Inventory, node_id: str) -> str:
     spec = catalog.fleet.node(node_id)
     obs = inventory.node(node_id)
-    if obs is None or obs.state == "unreachable":
-        return "unreachable"
+    if obs is None or obs.state == NodeState.UNREACHABLE:
+        return NodeState.UNREACHABLE
     return spec.state if spec is not None else obs.state
 
 
@@ -156,7 +157,7 @@ def _collect(catalog: Catalog, inventory: Inventory, last_seen: Inventory | None
     for spec in sorted(catalog.fleet.nodes, key=lambda n: n.id):
         obs = inventory.node(spec.id)
         ranks = obs.replicas if obs is not None else ()
-        if (obs is None or obs.state == "unreachable") and not ranks and last_seen is not None:
+        if (obs is None or obs.state == NodeState.UNREACHABLE) and not ranks and last_seen is not None:
             prev = last_seen.node(spec.id)
             ranks = prev.replicas if prev is not None else ()
         for r in ranks:
@@ -186,8 +187,8 @@ def _rank_preference(catalog, inventory, model: Model | None, preferred_nodes: t
         prof = model.profile(r.profile) if model else None
         current = prof is not None and hashes.of(model, prof) == r.spec_hash
         return (
-            state == "unreachable",
-            state == "drained",
+            state == NodeState.UNREACHABLE,
+            state == NodeState.DRAINED,
             not r.alive,
             not current,
             node not in preferred_nodes,
@@ -394,8 +395,8 @@ class _Diff:
         # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
         self.placer.hold(current)
         hist = self.history.get(rid, ReplicaHistory())
-        lost = [n for n in copy.nodes if self.state(n) == "unreachable"]
-        drained = [n for n in copy.nodes if self.state(n) == "drained"]
+        lost = [n for n in copy.nodes if self.state(n) == NodeState.UNREACHABLE]
+        drained = [n for n in copy.nodes if self.state(n) == NodeState.DRAINED]
         profile = model.profile(copy.profile)
         if lost:
             self.on_lost_node(rid, model, ordinal, current, hist, lost)
@@ -412,11 +413,11 @@ class _Diff:
     def not_desired(self, rid: str, model_name: str, model: Model | None, entries: list[tuple[str, RunningRank]]) -> None:
         """A model removed from the catalog, or an ordinal above the replica count: stop it where it answers."""
         why = "model removed from the catalog" if model is None else f"scaled down to {model.replicas} replica{'s' * (model.replicas != 1)}"
-        reachable = [(n, r) for n, r in entries if self.state(n) != "unreachable"]
-        away = sorted({n for n, r in entries if self.state(n) == "unreachable"})
+        reachable = [(n, r) for n, r in entries if self.state(n) != NodeState.UNREACHABLE]
+        away = sorted({n for n, r in entries if self.state(n) == NodeState.UNREACHABLE})
         if reachable:
             (self.stops_removed if model is None else self.stops_scaled).append(
-                Action("stop", rid, model_name, why, _stop_placement(rid, model_name, reachable)))
+                Action(ActionKind.STOP, rid, model_name, why, _stop_placement(rid, model_name, reachable)))
         if away:
             # A node that does not answer cannot be told to stop; its copy is stopped when it is back.
             self.waiting.append(Waiting(rid, model_name, f"{why}; stopped on {', '.join(away)} when it answers again",
@@ -424,10 +425,10 @@ class _Diff:
 
     def stop_stale(self, rid: str, model_name: str, copy: _Copy, stale: list[tuple[str, RunningRank]]) -> None:
         """Ranks beside the copy kept (left on a node that came back after the replica moved)."""
-        reachable_stale = [(n, r) for n, r in stale if self.state(n) != "unreachable"]
+        reachable_stale = [(n, r) for n, r in stale if self.state(n) != NodeState.UNREACHABLE]
         if reachable_stale:
             where = ", ".join(sorted({n for n, _ in copy.ranks}))
-            self.stops_stale.append(Action("stop", rid, model_name, f"stale copy: the replica runs on {where}",
+            self.stops_stale.append(Action(ActionKind.STOP, rid, model_name, f"stale copy: the replica runs on {where}",
                                            _stop_placement(rid, model_name, reachable_stale)))
 
     def on_lost_node(self, rid: str, model: Model, ordinal: int, current: Placement, hist: ReplicaHistory,
@@ -484,7 +485,7 @@ class _Diff:
             self.to_replace.append(_Replacement(model, ordinal, current, why, history_after=self.new_history[rid]))
             return
         target = _restart_placement(self.placer, current, profile)
-        self.restarts.append(Action("restart", rid, model.name, why, target, previous=current))
+        self.restarts.append(Action(ActionKind.RESTART, rid, model.name, why, target, previous=current))
 
     def healthy(self, rid: str, model_name: str, current: Placement, hist: ReplicaHistory) -> None:
         """Kept where it is; a quiet spell long enough resets the backoff, not the count shown in status."""
@@ -522,7 +523,7 @@ class _Diff:
                 self.waiting.append(Waiting(rid, model.name, step.reason, kind=kind))
                 continue
             self.new_history[rid] = ReplicaHistory()
-            self.replaces.append(Action("replace", rid, model.name, step.reason, step.outcome.placement,
+            self.replaces.append(Action(ActionKind.REPLACE, rid, model.name, step.reason, step.outcome.placement,
                                         previous=step.change.old, stop_first=step.stop_first))
 
     def replace_one(self, r: _Replacement) -> None:
@@ -542,11 +543,11 @@ class _Diff:
         reason = why + ("; no room beside the old copy, so it is stopped first" if stop_first else "")
         if out.placement is None:
             reason += "; no placement fits, the old copy keeps running"
-        self.replaces.append(Action("replace", rid, model.name, reason, out.placement, previous=old,
+        self.replaces.append(Action(ActionKind.REPLACE, rid, model.name, reason, out.placement, previous=old,
                                     stop_first=stop_first))
 
     def start_missing(self) -> None:
-        self.starts = [Action("start", o.replica, o.model, "not running", o.placement)
+        self.starts = [Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
                        for o in self.placer.place_missing(self.catalog.models, self.outcomes, self.explain)]
         for a in self.starts:
             self.new_history[a.replica] = ReplicaHistory()

@@ -23,6 +23,7 @@ from reconciler.launcher import RankState
 from reconciler.model import Placement, Profile, RankLaunch
 from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ReplicaState
 from reconciler.snapshot import RankRecords
+from reconciler.vocabulary import NodeState
 
 HEALTH_TIMEOUT_S = 2.0
 # Health is one cheap local request; liveness is a round trip to every node of the replica,
@@ -153,7 +154,7 @@ def failure_message(launches: Sequence[RankLaunch], states: Mapping[tuple[str, i
 def judge_records(base: ReplicaState, ranks: RankRecords) -> ReplicaState | None:
     """The phase of a running replica that its records alone decide (a node away, a rank dead or
     missing); None when only its health can tell."""
-    gone = [n for n, _ in ranks if n.state == "unreachable"]
+    gone = [n for n, _ in ranks if n.state == NodeState.UNREACHABLE]
     if gone:
         return replace(base, phase=UNKNOWN, message="; ".join(f"node {n.id} unreachable: {n.reason}" for n in gone))
     dead = [(n, r) for n, r in ranks if not r.alive]

@@ -42,15 +42,9 @@ from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import (
-    predicted_failures,
-    predicted_phases,
-    unplaced_message,
-    counts_in_force,
-    write_nodes_status,
-    write_plan_status,
-)
+from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
+from reconciler.vocabulary import NodeState
 
 # A probe answers the fleet as it is; a FleetProbe also says how long each node's probe took.
 ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
@@ -182,9 +176,9 @@ def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inve
     if not unanswered:
         return inventory
     return Inventory(tuple(
-        replace(n, state="unreachable", reason=f"stopped answering during the pass: {unanswered[n.id]}",
+        replace(n, state=NodeState.UNREACHABLE, reason=f"stopped answering during the pass: {unanswered[n.id]}",
                 failure=TEMPORARY)
-        if n.id in unanswered and n.state != "unreachable" else n
+        if n.id in unanswered and n.state != NodeState.UNREACHABLE else n
         for n in inventory.nodes
     ))
 
@@ -205,13 +199,12 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
             if not force and now - last[0] < PROGRESS_WRITE_EVERY_S:
                 return
             last[0] = now
-            states = list(actor.states.items())
-            phases = {**predicted_phases(plan), **{rid: st.phase for rid, st in states}}
-            messages = {rid: st.message for rid, st in states if st.message}
-            failures = {**predicted_failures(plan), **{rid: st.failure for rid, st in states if st.failure}}
+            # What the plan predicts, with what the actions have settled so far laid over it.
+            result = predicted_pass(catalog, plan)
+            result.replicas.update(actor.states)
+            result.autoscale = dict(autoscale)  # the count in force, so a mid-pass file never reads as min
             try:
-                write_plan_status(catalog.root, catalog, replace(plan, actions=(), waiting=()), phases, messages,
-                                  failures=failures, autoscale=autoscale)
+                write_pass(catalog, result, nodes=False)
             except ReconcilerError:
                 pass  # the pass's own write at the end reports it
 
@@ -305,22 +298,5 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
 
 
 def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
-    """Write status/ for this pass (models, endpoints, nodes); returns the files whose content changed.
-
-    Models and endpoints go through status.py's writer, the same one `plan
-    --write-status` uses, so a predicted status and an applied one have one
-    shape; here it gets the phases and messages the pass observed.
-    """
-    phases = {rid: st.phase for rid, st in result.replicas.items()}
-    messages = {rid: st.message for rid, st in result.replicas.items() if st.message}
-    # The pass observed every replica, so its messages are the whole story: without the plan's
-    # action reasons ("start: not running") a replica started in this pass reads the same as
-    # in the next, quiet one, and status does not change for nothing.
-    observed_plan = replace(result.plan, actions=(), waiting=())
-    revisions = {rid: st.revision for rid, st in result.replicas.items()}
-    failures = {rid: st.failure for rid, st in result.replicas.items() if st.failure}
-    written = write_plan_status(catalog.root, catalog, observed_plan, phases, messages, revisions, failures,
-                                autoscale=result.autoscale)
-    if result.inventory is not None:
-        written += write_nodes_status(catalog.root, result.inventory, catalog.models)
-    return [str(p) for p in written]
+    """Write status/ for this pass from its PassResult (status.write_pass); the files whose content changed."""
+    return [str(p) for p in write_pass(catalog, result)]

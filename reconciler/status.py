@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from enum import StrEnum
 import tempfile
 from pathlib import Path
@@ -19,12 +20,14 @@ import yaml
 
 from reconciler.autoscale import AutoscaleState, kept_states, state_document, state_from_document
 from reconciler.constants import STATUS_DIR
-from reconciler.errors import PERMANENT, TEMPORARY, StatusWriteError
+from reconciler.errors import Problem, StatusWriteError
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection
+from reconciler.outcomes import PassResult, ReplicaState
 from reconciler.placement import port_windows, summarize
 from reconciler.plan import Plan, WaitKind
+from reconciler.vocabulary import ActionKind, FailureKind, Phase
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
@@ -76,6 +79,9 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; status files are read by gateways, dashboards and monitors
+        # running as other users, so they get the mode any new file gets here (0644 under umask 022).
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -88,6 +94,12 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
             pass
         raise
     return True
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it; set straight back
+    os.umask(mask)
+    return mask
 
 
 # path -> (key, text) as this process last wrote it. An idle pass hands on an equal document:
@@ -115,18 +127,12 @@ def write_document(path: str | os.PathLike, doc: Any) -> bool:
 
 
 # --------------------------------------------------------------------------
-# Model and endpoint status documents (SPEC section 2), from a plan and the phases seen
+# Model and endpoint status documents (SPEC section 2), from one PassResult
 # --------------------------------------------------------------------------
 
 
 def endpoint_url(data_address: str, port: int) -> str:
     return Host(data_address).url(port)
-
-
-def replica_endpoint(fleet: Fleet, node_id: str, port: int) -> str:
-    """Where a replica serves: the head's data address (what other hosts reach), not its SSH address."""
-    spec = fleet.node(node_id)
-    return (spec.data_host if spec is not None else Host(node_id)).url(port)
 
 
 def _where_it_runs(plan: Plan, rid: str) -> Placement | None:
@@ -135,32 +141,35 @@ def _where_it_runs(plan: Plan, rid: str) -> Placement | None:
     return out.placement if out is not None and out.placement is not None else plan.observed.get(rid)
 
 
-def predicted_phases(plan: Plan) -> dict[str, str]:
+_HELD_FOR_FAILURE = {WaitKind.BACKOFF: FailureKind.TEMPORARY, WaitKind.START_BACKOFF: FailureKind.TEMPORARY,
+                     WaitKind.STALLED: FailureKind.PERMANENT}
+
+
+def predicted_phases(plan: Plan) -> dict[str, Phase]:
     """The phase each desired replica will be in once the plan is applied, as far as a plan can tell.
 
     Kept replicas are assumed Ready (a plan has no health checks); anything about
     to be started is Pending; a crashed replica waiting out its backoff is Failed;
     one on a node that stopped answering is Unknown.
     """
-    phases: dict[str, str] = {}
+    phases: dict[str, Phase] = {}
     for rid, out in plan.outcomes.items():
-        phases[rid] = "Ready" if out.kept else "Pending"
+        phases[rid] = Phase.READY if out.kept else Phase.PENDING
     for w in plan.waiting:
-        if w.kind in (WaitKind.BACKOFF, WaitKind.START_BACKOFF, WaitKind.STALLED):
-            phases[w.replica] = "Failed"
+        if w.kind in _HELD_FOR_FAILURE:
+            phases[w.replica] = Phase.FAILED
         elif w.kind is WaitKind.NODE_UNREACHABLE:
-            phases[w.replica] = "Unknown"
+            phases[w.replica] = Phase.UNKNOWN
     for a in plan.actions:
-        if a.action in ("restart", "replace") and a.replica in phases:
-            phases[a.replica] = "Pending" if a.placement is not None else phases[a.replica]
+        if a.action in (ActionKind.RESTART, ActionKind.REPLACE) and a.replica in phases:
+            phases[a.replica] = Phase.PENDING if a.placement is not None else phases[a.replica]
     return phases
 
 
-def predicted_failures(plan: Plan) -> dict[str, str]:
-    """The failure kind (errors.TEMPORARY / PERMANENT) of each replica the plan holds because it failed:
-    a crash waiting out its restart backoff, a failed start backing off (temporary), or stalled (permanent)."""
-    kinds = {WaitKind.BACKOFF: TEMPORARY, WaitKind.START_BACKOFF: TEMPORARY, WaitKind.STALLED: PERMANENT}
-    return {w.replica: kinds[w.kind] for w in plan.waiting if w.kind in kinds}
+def predicted_failures(plan: Plan) -> dict[str, FailureKind]:
+    """The failure kind of each replica the plan holds because it failed: a crash waiting out its
+    restart backoff, a failed start backing off (temporary), or stalled (permanent)."""
+    return {w.replica: _HELD_FOR_FAILURE[w.kind] for w in plan.waiting if w.kind in _HELD_FOR_FAILURE}
 
 
 def unplaced_message(out, show_all: bool = False) -> str:
@@ -175,83 +184,93 @@ def rejection_document(r: Rejection) -> dict:
     return {"profile": r.profile, "pool": r.pool, "node": r.node, "reason": r.reason}
 
 
-def _plan_reasons(model: Model, plan: Plan) -> dict[str, str]:
+def _plan_reasons(plan: Plan) -> dict[str, str]:
     """replica id -> what the plan does with it or waits for: the message when nothing else says more."""
     reasons: dict[str, str] = {}
     for a in plan.actions:
-        if a.model == model.name:
-            reasons[a.replica] = f"{a.action}: {a.reason}"
+        reasons[a.replica] = f"{a.action}: {a.reason}"
     for w in plan.waiting:
-        if w.model == model.name:
-            reasons[w.replica] = w.reason
+        reasons[w.replica] = w.reason
     return reasons
 
 
-def _node_entries(fleet: Fleet, placement) -> list[dict]:
+def predicted_pass(catalog: Catalog, plan: Plan, observed: Mapping[str, str | None] | None = None) -> PassResult:
+    """The pass a plan predicts, as the PassResult an applied one would be: what `plan --write-status`
+    writes, and what a pass reports for the replicas it has not settled yet. Each desired replica's
+    phase as far as a plan can tell, its message the plan's reason, its revision the plan's for what it
+    starts and the record's (`observed`) for what it keeps."""
+    phases = predicted_phases(plan)
+    failures = predicted_failures(plan)
+    revisions = predicted_revisions(plan, observed)
+    reasons = _plan_reasons(plan)
+    replicas: dict[str, ReplicaState] = {}
+    for model in catalog.models:
+        for rid in model.replica_ids():
+            out = plan.outcomes.get(rid)
+            placement = _where_it_runs(plan, rid)
+            phase = phases.get(rid, Phase.UNKNOWN)
+            unplaced = out is not None and out.placement is None
+            replicas[rid] = ReplicaState(
+                rid, model.name, placement.profile if placement is not None else None, phase,
+                unplaced_message(out) if unplaced else reasons.get(rid, ""),
+                placement.nodes if placement is not None else (),
+                catalog.fleet.endpoint(placement.head.node, placement.head.port) if placement and placement.nodes else None,
+                revision=revisions.get(rid),
+                failure=failures.get(rid) if phase == Phase.FAILED else None,
+            )
+    return PassResult(catalog.revision, None, plan, replicas=replicas, dry_run=True)
+
+
+def _node_entries(fleet: Fleet, placement: Placement | None) -> list[dict]:
     nodes = []
     for a in placement.nodes if placement is not None else ():
         entry = {"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "port": a.port}
         if a.rank == 0:
             # Only the head serves; other ranks' ports are for the engine's own traffic.
-            entry["endpoint"] = replica_endpoint(fleet, a.node, a.port)
+            entry["endpoint"] = fleet.endpoint(a.node, a.port)
         nodes.append(entry)
     return nodes
 
 
-def _with_rejections(entry: dict, out, show_all: bool) -> None:
-    """An unplaced replica's message and the rejections behind it (or the replica that has the same)."""
-    entry["message"] = entry["message"] or unplaced_message(out, show_all)
-    if out.rejections_same_as:
-        entry["rejections_same_as"] = out.rejections_same_as
-    else:
-        entry["rejections"] = [rejection_document(r) for r in out.rejections]
+def _replica_entry(fleet: Fleet, result: PassResult, state: ReplicaState | None, rid: str, show_all: bool) -> dict:
+    plan = result.plan
+    out = plan.outcomes.get(rid)
+    placement = _where_it_runs(plan, rid)
+    phase = state.phase if state is not None else Phase.UNKNOWN
+    entry = {
+        "id": rid,
+        "profile": placement.profile if placement is not None else None,
+        "phase": phase,
+        "nodes": _node_entries(fleet, placement),
+        "message": state.message if state is not None else "",
+    }
+    if phase == Phase.FAILED and state.failure:
+        # Beside the message: whether retrying can help (temporary) or not until something changes (permanent).
+        entry["failure"] = state.failure
+    entry["restarts"] = plan.restarts.get(rid, 0)
+    if state is not None and state.revision:  # known only for a catalog in git; absent rather than null
+        entry["revision"] = state.revision
+    if out is not None and out.placement is None:
+        # An unplaced replica: its message and the rejections behind it (or the replica that has the same).
+        entry["message"] = entry["message"] or unplaced_message(out, show_all)
+        if out.rejections_same_as:
+            entry["rejections_same_as"] = out.rejections_same_as
+        else:
+            entry["rejections"] = [rejection_document(r) for r in out.rejections]
+    return entry
 
 
-def model_status_document(model: Model, plan: Plan, fleet: Fleet, phases: Mapping[str, str] | None = None,
-                          messages: Mapping[str, str] | None = None, show_all: bool = False,
-                          revisions: Mapping[str, str | None] | None = None,
-                          failures: Mapping[str, str] | None = None,
-                          autoscale: AutoscaleState | None = None) -> dict:
-    """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints.
-
-    autoscale: a model with a range: its count and why (SPEC section 11), after `ready`.
-
-    phases: replica id -> phase (what apply or the daemon observed); predicted_phases(plan) when None.
-    messages: replica id -> message, overriding the plan's own reasons.
-    failures: replica id -> the kind of a Failed replica's failure; predicted_failures(plan) when None.
-    """
-    phases = predicted_phases(plan) if phases is None else phases
-    failures = predicted_failures(plan) if failures is None else failures
-    messages = messages or {}
-    revisions = predicted_revisions(plan) if revisions is None else revisions
-    reasons = _plan_reasons(model, plan)
-    replicas = []
-    for rid in model.replica_ids():
-        out = plan.outcomes.get(rid)
-        placement = _where_it_runs(plan, rid)
-        entry = {
-            "id": rid,
-            "profile": placement.profile if placement is not None else None,
-            "phase": phases.get(rid, "Unknown"),
-            "nodes": _node_entries(fleet, placement),
-            "message": messages.get(rid, ""),
-        }
-        if entry["phase"] == "Failed" and failures.get(rid):
-            # Beside the message: whether retrying can help (temporary) or not until something changes (permanent).
-            entry["failure"] = failures[rid]
-        entry["restarts"] = plan.restarts.get(rid, 0)
-        if revisions.get(rid):  # known only for a catalog in git; absent rather than a null on every line
-            entry["revision"] = revisions[rid]
-        if out is not None and out.placement is None:
-            _with_rejections(entry, out, show_all)
-        if not entry["message"]:
-            entry["message"] = reasons.get(rid, "")
-        replicas.append(entry)
+def model_status_document(model: Model, result: PassResult, fleet: Fleet, show_all: bool = False) -> dict:
+    """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints,
+    from the pass's replica states (observed by apply and the daemon, or predicted_pass's); a model
+    with a range also its count and why (result.autoscale, SPEC section 11), after `ready`."""
+    replicas = [_replica_entry(fleet, result, result.replicas.get(rid), rid, show_all) for rid in model.replica_ids()]
     doc = {
         "name": model.name,
         "desired": model.replicas,
-        "ready": sum(1 for r in replicas if r["phase"] == "Ready"),
+        "ready": sum(1 for r in replicas if r["phase"] == Phase.READY),
     }
+    autoscale = result.autoscale.get(model.name)
     if model.scale is not None and autoscale is not None:
         doc["autoscale"] = state_document(model, autoscale)
     doc["replicas"] = replicas
@@ -276,22 +295,63 @@ def read_autoscale_states(catalog_root: str | os.PathLike, models: Iterable[Mode
     return states
 
 
-def endpoints_document(catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None) -> dict:
-    """status/endpoints.yaml: per model, the URLs of its Ready replicas (the head's serving port)."""
-    phases = predicted_phases(plan) if phases is None else phases
-    models = {}
-    for model in catalog.models:
-        urls = []
-        for rid in model.replica_ids():
-            if phases.get(rid) != "Ready":
-                continue
-            placement = _where_it_runs(plan, rid)
-            if placement is None or not placement.nodes:
-                continue
-            head = placement.nodes[0]
-            urls.append(replica_endpoint(catalog.fleet, head.node, head.port))
-        models[model.name] = sorted(urls)
-    return {"models": models}
+def endpoints_document(catalog: Catalog, result: PassResult) -> dict:
+    """status/endpoints.yaml: per model of the catalog, the URLs of its Ready replicas (PassResult.endpoints)."""
+    ready = result.endpoints()
+    return {"models": {model.name: sorted(ready.get(model.name, ())) for model in catalog.models}}
+
+
+# --------------------------------------------------------------------------
+# status/catalog.yaml (SPEC section 2 and 6): one builder, for apply and the daemon
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What a daemon with --git-pull last heard from its upstream."""
+
+    ref: str
+    state: str  # up-to-date | diverged | unreachable | ...
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class CatalogStatus:
+    """What status/catalog.yaml says, whoever applied last (`apply` or the daemon), so a reviewer and
+    a daemon started later read one shape.
+
+    branch/uncommitted are None outside git (and then not written); never HEAD's own id, which a
+    status commit would move."""
+
+    attempted: str | None
+    applied: str | None
+    message: str
+    errors: tuple[Problem, ...] = ()
+    branch: str | None = None
+    uncommitted: tuple[str, ...] | None = None
+    upstream: Upstream | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def catalog_document(st: CatalogStatus) -> dict:
+    doc: dict[str, Any] = {
+        "last_attempted_revision": st.attempted,
+        "last_applied_revision": st.applied,
+        "message": st.message,
+        "errors": [{"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in st.errors],
+    }
+    if st.uncommitted is not None:
+        doc["branch"] = st.branch
+        doc["uncommitted_changes"] = list(st.uncommitted)
+        if st.upstream is not None:
+            doc["upstream"] = {"ref": st.upstream.ref, "state": st.upstream.state, "message": st.upstream.message}
+    doc["warnings"] = list(st.warnings)
+    return doc
+
+
+def write_catalog_status(catalog_root: str | os.PathLike, st: CatalogStatus) -> bool:
+    """status/catalog.yaml, when its content changed; StatusWriteError when it cannot be written."""
+    return write_document(status_dir(catalog_root) / "catalog.yaml", catalog_document(st))
 
 
 def status_dir(catalog_root: str | os.PathLike) -> Path:
@@ -317,7 +377,7 @@ def predicted_revisions(plan: Plan, observed: Mapping[str, str | None] | None = 
     what the records say (`observed`) for what it keeps."""
     revisions = dict(observed or {})
     for a in plan.actions:
-        if a.action in ("start", "replace", "restart") and a.placement is not None:
+        if a.action in (ActionKind.START, ActionKind.REPLACE, ActionKind.RESTART) and a.placement is not None:
             revisions[a.replica] = plan.revision
     return revisions
 
@@ -327,28 +387,29 @@ def observed_revisions(inventory: Inventory) -> dict[str, str | None]:
     return {r.id: r.revision for n in inventory.nodes for r in n.replicas if r.rank == 0}
 
 
-def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: Plan, phases: Mapping[str, str] | None = None,
-                      messages: Mapping[str, str] | None = None,
-                      revisions: Mapping[str, str | None] | None = None,
-                      failures: Mapping[str, str] | None = None,
-                      autoscale: Mapping[str, AutoscaleState] | None = None) -> list[Path]:
-    """Write status/models/<name>.yaml for every model and status/endpoints.yaml; remove files of removed models.
+def write_pass(catalog: Catalog, result: PassResult, *, nodes: bool = True) -> list[Path]:
+    """status/ for one pass, from its PassResult alone: status/models/<name>.yaml for every model (the
+    files of removed models removed), status/endpoints.yaml, and status/nodes.yaml when the pass has
+    an inventory and `nodes`. Returns the paths whose content changed.
 
-    autoscale: model -> its count and why; a model with a range and no state here is written without
-    the block (which reads back as min): callers hand on the state in force (autoscale.kept_states).
+    apply and the daemon hand it the pass they observed; `plan --write-status` the pass the plan
+    predicts (predicted_pass), so a predicted status and an applied one have one shape."""
+    root = status_dir(catalog.root)
+    changed = write_model_files(root, catalog, result)
+    if write_document(root / "endpoints.yaml", endpoints_document(catalog, result)):
+        changed.append(root / "endpoints.yaml")
+    if nodes and result.inventory is not None:
+        changed += write_nodes_status(catalog.root, result.inventory, catalog.models)
+    return changed
 
-    Returns the paths whose content changed.
-    """
-    root = status_dir(catalog_root)
-    phases = predicted_phases(plan) if phases is None else phases
+
+def write_model_files(root: Path, catalog: Catalog, result: PassResult) -> list[Path]:
     changed = []
     wanted = set()
     for model in catalog.models:
         path = root / "models" / f"{model.name}.yaml"
         wanted.add(path.name)
-        if write_document(path, model_status_document(model, plan, catalog.fleet, phases, messages, revisions=revisions,
-                                                       failures=failures,
-                                                       autoscale=(autoscale or {}).get(model.name))):
+        if write_document(path, model_status_document(model, result, catalog.fleet)):
             changed.append(path)
     models_dir = root / "models"
     if models_dir.is_dir():
@@ -356,8 +417,6 @@ def write_plan_status(catalog_root: str | os.PathLike, catalog: Catalog, plan: P
             if stale.name not in wanted:
                 stale.unlink()
                 changed.append(stale)
-    if write_document(root / "endpoints.yaml", endpoints_document(catalog, plan, phases)):
-        changed.append(root / "endpoints.yaml")
     return changed
 
 

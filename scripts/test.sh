@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --fast: the fast tier only (no root, no fleet, no subprocesses; under a minute), with nothing installed.
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    LLMFLEET_FAST_TIER=1 exec python3 -m pytest -q -m "not (fleet or slurm or real_engine or external or process)" "$@"
+fi
+
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need+=(openssh-client)

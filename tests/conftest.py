@@ -7,6 +7,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+SLOW_TIERS = ("fleet", "slurm", "real_engine", "external", "process")
+
+
+def pytest_collection_modifyitems(items):
+    # A test that runs the command line (the `cli` fixture) starts a Python process: not the fast tier.
+    for item in items:
+        if "cli" in getattr(item, "fixturenames", ()) and item.get_closest_marker("process") is None:
+            item.add_marker(pytest.mark.process)
+
+
+def pytest_runtest_setup(item):
+    # A fleet test without root cannot build its network namespaces: skipped, saying why, rather than
+    # a RuntimeError from the fixture in every test.
+    if item.get_closest_marker("fleet") is not None and os.geteuid() != 0:
+        pytest.skip("the test fleet needs root (network namespaces, bind mounts, sshd); run as root, "
+                    "or run the fast tier: bash scripts/test.sh --fast")
+
 
 def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None, timeout: float = 120):
     """Run `python -m reconciler ARGS` in a subprocess, importing this checkout's package."""

@@ -14,6 +14,8 @@ from reconciler.readiness import http_health
 from tests.apply_support.local import free_port, is_running, wait_for
 from tests.conftest import copy_tracked
 
+pytestmark = [pytest.mark.process]
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -27,6 +27,8 @@ from reconciler.launcher import SshLauncher
 from reconciler.ssh import TransportPool
 from tests.fleet import TestFleet
 
+pytestmark = [pytest.mark.fleet]
+
 TINY_ENGINE = str(Path(__file__).resolve().parent / "apply_support" / "tiny_engine.py")
 
 

@@ -22,6 +22,8 @@ from tests.apply_support.local import (
 )
 from reconciler.readiness import http_health
 
+pytestmark = [pytest.mark.process]
+
 RECORD_KEYS = {"id", "model", "profile", "rank", "nnodes", "spec_hash", "pid", "pgid", "start_time", "port",
                "gpus", "argv", "env_keys", "log", "managed_by"}
 

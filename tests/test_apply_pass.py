@@ -24,6 +24,8 @@ from reconciler.transport import LocalTransport
 from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch, wait_for
 from tests.apply_support.seams import SimplePlanner, as_plan, catalog, local_fleet, local_probe, tiny_model, tiny_render
 
+pytestmark = [pytest.mark.process]
+
 
 @pytest.fixture
 def env(tmp_path):

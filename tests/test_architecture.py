@@ -5,6 +5,9 @@ import subprocess
 
 
 from tests.conftest import REPO
+import pytest
+
+pytestmark = [pytest.mark.process]
 
 
 def test_import_contracts_are_kept():

@@ -1,5 +1,7 @@
 """Autoscaling inside the range git holds (SPEC section 11): the catalog, the pure decision, the status
-block, and the load reading against real engines on loopback (tests/apply_support/load_engine.py)."""
+block, and the load reading against real engines on loopback (tests/apply_support/load_engine.py).
+
+The tests that start engines or the CLI are marked `process`; the rest are the fast tier."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from reconciler.errors import CatalogInvalid
 from reconciler.model import Assignment, AutoscalePolicy, ReplicaRange
 from reconciler.outcomes import ReplicaState
 from reconciler.scaling import METRICS_ACTION, SCALE_ACTION, default_reader, scale_pass
-from reconciler.status import counts_in_force, model_status_document
+from reconciler.status import counts_in_force, model_status_document, predicted_pass
 from tests.apply_support.local import free_port, wait_for
 from tests.conftest import run_cli
 
@@ -119,6 +121,7 @@ def test_a_command_profile_declares_its_metrics_and_only_it_may(tmp_path):
     assert any(p.startswith("models/m.yaml:9:") and "only for engine: command" in p for p in foreign), foreign
 
 
+@pytest.mark.process
 def test_validate_says_where_and_never_a_traceback(tmp_path):
     root = catalog_dir(tmp_path, model_text(replicas="{min: 5, max: 2}"))
     proc = run_cli("validate", str(root))
@@ -262,11 +265,15 @@ def test_model_status_document_carries_the_block_after_ready(tmp_path):
     cat = load_catalog(catalog_dir(tmp_path, model_text()), with_revision=False)
     states = {"m": AutoscaleState(2, 2, 8, "requests 8 over 2 replicas = target 4", since=0)}
     scaled = with_counts(cat, states)
-    doc = model_status_document(scaled.model("m"), plan(scaled, Inventory(())), scaled.fleet, autoscale=states["m"])
+    result = predicted_pass(scaled, plan(scaled, Inventory(())))
+    result.autoscale = states
+    doc = model_status_document(scaled.model("m"), result, scaled.fleet)
     assert list(doc) == ["name", "desired", "ready", "autoscale", "replicas"]
     assert doc["desired"] == 2 and doc["autoscale"]["current"] == 2 and len(doc["replicas"]) == 2
     fixed = load_catalog(catalog_dir(tmp_path / "fixed", model_text(replicas="2", autoscale=None)), with_revision=False)
-    assert "autoscale" not in model_status_document(fixed.model("m"), plan(fixed, Inventory(())), fixed.fleet)
+    fixed_result = predicted_pass(fixed, plan(fixed, Inventory(())))
+    fixed_result.autoscale = states  # a fixed count has no block, whatever a result carries
+    assert "autoscale" not in model_status_document(fixed.model("m"), fixed_result, fixed.fleet)
     assert kept_states(fixed, {}) == {}
 
 
@@ -309,6 +316,7 @@ def ready(rid: str, port: int) -> ReplicaState:
     return ReplicaState(rid, "m", "cpu", "Ready", nodes=(Assignment("local", 0, (), (), port),))
 
 
+@pytest.mark.process
 def test_scale_pass_reads_real_in_flight_requests_and_scales_up(tmp_path, engines):
     port = engines(parallel=1, serve_s=4.0)
     cat = with_counts(command_catalog(tmp_path), {"m": AutoscaleState(1, 1)})
@@ -329,6 +337,7 @@ def test_scale_pass_reads_real_in_flight_requests_and_scales_up(tmp_path, engine
     assert [d.action for d in log] == [SCALE_ACTION] and "1 -> 3" in log[0].reason
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode, words", [
     ("missing", "answered 404"),
     ("garbage", "not Prometheus exposition text"),
@@ -359,6 +368,7 @@ def test_a_broken_metrics_endpoint_counts_at_target_with_one_warning(tmp_path, e
     assert second.unknown == first.unknown
 
 
+@pytest.mark.process
 def test_every_replica_unknown_never_moves_the_count(tmp_path, engines):
     cat = with_counts(command_catalog(tmp_path), {"m": AutoscaleState(3, 3)})
     bad = [engines(mode="garbage") for _ in range(3)]
@@ -384,6 +394,7 @@ def test_only_ready_replicas_inside_the_count_are_asked(tmp_path):
     assert asked == ["m-0"]
 
 
+@pytest.mark.process
 def test_status_cli_and_json_show_the_count(tmp_path):
     root = catalog_dir(tmp_path, model_text())
     cat = load_catalog(root, with_revision=False)
@@ -391,10 +402,12 @@ def test_status_cli_and_json_show_the_count(tmp_path):
                            since=1_700_000_000)
     from reconciler.plan import plan
     from reconciler.model import Inventory
-    from reconciler.status import write_plan_status
+    from reconciler.status import write_pass
 
     scaled = with_counts(cat, {"m": state})
-    write_plan_status(root, scaled, plan(scaled, Inventory(())), autoscale={"m": state})
+    result = predicted_pass(scaled, plan(scaled, Inventory(())))
+    result.autoscale = {"m": state}
+    write_pass(scaled, result, nodes=False)
     text = run_cli("status", str(root))
     assert text.returncode == 0, text.stderr
     assert "m: replicas 1-4 (now 2, wants 4): requests 13 over 2 replicas > target 4" in text.stdout
@@ -402,6 +415,7 @@ def test_status_cli_and_json_show_the_count(tmp_path):
     assert doc["models"][0]["autoscale"]["current"] == 2
 
 
+@pytest.mark.process
 def test_plan_takes_the_count_from_status_and_says_the_range(tmp_path):
     root = catalog_dir(tmp_path, model_text())
     status = root / "status" / "models"
@@ -419,6 +433,7 @@ def test_plan_takes_the_count_from_status_and_says_the_range(tmp_path):
     assert "m: 1-4 (now 3)" in text.stdout
 
 
+@pytest.mark.process
 def test_a_scale_up_that_cannot_be_placed_has_rejections_and_status_says_what_the_load_wanted(tmp_path):
     root = catalog_dir(tmp_path, model_text().replace("spread: preferred\n", ""))  # one node, spread required
     status = root / "status" / "models"

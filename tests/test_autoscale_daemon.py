@@ -20,6 +20,8 @@ from tests.conftest import run_cli
 from tests.gitcatalog import git, wait_for
 from tests.test_daemon_e2e import E2E
 
+pytestmark = [pytest.mark.process]
+
 LOAD_ENGINE = Path(__file__).resolve().parent / "apply_support" / "load_engine.py"
 
 

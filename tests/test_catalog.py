@@ -16,6 +16,8 @@ from reconciler.catalog import load_catalog, placeholders_in
 from reconciler.errors import CatalogInvalid
 from tests.conftest import REPO, run_cli
 
+pytestmark = [pytest.mark.process]
+
 FLEET = """\
 ssh:
   user: serve

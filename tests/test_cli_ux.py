@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.process]
+
 
 
 def local_catalog(root: Path) -> Path:

@@ -31,6 +31,8 @@ from reconciler.ssh import TransportPool
 from tests.conftest import REPO
 from tests.fleet import TestFleet
 
+pytestmark = [pytest.mark.fleet]
+
 KILLS = 8
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from tests.gitcatalog import FLEET, CatalogRepo, DaemonProcess, deployed_from_upstream, git, model_yaml, wait_for
 
+pytestmark = [pytest.mark.process]
+
 QUIET = ["--interval", "3600"]  # only commits and signals trigger passes
 SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "status-catalog.schema.json"
 

@@ -22,6 +22,8 @@ import yaml
 
 from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, stop_all, wait_for
 
+pytestmark = [pytest.mark.process]
+
 def fleet_yaml(state_dir: Path) -> str:
     return (
         f"state_dir: {state_dir}\n"

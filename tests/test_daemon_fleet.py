@@ -15,6 +15,8 @@ import yaml
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
 from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, stop_all, wait_for
 
+pytestmark = [pytest.mark.fleet]
+
 NODES = ("d1", "d2", "d3")
 
 

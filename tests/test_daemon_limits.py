@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import REPO
 from tests.test_cli_ux import local_catalog
 
+pytestmark = [pytest.mark.process]
+
 
 def _daemon_log(catalog, soft: int) -> list[dict]:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

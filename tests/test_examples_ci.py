@@ -12,6 +12,8 @@ import yaml
 from reconciler.cli import build_parser
 from tests.conftest import copy_tracked
 
+pytestmark = [pytest.mark.process]
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

@@ -18,6 +18,9 @@ import yaml
 
 from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import fleet  # noqa: F401
+import pytest
+
+pytestmark = [pytest.mark.fleet]
 
 
 def command_model(name: str, port: int, command: list[str], env: dict | None = None) -> dict:

@@ -27,6 +27,8 @@ from reconciler.model import Assignment, Fleet, Inventory, Model, NodeSpec, Plac
 from reconciler.render import render_replica
 from tests.apply_support.local import free_port
 
+pytestmark = [pytest.mark.process]
+
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
 FAKE_BIN = FAKES / "bin"

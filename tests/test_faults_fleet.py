@@ -22,6 +22,8 @@ from reconciler.probe import FleetProber, probe_fleet_report
 from reconciler.ssh import TransportPool
 from tests.fleet import fleet  # noqa: F401
 
+pytestmark = [pytest.mark.fleet]
+
 COMMAND_TIMEOUT_S = 3.0
 
 

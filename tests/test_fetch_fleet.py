@@ -25,6 +25,8 @@ from tests.builders import model
 from tests.conftest import REPO
 from tests.fleet import TestFleet
 
+pytestmark = [pytest.mark.fleet]
+
 SIZES = {"config.json": 57, "tokenizer.json": 3 * 1000 * 1000 + 7, "empty.txt": 0,
          "weights/model-00001.safetensors": 9 * 1024 * 1024 + 3, "weights/model-00002.safetensors": 5 * 1024 * 1024}
 

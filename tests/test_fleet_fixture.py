@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 from tests.fleet import REPO_ROOT, TestFleet, fleet  # noqa: F401  (pytest fixture)
+import pytest
+
+pytestmark = [pytest.mark.fleet]
 
 
 def ssh(fleet, node_id, command):  # noqa: F811

@@ -7,6 +7,8 @@ import pytest
 from reconciler.gitrev import GitCatalog
 from tests.gitcatalog import CatalogRepo, git, model_yaml
 
+pytestmark = [pytest.mark.process]
+
 
 @pytest.fixture
 def repo(tmp_path):

@@ -24,7 +24,7 @@ from reconciler.inventory import inventory_from_document
 from reconciler.model import Catalog
 from reconciler.placement import summarize
 from reconciler.plan import plan
-from reconciler.status import model_status_document
+from reconciler.status import model_status_document, predicted_pass
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO))
@@ -59,7 +59,8 @@ def _outputs(case: str) -> dict:
         "plan_all": [u.get("summary") for u in plan_document(pl, show_all=True)["unplaced"]],
         "text": render_text(pl).splitlines(),
         "explained": explained,
-        "status": [model_status_document(m, pl, catalog.fleet) for m in catalog.models if m.name in explain],
+        "status": [model_status_document(m, predicted_pass(catalog, pl), catalog.fleet) for m in catalog.models
+                   if m.name in explain],
     }
 
 

@@ -21,6 +21,8 @@ from reconciler.status import write_nodes_status
 from tests.conftest import REPO, run_cli
 from tests.test_catalog import FLEET, MODEL, write_catalog
 
+pytestmark = [pytest.mark.process]
+
 SECRET = "hunter2-not-for-your-eyes"
 
 

@@ -32,6 +32,8 @@ from reconciler.probe.script import llama_cpp_binaries
 from reconciler.render import render_replica
 from tests import builders as b
 
+pytestmark = [pytest.mark.process, pytest.mark.real_engine]
+
 HEAD = NodeSpec(id="c1", address="10.0.0.1", data_address="10.1.0.1", fabrics={"eth": ("eth0",)})
 WORKER = NodeSpec(id="c2", address="10.0.0.2", data_address="10.1.0.2", fabrics={"eth": ("eth0",)})
 FLEET = Fleet(nodes=(HEAD, WORKER))

@@ -10,6 +10,8 @@ import yaml
 from reconciler.inventory import inventory_from_document, read_snapshot_document
 from tests.fleet import fleet  # noqa: F401  (pytest fixture)
 
+pytestmark = [pytest.mark.fleet]
+
 VLLM_VERSIONED = """#!/bin/sh
 if [ "$1" = "--version" ]; then echo "0.6.3.post1"; exit 0; fi
 touch "$HOME/vllm-served"

@@ -25,6 +25,8 @@ from tests.conftest import REPO
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
 from tests.gitcatalog import marked_pids, wait_for
 
+pytestmark = [pytest.mark.fleet]
+
 NODES = ("o1", "o2")
 SECRET_NODE = "o3"  # the one node secret tests place on (node_selector), so a from_file path exists there
 

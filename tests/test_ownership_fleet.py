@@ -22,6 +22,8 @@ from reconciler.reconcile import run_pass
 from reconciler.ssh import TransportPool
 from tests.fleet import fleet  # noqa: F401
 
+pytestmark = [pytest.mark.fleet]
+
 
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()

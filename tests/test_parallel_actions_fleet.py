@@ -19,6 +19,9 @@ from reconciler.reconcile import default_probe, run_pass
 from reconciler.ssh import TransportPool
 from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import fleet  # noqa: F401
+import pytest
+
+pytestmark = [pytest.mark.fleet]
 
 # Long enough that the stop on the cut node (connecting, then its command) cannot end on its own
 # before the test restores the link.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -134,7 +135,10 @@ def check_invariants(f, inv, ms, result, kept=()):
             assert {r.profile for r in o.rejections} == {p.name for p in by_model[o.model].profiles}
 
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 100 examples a property in the whole suite; the fast tier (LLMFLEET_FAST_TIER=1, set by
+# `scripts/test.sh --fast`) draws 20, so it stays under a minute on two cores.
+EXAMPLES = 20 if os.environ.get("LLMFLEET_FAST_TIER") else 100
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

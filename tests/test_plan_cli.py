@@ -13,6 +13,8 @@ import yaml
 
 from tests.conftest import REPO, copy_tracked
 
+pytestmark = [pytest.mark.process]
+
 SNAPSHOT = REPO / "catalog" / "status" / "nodes.yaml"
 
 

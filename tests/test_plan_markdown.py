@@ -17,6 +17,8 @@ import yaml
 from reconciler.commands.plan_markdown import MARKER, cell, code
 from tests.conftest import REPO, copy_tracked
 
+pytestmark = [pytest.mark.process]
+
 GOLDEN = REPO / "tests" / "data" / "plan_markdown"
 SNAPSHOT = REPO / "catalog" / "status" / "nodes.yaml"
 

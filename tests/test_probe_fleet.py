@@ -14,6 +14,8 @@ from reconciler.probe import probe_fleet_report
 from reconciler.ssh import TransportPool
 from tests.fleet import fleet  # noqa: F401  (pytest fixture)
 
+pytestmark = [pytest.mark.fleet]
+
 VLLM_WRAPPER = """#!/bin/sh
 # A wrapper people put in front of an engine: anything it does not know, it passes to the server.
 touch "$HOME/vllm-wrapper-ran"

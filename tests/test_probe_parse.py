@@ -28,6 +28,8 @@ from reconciler.probe.parse import (
     parse_topo_matrix,
 )
 
+pytestmark = [pytest.mark.process]
+
 DATA = Path(__file__).parent / "data" / "probe"
 
 

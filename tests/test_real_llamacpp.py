@@ -22,6 +22,8 @@ import yaml
 from tests.fleet import TestFleet
 from tests.real_llama import chat, gemma_model, llama_bin
 
+pytestmark = [pytest.mark.fleet, pytest.mark.real_engine]
+
 REPO = Path(__file__).resolve().parent.parent
 PORT = 8080
 

@@ -31,6 +31,8 @@ from reconciler.render import bind_host, placeholders_in, render_replica, substi
 from reconciler.transport import LocalTransport
 from tests.apply_support.local import free_port as _free_port
 
+pytestmark = [pytest.mark.process]
+
 # --------------------------------------------------------------------------
 # A small fleet: two fabric nodes whose GPUs the probe knows by UUID (a1) or
 # only by index (a2), and a node with a name, not an IP, as its data address.

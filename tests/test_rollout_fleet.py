@@ -16,6 +16,8 @@ from tests.fleet import TestFleet
 from tests.test_apply_fleet import alive, catalog_dir, write_model  # noqa: F401  (a fixture: catalog_dir)
 from tests.test_fetch_fleet import files_under
 
+pytestmark = [pytest.mark.fleet]
+
 WEIGHTS = {"config.json": 123, "model.safetensors": 6 * 1024 * 1024 + 11}
 
 

@@ -10,6 +10,8 @@ from reconciler.catalog import load_catalog
 from reconciler.owner import catalog_owner
 from tests.test_catalog import MODEL, problems_of, write_catalog
 
+pytestmark = [pytest.mark.process]
+
 FLEET = """\
 slurm:
   submit_via: login1

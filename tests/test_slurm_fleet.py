@@ -37,7 +37,8 @@ from tests.slurm_cluster import SlurmCluster
 
 SLURM_NODES = ["s1", "s2", "s3"]
 
-pytestmark = pytest.mark.skipif(slurm_cluster.available() is not None, reason=str(slurm_cluster.available()))
+pytestmark = [pytest.mark.fleet, pytest.mark.slurm,
+              pytest.mark.skipif(slurm_cluster.available() is not None, reason=str(slurm_cluster.available()))]
 
 
 @pytest.fixture(scope="module")

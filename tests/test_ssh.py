@@ -17,6 +17,8 @@ from reconciler.ssh import TransportPool, fingerprint, resolve_target
 from reconciler.transport import LocalTransport
 from tests.fleet import fleet  # noqa: F401  (pytest fixture)
 
+pytestmark = [pytest.mark.fleet]
+
 
 @pytest.fixture(scope="module")
 def nodes(fleet):  # noqa: F811

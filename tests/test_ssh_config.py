@@ -17,7 +17,8 @@ import pytest
 from reconciler.model import SshSettings
 from reconciler.ssh import OpenSshConfig, load_ssh_config, resolve_target
 
-pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (scripts/test.sh installs it)")
+pytestmark = [pytest.mark.process,
+              pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (scripts/test.sh installs it)")]
 
 MAIN = """\
 Include {d}/config.d/*

@@ -17,7 +17,7 @@ from reconciler.model import Assignment
 from reconciler.outcomes import FAILED, STARTING, ReplicaState
 from reconciler.plan import WaitKind
 from reconciler.reconcile import default_planner
-from reconciler.status import model_status_document
+from reconciler.status import model_status_document, predicted_pass
 from tests.builders import catalog, fleet, inventory, model, node_spec, observed, profile
 
 NOW = 1_000_000.0
@@ -63,7 +63,7 @@ def test_a_permanent_failure_stalls_until_the_catalog_changes_or_its_recheck():
     far = NOW + PERMANENT_RECHECK_S - 1  # past every temporary backoff
     held = default_planner(cat, inv, now=far, memory=memory)
     assert held.actions == () and held.waiting[0].kind is WaitKind.STALLED
-    doc = model_status_document(cat.models[0], held, cat.fleet)
+    doc = model_status_document(cat.models[0], predicted_pass(cat, held), cat.fleet)
     assert doc["replicas"][0]["phase"] == "Failed" and doc["replicas"][0]["failure"] == "permanent"
     assert list(doc["replicas"][0]) == ["id", "profile", "phase", "nodes", "message", "failure", "restarts"]
 

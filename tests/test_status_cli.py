@@ -10,6 +10,9 @@ import sys
 import yaml
 
 from tests.conftest import REPO
+import pytest
+
+pytestmark = [pytest.mark.process]
 
 MODEL = {
     "name": "m", "desired": 2, "ready": 1,

@@ -1,4 +1,5 @@
-"""status/models/<name>.yaml and status/endpoints.yaml built from a plan and the phases seen."""
+"""status/models/<name>.yaml and status/endpoints.yaml built from one PassResult: predicted from a plan,
+or with the phases a pass observed."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import yaml
 
 from reconciler.model import spec_hash
 from reconciler.plan import ReplicaHistory, plan
-from reconciler.status import endpoint_url, endpoints_document, model_status_document, predicted_phases, write_plan_status
+from reconciler.status import (
+    endpoint_url, endpoints_document, model_status_document, predicted_pass, predicted_phases, write_pass,
+)
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 from tests.conftest import REPO
+import pytest
+
+pytestmark = [pytest.mark.process]
 
 MODEL_SCHEMA = jsonschema.Draft202012Validator(json.loads((REPO / "schema" / "status-model.schema.json").read_text()))
 ENDPOINTS_SCHEMA = jsonschema.Draft202012Validator(json.loads((REPO / "schema" / "status-endpoints.schema.json").read_text()))
@@ -32,7 +38,7 @@ def setup():
 
 def test_predicted_status_marks_running_ready_new_pending_and_unplaced_with_reasons():
     c, p = setup()
-    doc = model_status_document(M, p, c.fleet)
+    doc = model_status_document(M, predicted_pass(c, p), c.fleet)
     MODEL_SCHEMA.validate(doc)
     assert (doc["name"], doc["desired"], doc["ready"]) == ("m", 3, 1)
     r0, r1, r2 = doc["replicas"]
@@ -47,11 +53,16 @@ def test_predicted_status_marks_running_ready_new_pending_and_unplaced_with_reas
 
 def test_observed_phases_override_the_prediction_and_drive_endpoints():
     c, p = setup()
-    phases = {"m-0": "Ready", "m-1": "Ready", "m-2": "Pending"}
-    doc = endpoints_document(c, p, phases)
+    def seen(**phases):
+        result = predicted_pass(c, p)
+        result.replicas.update({rid.replace("_", "-"): dataclasses.replace(result.replicas[rid.replace("_", "-")], phase=ph)
+                                for rid, ph in phases.items()})
+        return result
+
+    doc = endpoints_document(c, seen(m_0="Ready", m_1="Ready", m_2="Pending"))
     ENDPOINTS_SCHEMA.validate(doc)
     assert doc == {"models": {"m": ["http://10.1.0.1:8000", "http://[fd00::2]:8000"]}}
-    assert endpoints_document(c, p, {"m-0": "Failed"}) == {"models": {"m": []}}
+    assert endpoints_document(c, seen(m_0="Failed", m_1="Pending")) == {"models": {"m": []}}
 
 
 def test_endpoint_urls_bracket_ipv6_only():
@@ -66,19 +77,20 @@ def test_backoff_waiting_replica_is_failed_in_prediction():
     c = catalog(f, model("m", P))
     p = plan(c, inv, now=5, history={"m-0": ReplicaHistory(restarts=1, streak=1, last_restart=0)})
     assert predicted_phases(p) == {"m-0": "Failed"}
-    doc = model_status_document(c.models[0], p, f)
+    doc = model_status_document(c.models[0], predicted_pass(c, p), f)
     assert "waiting for backoff until" in doc["replicas"][0]["message"] and doc["replicas"][0]["restarts"] == 1
 
 
-def test_write_plan_status_writes_once_and_removes_status_of_removed_models(tmp_path):
+def test_write_pass_writes_once_and_removes_status_of_removed_models(tmp_path):
     c, p = setup()
+    c = dataclasses.replace(c, root=str(tmp_path))
     (tmp_path / "status" / "models").mkdir(parents=True)
     (tmp_path / "status" / "models" / "gone.yaml").write_text("name: gone\n")
-    changed = write_plan_status(tmp_path, c, p)
+    changed = write_pass(c, predicted_pass(c, p), nodes=False)
     assert sorted(x.name for x in changed) == ["endpoints.yaml", "gone.yaml", "m.yaml"]
     assert not (tmp_path / "status" / "models" / "gone.yaml").exists()
     assert yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())["name"] == "m"
-    assert write_plan_status(tmp_path, c, p) == []
+    assert write_pass(c, predicted_pass(c, p), nodes=False) == []
 
 
 class _CountingHistory(dict):
@@ -93,9 +105,10 @@ class _CountingHistory(dict):
 
 def test_status_of_a_plan_walks_its_restart_history_once_not_once_per_replica(tmp_path):
     c, p = setup()
+    c = dataclasses.replace(c, root=str(tmp_path))
     history = _CountingHistory(p.history)
     counted = dataclasses.replace(p, history=history)
-    write_plan_status(tmp_path, c, counted)
+    write_pass(c, predicted_pass(c, counted), nodes=False)
     doc = yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())
     assert [r["restarts"] for r in doc["replicas"]] == [2, 0, 0]
     assert history.walks == 1

@@ -21,6 +21,7 @@ from reconciler.model import (
     SecretRef,
     frozen_map,
 )
+from reconciler.vocabulary import NodeState
 
 
 def _plain(value: Any) -> Any:
@@ -63,7 +64,7 @@ def build_fleet(data: dict) -> Fleet:
                 address=n["address"],
                 data_address=n.get("data_address", n["address"]),
                 labels=frozen_map(n.get("labels")),
-                state=n.get("state", "ready"),
+                state=NodeState(n.get("state", NodeState.READY)),
                 model_dirs=tuple(n.get("model_dirs") or ()),
                 fabrics=frozen_map({k: tuple(v) for k, v in (n.get("fabrics") or {}).items()}),
                 ssh=_ssh(defaults, n.get("ssh")),

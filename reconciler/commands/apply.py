@@ -14,41 +14,38 @@ from reconciler.constants import STATUS_DIR, Exit
 from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
-from reconciler.status import status_dir, write_document, write_rendered
+from reconciler import status
+from reconciler.status import CatalogStatus, write_rendered
+from reconciler.vocabulary import NodeState, Phase
 
 
-def catalog_status_document(catalog) -> dict:
-    """status/catalog.yaml as `apply` leaves it: the keys the daemon writes (SPEC section 6), so a
-    reviewer (and a daemon started later) reads one shape whoever applied last.
+def catalog_status(catalog) -> CatalogStatus:
+    """status/catalog.yaml as `apply` leaves it: the keys the daemon writes (SPEC section 6).
 
     apply applies the working tree as it is, uncommitted edits included; status says so.
     """
     rev = catalog.revision
-    doc: dict = {"last_attempted_revision": rev, "last_applied_revision": rev,
-                 "message": f"revision {rev[:12]} applied by reconciler apply" if rev
-                 else "not a git repository: the directory is applied as it is", "errors": []}
-    warnings = []
+    message = (f"revision {rev[:12]} applied by reconciler apply" if rev
+               else "not a git repository: the directory is applied as it is")
+    branch, uncommitted, warnings = None, None, []
     try:
         repo = GitCatalog.open(catalog.root)
         if repo is not None:
-            doc["branch"] = repo.branch()
-            doc["uncommitted_changes"] = repo.uncommitted()
-            if doc["uncommitted_changes"]:
+            branch, uncommitted = repo.branch(), tuple(repo.uncommitted())
+            if uncommitted:
                 warnings.append("reconciler apply applied the working tree, uncommitted changes included: "
-                                + ", ".join(doc["uncommitted_changes"]))
+                                + ", ".join(uncommitted))
     except GitError as exc:  # git broke: status still says what was applied
         warnings.append(f"git: {exc.stderr or exc}")
-    doc["warnings"] = warnings
-    return doc
+    return CatalogStatus(rev, rev, message, branch=branch, uncommitted=uncommitted, warnings=tuple(warnings))
 
 
 def write_catalog_status(catalog) -> None:
-    path = Path(catalog.root) / STATUS_DIR / "catalog.yaml"
     try:
-        path = status_dir(catalog.root) / "catalog.yaml"
-        write_document(path, catalog_status_document(catalog))
+        status.write_catalog_status(catalog.root, catalog_status(catalog))
     except StatusWriteError as exc:
-        print(f"reconciler: could not write {path}: {exc.reason}", file=sys.stderr)
+        print(f"reconciler: could not write {Path(catalog.root) / STATUS_DIR / 'catalog.yaml'}: {exc.reason}",
+              file=sys.stderr)
 
 
 def _frozen(memory: PassMemory) -> tuple:
@@ -86,7 +83,7 @@ def main(args) -> int:
         write_catalog_status(catalog)
 
     nodes = result.inventory.nodes if result.inventory is not None else ()
-    if nodes and all(n.state == "unreachable" for n in nodes):
+    if nodes and all(n.state == NodeState.UNREACHABLE for n in nodes):
         for n in nodes:
             print(f"reconciler: {n.id}: unreachable: {n.reason}", file=sys.stderr)
         return Exit.UNREACHABLE
@@ -136,13 +133,13 @@ def _say_waiting(say: _Say, result) -> int:
             f"{w.replica}  {nodes_of}  waiting  {w.reason}" + (f" (phase {phase})" if phase else ""))
     named = {w.replica for w in waiting}
     for rid, st in sorted(replicas.items()):
-        if st.phase == "Unknown" and rid not in named:
+        if st.phase == Phase.UNKNOWN and rid not in named:
             say({"replica": rid, "action": "unknown", "reason": st.message}, f"{rid}  -  unknown  {st.message}")
     return len(waiting)
 
 
 def _say_down_nodes(say: _Say, nodes) -> int:
-    down = [n for n in nodes if n.state in ("unreachable", "unusable")]
+    down = [n for n in nodes if n.state in (NodeState.UNREACHABLE, NodeState.UNUSABLE)]
     for n in down:
         say({"node": n.id, "state": n.state, "failure": n.failure or None, "reason": n.reason},
             f"node {n.id}: {n.state}: {n.reason}" + (f" ({n.failure})" if n.failure else ""))

@@ -21,6 +21,7 @@ from reconciler.owner import catalog_owner
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
 from reconciler.status import status_snapshot, write_nodes_status
+from reconciler.vocabulary import NodeState
 
 GIB = 1 << 30
 
@@ -69,7 +70,7 @@ def free_gpus(node: ObservedNode) -> set[int]:
 
 
 def gpu_summary(node: ObservedNode) -> str:
-    if node.state in ("unreachable", "unusable"):  # unknown, which is not the same as none
+    if node.state in (NodeState.UNREACHABLE, NodeState.UNUSABLE):  # unknown, which is not the same as none
         return "?"
     if not node.gpus:
         return "-"
@@ -86,7 +87,7 @@ def _size(n: int) -> str:
 
 
 def row(node: ObservedNode) -> list[str]:
-    unreachable = node.state == "unreachable"
+    unreachable = node.state == NodeState.UNREACHABLE
     engines = "?" if node.engines is None else (", ".join(sorted(node.engines)) or "-")
     fabrics = ", ".join(f"{f.name} ({', '.join(f.hcas)})" for f in node.fabrics) or ("?" if unreachable else "-")
     memory = "?" if node.memory_total_mb is None else _size(node.memory_total_mb * (1 << 20))
@@ -119,7 +120,7 @@ def print_table(result: FleetProbe) -> None:
         else:
             table.add_column(h, no_wrap=True, min_width=max([len(h)] + [len(r[i]) for r in rows]))
     for node, cells in zip(nodes, rows):
-        style = "red" if node.state == "unreachable" else ("yellow" if node.state != "ready" else None)
+        style = "red" if node.state == NodeState.UNREACHABLE else ("yellow" if node.state != NodeState.READY else None)
         table.add_row(*cells, style=style)
     # Off a terminal (CI logs, pipes) nothing wraps: a row per node stays greppable.
     console = Console(file=sys.stdout, width=None if tty else 100_000, no_color=not tty, highlight=False)
@@ -128,7 +129,7 @@ def print_table(result: FleetProbe) -> None:
     summary = f"{reached} of {total} node{'s' * (total != 1)} reached"
     # Reached over SSH but not probed (no python3, a probe that printed garbage): say so, or
     # "5 of 5 reached" reads as all well above a row that says unreachable.
-    unprobed = sorted(r.node.id for r in result.results if r.reached and r.node.state == "unreachable")
+    unprobed = sorted(r.node.id for r in result.results if r.reached and r.node.state == NodeState.UNREACHABLE)
     if unprobed:
         summary += f"; {len(unprobed)} could not be probed ({', '.join(unprobed)}: see REASON)"
     console.print(summary)

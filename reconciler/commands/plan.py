@@ -15,8 +15,8 @@ from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.autoscale import with_counts
-from reconciler.status import (counts_in_force, observed_revisions, predicted_revisions, rejection_document,
-                               write_plan_status)
+from reconciler.status import counts_in_force, observed_revisions, predicted_pass, rejection_document, write_pass
+from reconciler.vocabulary import ActionKind
 
 
 def _nodes(p: Placement | None) -> list[dict]:
@@ -28,7 +28,7 @@ def _nodes(p: Placement | None) -> list[dict]:
 def action_document(a: Action) -> dict:
     """One action in the JSON shape of SPEC section 5 (plus `reason` everywhere and the extras noted)."""
     doc: dict = {"action": a.action, "replica": a.replica, "model": a.model}
-    if a.action == "stop":
+    if a.action == ActionKind.STOP:
         doc["reason"] = a.reason
         # Extension: which node records the stop applies to.
         doc["nodes"] = [{"node": n.node, "rank": n.rank} for n in a.placement.nodes] if a.placement else []
@@ -40,7 +40,7 @@ def action_document(a: Action) -> dict:
     doc["nodes"] = _nodes(p)
     if p is not None and p.dist_port is not None:
         doc["dist_port"] = p.dist_port
-    if a.action == "replace":
+    if a.action == ActionKind.REPLACE:
         doc["stop_first"] = a.stop_first
     return doc
 
@@ -184,8 +184,9 @@ def main(args) -> int:
     else:
         sys.stdout.write(render_text(pl, args.all, scaling=scale_lines(catalog, scaling)))
     if args.write_status:
-        write_plan_status(catalog.root, catalog, pl,
-                          revisions=predicted_revisions(pl, observed_revisions(inventory)), autoscale=scaling)
+        predicted = predicted_pass(catalog, pl, observed_revisions(inventory))
+        predicted.autoscale = scaling  # the count in force, kept: a plan never moves it
+        write_pass(catalog, predicted, nodes=False)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)

@@ -12,9 +12,10 @@ import sys
 
 from reconciler.commands._status_files import CatalogStatus, read_catalog_status
 from reconciler.constants import Exit
+from reconciler.vocabulary import Phase
 
 HEADERS = ["MODEL", "REPLICA", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "MESSAGE"]
-PHASE_STYLE = {"Ready": "green", "Failed": "red", "Unknown": "magenta"}  # the rest (in progress): yellow
+PHASE_STYLE = {Phase.READY: "green", Phase.FAILED: "red", Phase.UNKNOWN: "magenta"}  # the rest (in progress): yellow
 
 
 def _plural(n: int, word: str) -> str:
@@ -48,7 +49,7 @@ def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
     for model in status.models:
         for r in model["replicas"]:
             out.append((model["name"], r, [
-                model["name"], r["id"], str(r.get("phase") or "Unknown"), nodes_text(r), endpoint_text(r),
+                model["name"], r["id"], str(r.get("phase") or Phase.UNKNOWN), nodes_text(r), endpoint_text(r),
                 str(r.get("restarts") or 0), message_text(r),
             ]))
     return out
@@ -56,7 +57,7 @@ def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
 
 def summary(status: CatalogStatus) -> str:
     replicas = [r for m in status.models for r in m["replicas"]]
-    ready = sum(1 for r in replicas if r.get("phase") == "Ready")
+    ready = sum(1 for r in replicas if r.get("phase") == Phase.READY)
     return (f"{_plural(len(status.models), 'model')}, {ready} of {_plural(len(replicas), 'replica')} Ready"
             if replicas else f"{_plural(len(status.models), 'model')}, no replicas")
 

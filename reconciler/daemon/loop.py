@@ -239,7 +239,7 @@ class Daemon:
 
     def _write_status(self) -> None:
         try:
-            status_files.write_document(status_files.status_dir(self.root) / "catalog.yaml", self.status_document())
+            status_files.write_catalog_status(self.root, self.revisions.catalog_status())
             self.metrics.catalog_valid.set(0.0 if self.state.errors else 1.0)
             if self.options.commit_status and self.git is not None:
                 commit = self.git.commit_status(self.state.applied, self.state.attempted, push=self.options.push)

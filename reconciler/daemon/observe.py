@@ -8,6 +8,7 @@ from reconciler.daemon.events import EventLog
 from reconciler.metrics import FleetFigures, Metrics, count_by
 from reconciler.model import OBSERVED_STATES, PHASES, Catalog, ObservedNode
 from reconciler.outcomes import PassResult
+from reconciler.vocabulary import NodeState, Phase
 
 
 def observe_pass(metrics: Metrics, result: PassResult, catalog: Catalog) -> None:
@@ -23,11 +24,11 @@ def observe_pass(metrics: Metrics, result: PassResult, catalog: Catalog) -> None
         # An autoscaled model's desired count is the one in force (status/), not the catalog's min.
         desired={m.name: (result.autoscale[m.name].current if m.name in result.autoscale else m.replicas)
                  for m in catalog.models},
-        ready={m.name: sum(1 for s in states if s.model == m.name and s.phase == "Ready") for m in catalog.models},
+        ready={m.name: sum(1 for s in states if s.model == m.name and s.phase == Phase.READY) for m in catalog.models},
         unplaced={m.name: unplaced.count(m.name) for m in catalog.models},
         restarts={m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models},
         node_states=count_by((n.state for n in nodes), OBSERVED_STATES) if nodes else {},
-        node_up={n.id: n.state != "unreachable" for n in nodes},
+        node_up={n.id: n.state != NodeState.UNREACHABLE for n in nodes},
         probe_seconds=result.probe_seconds,
         autoscale_current={name: st.current for name, st in result.autoscale.items()},
         autoscale_wanted={name: st.wanted for name, st in result.autoscale.items()},
@@ -38,7 +39,7 @@ def node_events(log: EventLog, nodes: Iterable[ObservedNode], was_unreachable: s
     """One log line when a node stops answering and one when it answers again, not one per pass.
     Returns the nodes unreachable now (the next call's `was_unreachable`)."""
     nodes = tuple(nodes)
-    down = {n.id: n.reason for n in nodes if n.state == "unreachable"}
+    down = {n.id: n.reason for n in nodes if n.state == NodeState.UNREACHABLE}
     seen = {n.id for n in nodes}  # a node gone from the fleet is not one that answers again
     for node, reason in sorted(down.items()):
         if node not in was_unreachable:

@@ -18,6 +18,7 @@ from reconciler.daemon.events import EventLog
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.gitrev import GitCatalog, GitError, PullOutcome
 from reconciler.model import Catalog
+from reconciler.status import CatalogStatus, Upstream, catalog_document
 
 DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"
 
@@ -143,29 +144,23 @@ class Revisions:
 
     # ------------------------------------------------------------ status/catalog.yaml
 
-    def status_document(self) -> dict:
+    def catalog_status(self) -> CatalogStatus:
         st = self.state
-        doc: dict[str, Any] = {
-            "last_attempted_revision": st.attempted,
-            "last_applied_revision": st.applied,
-            "message": self.message(),
-            "errors": [
-                {"file": p.file, "line": p.line, "column": p.column, "message": p.message} for p in st.errors
-            ],
-        }
-        if self.git is not None:
+        upstream = None
+        if self.git is not None and self.git_pull and st.pull is not None:
+            upstream = Upstream(st.pull.upstream, "up-to-date" if st.pull.state == "fast-forwarded" else st.pull.state,
+                                st.pull.message if st.pull.problem else "")
+        return CatalogStatus(
+            st.attempted, st.applied, self.message(), tuple(st.errors),
             # Never HEAD's own id here: a status commit moves HEAD, and status naming it would
             # change with every status commit, which would then need another status commit.
-            doc["branch"] = st.branch
-            doc["uncommitted_changes"] = list(st.uncommitted)
-            if self.git_pull and st.pull is not None:
-                doc["upstream"] = {
-                    "ref": st.pull.upstream,
-                    "state": "up-to-date" if st.pull.state == "fast-forwarded" else st.pull.state,
-                    "message": st.pull.message if st.pull.problem else "",
-                }
-        doc["warnings"] = self.warnings()
-        return doc
+            branch=st.branch if self.git is not None else None,
+            uncommitted=tuple(st.uncommitted) if self.git is not None else None,
+            upstream=upstream, warnings=tuple(self.warnings()),
+        )
+
+    def status_document(self) -> dict:
+        return catalog_document(self.catalog_status())
 
     def warnings(self) -> list[str]:
         st = self.state

@@ -38,6 +38,7 @@ from reconciler.errors import TransportError
 from reconciler.model import Fleet, Inventory, Model
 from reconciler.render import substitute
 from reconciler.transport import Transport
+from reconciler.vocabulary import NodeState
 
 # Under the 4 MiB the SSH transport reads of one command's output (ssh.MAX_OUTPUT_BYTES): a chunk is one read.
 CHUNK_BYTES = 3 << 20
@@ -95,7 +96,7 @@ def choose_source(model: Model, target: str, fleet: Fleet, inventory: Inventory)
     holders = []
     for spec in fleet.nodes:
         obs = inventory.node(spec.id)
-        if spec.id == target or obs is None or obs.state == "unreachable":
+        if spec.id == target or obs is None or obs.state == NodeState.UNREACHABLE:
             continue
         if obs.weights is not None and model.source in obs.weights:
             holders.append((not (fabrics(spec.id) & mine), spec.id))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from reconciler.model import RankLaunch
+from reconciler.vocabulary import FailureKind
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class StartOutcome:
     uncertain: bool = False
     revision: str | None = None  # an adopted rank: the revision its record says it was started from
     # Not ok: whether retrying can help (errors.TEMPORARY: a timeout, a taken port) or not until the
-    # catalog or the node changes (errors.PERMANENT: the engine's binary is not there). "" reads as temporary.
-    failure: str = ""
+    # catalog or the node changes (errors.PERMANENT: the engine's binary is not there). None reads as temporary.
+    failure: FailureKind | None = None
 
 
 @dataclass(frozen=True)

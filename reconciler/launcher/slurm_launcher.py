@@ -51,6 +51,7 @@ from reconciler.slurm import (
     squeue_argv,
 )
 from reconciler.transport import LocalTransport, Transport
+from reconciler.vocabulary import NodeState
 
 POLL_S = 0.1
 
@@ -350,7 +351,7 @@ class SlurmInventory:
 
 def fold_unreachable(inventory: Inventory, node_ids: set[str], why: str) -> Inventory:
     return Inventory(tuple(
-        replace(n, state="unreachable", reason=why) if n.id in node_ids and n.state != "unreachable" else n
+        replace(n, state=NodeState.UNREACHABLE, reason=why) if n.id in node_ids and n.state != NodeState.UNREACHABLE else n
         for n in inventory.nodes
     ))
 
@@ -377,7 +378,7 @@ def fold(fleet: Fleet, owner: str, inventory: Inventory, queue: Sequence[QueuedJ
         node = replace(node, replicas=tuple(ranks_by_node.get(node.id, ())))
         snode = nodes.get(spec.slurm_node_name)
         if snode is None:
-            out.append(replace(node, state="unreachable", reason=f"Slurm has no node {spec.slurm_node_name}"))
+            out.append(replace(node, state=NodeState.UNREACHABLE, reason=f"Slurm has no node {spec.slurm_node_name}"))
             continue
         node = replace(node, gpus=_gpus_held(node, snode, foreign.get(spec.slurm_node_name, {})))
         out.append(_with_slurm_state(node, spec.slurm_node_name, snode))
@@ -437,13 +438,13 @@ def _gpus_held(node, snode: SlurmNode, held: Mapping[int, str]) -> tuple:
 def _with_slurm_state(node, slurm_name: str, snode: SlurmNode):
     """DOWN/NOT_RESPONDING: unreachable; DRAIN: cordoned (a node the probe could not reach stays so)."""
     said = f": {snode.reason}" if snode.reason else ""
-    if node.state == "unreachable":
+    if node.state == NodeState.UNREACHABLE:
         return node
     if snode.unreachable:
         flags = "+".join(sorted(snode.flags))
-        return replace(node, state="unreachable", reason=f"Slurm reports {slurm_name} {flags}{said}")
-    if snode.cordoned and node.state == "ready":
-        return replace(node, state="cordoned", reason=f"Slurm drains {slurm_name}{said}")
+        return replace(node, state=NodeState.UNREACHABLE, reason=f"Slurm reports {slurm_name} {flags}{said}")
+    if snode.cordoned and node.state == NodeState.READY:
+        return replace(node, state=NodeState.CORDONED, reason=f"Slurm drains {slurm_name}{said}")
     return node
 
 

@@ -148,7 +148,7 @@ class SshLauncher:
             port_in_use=answer.get("port_in_use"),
             revision=answer.get("revision") if isinstance(answer.get("revision"), str) else None,
             # The agent says which of its refusals no retry can mend (a binary not on the node).
-            failure=answer.get("failure") if answer.get("failure") in (TEMPORARY, PERMANENT) else "",
+            failure=answer.get("failure") if answer.get("failure") in (TEMPORARY, PERMANENT) else None,
         )
 
     def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:

@@ -12,6 +12,7 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from reconciler.model import ObservedNode
+from reconciler.vocabulary import NodeState
 
 MAX_PORT = 65535
 
@@ -26,11 +27,11 @@ def _state(spec, obs: ObservedNode | None) -> tuple[str, str]:
     unreachable whatever it says, and a scheduler's drain (Slurm DRAIN) is a fact of the node: it
     takes nothing new."""
     if obs is None:
-        return "unreachable", "missing from the inventory snapshot"
-    if obs.state in ("unreachable", "unusable"):
+        return NodeState.UNREACHABLE, "missing from the inventory snapshot"
+    if obs.state in (NodeState.UNREACHABLE, NodeState.UNUSABLE):
         return obs.state, obs.reason
-    if obs.state == "cordoned" and spec.state == "ready":
-        return "cordoned", obs.reason
+    if obs.state == NodeState.CORDONED and spec.state == NodeState.READY:
+        return NodeState.CORDONED, obs.reason
     return spec.state, ""
 
 

@@ -12,10 +12,11 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
+from reconciler.vocabulary import NodeState
 from reconciler.model import Model, Profile, Reason, RejectKind
 from reconciler.placement.capacity import NodeCapacity
 
-SCHEDULABLE = "ready"
+SCHEDULABLE = NodeState.READY
 # Reasons without figures, one value each.
 REPLACED_COPY = Reason(RejectKind.REPLACED_COPY)
 INCOMPLETE = Reason(RejectKind.INCOMPLETE)

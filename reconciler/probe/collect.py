@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import queue
 import threading
@@ -30,6 +31,7 @@ from reconciler.model import (
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
 from reconciler.probe.script import BOOTSTRAP, payload
 from reconciler.transport import KeepsStreams, Transport, TransportPool
+from reconciler.vocabulary import NodeState
 
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
 PYTHON = "python3"
@@ -110,7 +112,7 @@ def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None, owner: s
 
 def unreachable(spec: NodeSpec, reason: str, failure: str = TEMPORARY) -> ObservedNode:
     """A node that did not answer, or whose answer cannot be read; `failure` says whether waiting can help."""
-    return ObservedNode(id=spec.id, state="unreachable", reason=reason, labels=spec.labels, failure=failure)
+    return ObservedNode(id=spec.id, state=NodeState.UNREACHABLE, reason=reason, labels=spec.labels, failure=failure)
 
 
 def _no_python(rc: int, stderr: str) -> bool:
@@ -120,7 +122,7 @@ def _no_python(rc: int, stderr: str) -> bool:
 
 def unusable(spec: NodeSpec, reason: str) -> ObservedNode:
     """A node that answered with something the reconciler cannot place on (GPUs unknown, a report it cannot read)."""
-    return ObservedNode(id=spec.id, state="unusable", reason=reason, labels=spec.labels, failure=PERMANENT)
+    return ObservedNode(id=spec.id, state=NodeState.UNUSABLE, reason=reason, labels=spec.labels, failure=PERMANENT)
 
 
 def command_timeout(spec: NodeSpec) -> float:
@@ -198,6 +200,12 @@ def warm_result(spec: NodeSpec, answer: Callable[[], bytes], timeout: float, sta
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
     except OutputTooLarge as exc:
         return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
+    except concurrent.futures.CancelledError:
+        # The request was dropped with its connection (a node cut off the network, the pool closing
+        # it): an expected fault, said in words, never a traceback.
+        elapsed = clock() - started
+        why = f"no answer within {timeout:g} s" if elapsed >= timeout else "the connection closed before the node answered"
+        return NodeProbe(unreachable(spec, why), (), True, elapsed)
     except (TransportError, ValueError):
         # StreamClosed, garbage, or a connection that died since the last pass: the one-shot
         # probe reconnects (or, within the backoff, repeats why it cannot) and diagnoses.
@@ -422,7 +430,7 @@ class FleetProber:
             was = self._down.get(node_id)
             if r is not None and r.node.failure:
                 self._last_failure[node_id] = r.node.failure
-            if r is not None and r.node.state in ("unreachable", "unusable"):
+            if r is not None and r.node.state in (NodeState.UNREACHABLE, NodeState.UNUSABLE):
                 if was is None:
                     self._down[node_id] = (self._wall(), r.node.reason)
                     gone = True
@@ -436,7 +444,7 @@ class FleetProber:
         if log is None:
             return
         if gone:
-            log("node.unreachable" if r.node.state == "unreachable" else "node.unusable", node=node_id, reason=r.node.reason)
+            log("node.unreachable" if r.node.state == NodeState.UNREACHABLE else "node.unusable", node=node_id, reason=r.node.reason)
         elif back is not None:
             log("node.back", node=node_id, down_s=round(self._wall() - back[0], 1), msg="answers again")
 
@@ -681,7 +689,7 @@ def _gpu_verdict(spec: NodeSpec, report: Mapping) -> tuple[str, str, str]:
     # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
     # there stays (its records were read), nothing new goes there.
     said = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(gpu_error)[:300])
-    return ("unusable" if spec.state == "ready" else spec.state), f"GPUs unknown: {said}", PERMANENT
+    return (NodeState.UNUSABLE if spec.state == NodeState.READY else spec.state), f"GPUs unknown: {said}", PERMANENT
 
 
 def _llama_cpp(reported) -> LlamaCppBinaries | None:

@@ -1,0 +1,41 @@
+"""Two faults users met that are expected, not bugs: said in words, with the permissions people need."""
+
+import concurrent.futures
+import os
+import stat
+
+from reconciler.model import NodeSpec
+from reconciler.probe.collect import warm_result
+from reconciler.status import write_if_changed
+from reconciler.vocabulary import NodeState
+
+
+def _cancelled():
+    raise concurrent.futures.CancelledError()
+
+
+def test_a_probe_request_dropped_with_its_connection_is_a_reason_not_a_traceback():
+    spec = NodeSpec("n1", "10.0.0.1", "10.0.0.1")
+    probe = warm_result(spec, _cancelled, 10.0, 0.0, lambda: 10.5, None)
+    assert probe is not None
+    assert probe.node.state == NodeState.UNREACHABLE
+    assert probe.node.reason == "no answer within 10 s"
+    assert "CancelledError" not in probe.node.reason
+
+
+def test_a_request_dropped_before_its_deadline_says_the_connection_closed():
+    spec = NodeSpec("n1", "10.0.0.1", "10.0.0.1")
+    probe = warm_result(spec, _cancelled, 10.0, 0.0, lambda: 1.0, None)
+    assert probe.node.reason == "the connection closed before the node answered"
+
+
+def test_status_files_get_the_mode_of_a_normal_file(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "status" / "endpoints.yaml"
+        assert write_if_changed(path, "models: {}\n")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        assert write_if_changed(path, "models: {a: []}\n")  # rewritten atomically: the mode stays
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
