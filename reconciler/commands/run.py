@@ -145,7 +145,7 @@ class ApplyPass:
             catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
         self._history = result.memory
-        self._ready = result.replicas
+        self._ready = getattr(result, "replicas", None) or {}
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, result.inventory, self._clock())
