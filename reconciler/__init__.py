@@ -14,27 +14,50 @@ check and the daemon cannot disagree.
 The modules, top layer first; a module imports only from the layers below it
 (.importlinter holds every contract, and CI checks it):
 
-    cli, commands/      argument parsing and wiring; one module per command
-    daemon/             the loop and signals (loop), the revision in force (revisions), the
-                        watcher (watch), the lock (lock), the log (events), metrics (observe)
+    cli                 argument parsing; __main__ runs it
+    commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
+                        run, engine_check); plan_words and plan_markdown put a plan in words and in a
+                        pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
+    daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
+                        (watch), the lock (lock), the log (events), metrics from a pass (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor               the pass's effects: start, stop, replace, restart, through a Launcher, at once
     observed,           how a replica of an earlier pass is doing; the order actions need when they
-    scheduling,         run at once, and the buffers their effects go to; the autoscale step (each
-    scaling             Ready replica's load read once, through engine_metrics, then autoscale.decide)
-    readiness, memory,  pure phase judgement + the health request; what a pass hands the
-    outcomes            next; the typed results (Decision, ReplicaState, PassResult)
-    catalog/, probe/,   read and validate YAML; probe nodes; write status; launch ranks
-    status, launcher/,  (SSH node agent); ssh/ (asyncssh, one event loop); git; metrics
-    ssh, gitrev, metrics
+    scheduling,         run at once, and the buffers their effects go to; the pass's autoscale step
+    scaling             (each Ready replica's load read once, through engine_metrics; autoscale decides)
+    engine_metrics      requests running and waiting, from an engine's own /metrics (draining, autoscaling)
+    readiness, memory   pure phase judgement + the health request; what a pass hands the next
+                        (backoff of failed starts, grace periods), kept between one-shot applies
+    catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
+                        frozen Catalog (build), the directory as a whole (load)
+    probe/              the node-side probe program (script), its pure parsers (parse), asking the
+                        fleet and turning reports into an Inventory (collect)
+    status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
+                        YAML, atomic, only on change
+    launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
+                        (node_agent, stdlib only, runs on the node) over any transport (ssh_launcher),
+                        or Slurm jobs (slurm_launcher)
+    fetch/              copying weights to a node that lacks them (agent runs on the node)
+    ssh/                asyncssh in one event loop (loop): connecting (connect), a node's transport
+                        (node), long-lived commands (remote), host keys (trust), OpenSSH config (config)
+    gitrev, metrics,    git revisions of the catalog; the daemon's Prometheus metrics; the catalog's
+    owner               owner id (stable across clones), which every record on a node carries
+    outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
     plan                desired x observed -> ordered actions (pure)
-    placement/, render  where replicas go (pure, every rejection kept); the exact argv of each rank
-    engines/            one adapter per engine (pure)
+    rollout             how a spec change rolls out: surge or in place, one at a time (pure)
+    placement/, render  where replicas go (pure, every rejection kept): the Placer (placer) over the
+                        explanations (summary, unfittable, rejections), the filters (rules) and the
+                        free capacity (capacity); render: the exact argv of each rank
+    engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
+                        their option tables (flags, parsers/*.json)
     inventory,          the snapshot document <-> Inventory; transports (argv in, bytes out);
-    transport, snapshot snapshot arithmetic (pure); autoscale: the count the load wants inside
-    autoscale           the range git holds, and its status block (pure)
-    model, errors       frozen values; the exception tree
-    host                one value for an address, parsed once
+    transport,          snapshot arithmetic (pure); Slurm's text outputs parsed (pure); the count the
+    snapshot, slurm,    load wants inside the range git holds, and its status block (pure)
+    autoscale
+    model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
+    schemas, constants
+    host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with
+    tiny_server         the stand-in model server of the single-machine example (no reconciler imports)
 
 Decisions (placement, plan, render, engines, readiness' judgements) do no I/O;
 effects sit at the edges and come in through injected seams (transports, a

@@ -238,24 +238,8 @@ def parse_squeue(stdout: str) -> list[QueuedJob]:
 
 
 # --------------------------------------------------------------------------
-# scontrol -o
+# Host lists
 # --------------------------------------------------------------------------
-
-_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_/:]*)=")
-
-
-def parse_pairs(line: str) -> list[tuple[str, str]]:
-    """One `scontrol -o` line as (key, value) pairs in order; values may hold spaces (Reason, OS).
-
-    Keys repeat in `show job -d` (one `Nodes= CPU_IDs= Mem= GRES=` group per node set),
-    hence a list, not a dict.
-    """
-    marks = list(_KEY.finditer(line))
-    pairs = []
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
-        pairs.append((m.group(1), line[m.end():end].strip()))
-    return pairs
 
 
 def expand_hostlist(text: str) -> list[str]:

@@ -8,7 +8,8 @@ import time
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
-from reconciler.commands.plan import planned, scaled_catalog, where_text
+from reconciler.commands.plan import planned, scaled_catalog
+from reconciler.commands.plan_words import where_text
 from reconciler.constants import Exit
 from reconciler.errors import UsageError
 from reconciler.model import Action

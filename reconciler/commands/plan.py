@@ -15,6 +15,7 @@ from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.autoscale import with_counts
+from reconciler.commands.plan_words import same_rejections, span, where_text
 from reconciler.status import counts_in_force, observed_revisions, predicted_pass, rejection_document, write_pass
 from reconciler.vocabulary import ActionKind
 
@@ -61,35 +62,6 @@ def plan_document(pl: Plan, show_all: bool = False) -> dict:
         "unplaced": unplaced,
         "waiting": [{"replica": w.replica, "model": w.model, "reason": w.reason} for w in pl.waiting],
     }
-
-
-def _gpus(gpus) -> str:
-    g = list(gpus)
-    if not g:
-        return ""
-    if len(g) > 2 and g == list(range(g[0], g[-1] + 1)):
-        return f"[{g[0]}-{g[-1]}]"
-    return "[" + ",".join(map(str, g)) + "]"
-
-
-def where_text(p: Placement | None) -> str:
-    """Nodes, GPUs and ports in one short line: `a1[0-7]:8000 a2[0-7]:8000`."""
-    if p is None:
-        return "-"
-    return " ".join(f"{a.node}{_gpus(a.gpus)}:{a.port}" for a in p.nodes)
-
-
-def span(replicas: list[str]) -> str:
-    return replicas[0] if len(replicas) == 1 else f"{replicas[0]} .. {replicas[-1]}"
-
-
-def same_rejections(pl: Plan) -> dict[str, list[str]]:
-    """Per unplaced replica that carries rejections, the other unplaced replicas that failed the same way."""
-    same: dict[str, list[str]] = {}
-    for o in pl.unplaced:
-        if o.rejections_same_as:
-            same.setdefault(o.rejections_same_as, []).append(o.replica)
-    return same
 
 
 def scale_lines(catalog, states) -> list[tuple[str, str, str]]:
@@ -178,7 +150,7 @@ def main(args) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(plan_document(pl, args.all), separators=(",", ":")) + "\n")
     elif args.format == "markdown":
-        from reconciler.commands.plan_markdown import render_markdown  # it imports this module
+        from reconciler.commands.plan_markdown import render_markdown  # only when asked for: plan starts fast
 
         sys.stdout.write(render_markdown(pl, args.all, scaling=scale_lines(catalog, scaling)))
     else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from reconciler.commands.plan import same_rejections, span, where_text
+from reconciler.commands.plan_words import same_rejections, span, where_text
 from reconciler.plan import Plan
 
 MARKER = "<!-- llm-reconciler plan -->"

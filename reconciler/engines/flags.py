@@ -128,11 +128,23 @@ def table_for(engine: str) -> OptionTable | None:
     )
 
 
+# llama-server options the reconciler reasons about (aliases as in common/arg.cpp).
+LLAMA_SERVER_OPTIONS = (
+    ("-m", "--model"),
+    ("-mu", "--model-url"),
+    ("-hf", "-hfr", "--hf-repo"),
+    ("-dr", "--docker-repo"),
+    ("--host",),
+    ("--port",),
+    ("--rpc",),
+    ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+    ("-t", "--threads"),
+)
+
+
 def _llama_table() -> OptionTable:
     # llama.cpp's common/arg.cpp: exact names, `--x_y` read as `--x-y`, no `=value`. Only the
     # options the reconciler reasons about are listed; any other token resolves to None (no clash).
-    from reconciler.engines.llamacpp import LLAMA_SERVER_OPTIONS
-
     return OptionTable(LLAMA_SERVER_OPTIONS, allow_abbrev=False, underscores_as_dashes=True,
                        exact_only=True, equals_value=False)
 

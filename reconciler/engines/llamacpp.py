@@ -28,18 +28,6 @@ from reconciler.engines.base import RankContext
 from reconciler.engines.flags import option_uses
 from reconciler.model import Inventory, NodeSpec, Profile
 
-# llama-server options the reconciler reasons about (aliases as in common/arg.cpp).
-LLAMA_SERVER_OPTIONS = (
-    ("-m", "--model"),
-    ("-mu", "--model-url"),
-    ("-hf", "-hfr", "--hf-repo"),
-    ("-dr", "--docker-repo"),
-    ("--host",),
-    ("--port",),
-    ("--rpc",),
-    ("-ngl", "--gpu-layers", "--n-gpu-layers"),
-    ("-t", "--threads"),
-)
 NGL = "--gpu-layers"
 # Offload every layer: llama.cpp clamps to the model's layer count.
 ALL_LAYERS = "99"

@@ -1,97 +1,14 @@
 """How ranks get onto nodes: one small interface, so nothing above it cares who launched them.
 
-The SSH launcher (`SshLauncher`) is the first implementation: it sends the
-node agent (`node_agent.py`, stdlib-only) over any Transport, so it works for
-`transport: local` nodes and SSH nodes alike. A Slurm launcher, where `srun`
-places the ranks, can implement the same protocol later; placement, rendering
-and status only ever see `RankLaunch` in and the outcomes below out.
+Two implementations: the SSH launcher (`SshLauncher`) sends the node agent
+(`node_agent.py`, stdlib-only) over any Transport, so it works for `transport: local`
+nodes and SSH nodes alike; the Slurm launcher (`slurm_launcher.SlurmLauncher`) submits
+one job per replica through sbatch and finds it again with squeue (SPEC section 8).
+`slurm_launcher.fleet_launcher` picks per node. Placement, rendering and status only
+ever see `RankLaunch` in and the outcomes below out.
 """
 
-from __future__ import annotations
+from reconciler.launcher.base import StartOutcome, StopOutcome, RankState, LogChunk, Launcher
+from reconciler.launcher.ssh_launcher import SshLauncher
 
-from dataclasses import dataclass
-from typing import Protocol
-
-from reconciler.model import RankLaunch
-from reconciler.vocabulary import FailureKind
-
-
-@dataclass(frozen=True)
-class StartOutcome:
-    node: str
-    replica: str
-    rank: int
-    ok: bool
-    reason: str = ""  # why it failed: names the port and holder, the missing binary, the unreachable node
-    pid: int | None = None
-    log: str | None = None
-    already_running: bool = False  # found running with the same spec: adopted, not launched again
-    port_in_use: int | None = None  # the port that was taken, so the next pass avoids it
-    slurm_job: str = ""  # launcher: slurm: the job the replica runs in
-    # The node stopped answering mid-request: the rank may be running (its record says so) or not.
-    uncertain: bool = False
-    revision: str | None = None  # an adopted rank: the revision its record says it was started from
-    # Not ok: whether retrying can help (errors.TEMPORARY: a timeout, a taken port) or not until the
-    # catalog or the node changes (errors.PERMANENT: the engine's binary is not there). None reads as temporary.
-    failure: FailureKind | None = None
-
-
-@dataclass(frozen=True)
-class StopOutcome:
-    node: str
-    replica: str
-    ok: bool
-    detail: str = ""
-    # The node did not answer the request (a TransportError: no connection, or no answer by the deadline):
-    # the pass reports it unreachable, as a probe would have, so what follows does not wait on it again.
-    unanswered: bool = False
-
-
-@dataclass(frozen=True)
-class RankState:
-    """A managed rank as its node reports it now."""
-
-    node: str
-    replica: str
-    rank: int
-    alive: bool
-    spec_hash: str = ""
-    port: int = 0
-    pid: int | None = None
-    started_at: float | None = None  # wall clock of the node at launch
-    log_tail: tuple[str, ...] = ()
-    model: str = ""
-    profile: str = ""
-    nnodes: int = 1
-    gpus: tuple[int, ...] = ()
-    slurm_job: str = ""
-    waiting: str = ""  # queued, not started yet: the scheduler's reason
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """Part of a rank's log as its node has it. `offset`: where the next read starts."""
-
-    exists: bool  # False: the rank was never started on that node (no log file)
-    lines: tuple[str, ...] = ()
-    offset: int = 0
-    path: str = ""
-
-
-class Launcher(Protocol):
-    def start(self, launch: RankLaunch) -> StartOutcome:
-        """Start one rank, or find it already running with the same spec. Never raises for a node's failure."""
-
-    def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
-        """Stop one rank (or every rank of the replica on that node) and confirm it is gone.
-
-        Stopping what is already gone succeeds. keep_record: end the processes but leave the rank
-        known, as a dead one (a start that timed out reads as a crash, restarted with backoff)."""
-
-    def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
-        """The managed ranks on a node, with liveness; raises TransportError when the node cannot answer."""
-
-
-from reconciler.launcher.ssh_launcher import SshLauncher  # noqa: E402  (re-export)
-
-__all__ = ["Launcher", "LogChunk", "RankState", "SshLauncher", "StartOutcome", "StopOutcome"]
+__all__ = ["StartOutcome", "StopOutcome", "RankState", "LogChunk", "Launcher", "SshLauncher"]

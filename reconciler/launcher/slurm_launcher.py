@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from reconciler.errors import PERMANENT, CommandTimeout, TransportError
-from reconciler.launcher import RankState, StartOutcome, StopOutcome
+from reconciler.launcher.base import RankState, StartOutcome, StopOutcome
 from reconciler.model import Fleet, Inventory, RankLaunch, RunningRank
 from reconciler.owner import catalog_owner
 from reconciler.slurm import (

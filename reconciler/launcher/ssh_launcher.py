@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Mapping
 
 from reconciler.errors import PERMANENT, TEMPORARY, TransportError, kind_of
-from reconciler.launcher import LogChunk, RankState, StartOutcome, StopOutcome
+from reconciler.launcher.base import LogChunk, RankState, StartOutcome, StopOutcome
 from reconciler.model import RankLaunch, SshSettings
 from reconciler.transport import Transport
 
