@@ -48,6 +48,10 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
         from reconciler.metrics import parse_address
 
         parse_address(options.metrics_address)
+    if getattr(args, "dashboard_address", None):
+        from reconciler.dashboard.server import parse_address as parse_dashboard_address
+
+        parse_dashboard_address(args.dashboard_address, "--dashboard-address")
     return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
 
 
@@ -171,4 +175,17 @@ def raise_open_files_limit(log) -> tuple[int, int] | None:
 def main(args) -> int:
     daemon = daemon_from_args(args)
     raise_open_files_limit(daemon.log)
-    return daemon.serve()
+    if not getattr(args, "dashboard_address", None):
+        return daemon.serve()
+    # The dashboard reads only the status files the loop writes: a thread beside the loop that
+    # shares nothing with it, started before the first pass and stopped after the last.
+    from reconciler.dashboard.server import DashboardServer
+
+    dashboard = DashboardServer(daemon.root, args.dashboard_address, "--dashboard-address")
+    dashboard.start()
+    host, port = dashboard.address
+    daemon.log("dashboard.serving", address=f"{host}:{port}", msg=f"the dashboard at {dashboard.url} (read-only)")
+    try:
+        return daemon.serve()
+    finally:
+        dashboard.stop()

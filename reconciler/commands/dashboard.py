@@ -1,0 +1,23 @@
+"""`reconciler dashboard [CATALOG] [--address 127.0.0.1:8765]`: status/ as web pages; no SSH, no writes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from reconciler.constants import Exit
+from reconciler.errors import ReconcilerError
+
+
+def main(args) -> int:
+    if not Path(args.catalog).is_dir():
+        raise ReconcilerError(f"{args.catalog}: no such catalog directory")
+    from reconciler.dashboard.server import DashboardServer
+
+    server = DashboardServer(args.catalog, args.address)
+    host, _ = server.address
+    where = "" if host in ("127.0.0.1", "::1", "localhost") else " (not loopback: anyone who reaches it sees the fleet)"
+    print(f"dashboard of {Path(args.catalog).resolve()} at {server.url}{where}; read-only; Ctrl-C stops it",
+          file=sys.stderr, flush=True)
+    server.serve()
+    return Exit.OK
