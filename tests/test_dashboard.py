@@ -280,3 +280,22 @@ def test_the_server_thread_serves_and_stops(tree):
             pytest.fail("the dashboard never answered")
     finally:
         server.stop()
+
+
+def test_unplaced_and_model_with_phase_filters_and_pages(client, tree):
+    unplaced = client.get("/models?unplaced=1").text
+    assert 'data-model="deepseek-v3"' in unplaced and 'data-model="embedder"' not in unplaced
+    docs = [yaml.safe_load(p.read_text()) for p in sorted((tree / "status" / "models").glob("*.yaml"))]
+    ready_nodes = sorted({n["node"] for d in docs if d["name"] == "llama-3-70b" for r in d["replicas"]
+                          if r["phase"] == "Ready" for n in r["nodes"]})
+    pending_nodes = sorted({n["node"] for d in docs if d["name"] == "llama-3-70b" for r in d["replicas"]
+                            if r["phase"] == "Pending" for n in r["nodes"]})
+    assert ready_nodes and pending_nodes and ready_nodes != pending_nodes
+    html = client.get("/fleet?model=llama-3-70b&phase=Ready").text
+    assert sorted(s.split('"')[0] for s in html.split('data-node="')[1:]) == ready_nodes
+    first = client.get("/models?per=2").text
+    assert first.count('class="model"') == 2 and "page 1 of 3" in first and "page=2" in first
+    last = client.get("/models?per=2&page=3").text
+    assert last.count('class="model"') == 1 and "page 3 of 3" in last
+    fleet = client.get("/fleet?per=4&page=2").text
+    assert fleet.count('class="node"') == 4 and "Nodes 5–8 of 10" in fleet

@@ -17,6 +17,7 @@ from reconciler.vocabulary import GpuHealth, NodeState, Phase
 
 CORDONED_REASON = "cordoned in fleet.yaml"  # SPEC section 9: how a fleet.yaml `cordon_gpus` entry is reported
 PAGE_SIZE = 100  # nodes per fleet page; ?per= up to MAX_PAGE_SIZE
+MODELS_PAGE_SIZE = 25  # models per models page
 MAX_PAGE_SIZE = 1000
 REPLICAS_SHOWN = 10  # replicas per model on the models page before "N more" (choosing the model shows them all)
 NODES_NAMED = 20  # nodes named per rejection reason before "... N more", as the pull-request comment does
@@ -49,8 +50,9 @@ class Filters:
     state: str = ""  # node state
     gpu: str = ""  # a GpuUse: nodes with at least one such GPU
     node: str = ""  # part of a node id
+    unplaced: bool = False  # replicas no node could take
     page: int = 1
-    per: int = PAGE_SIZE
+    per: int | None = None  # rows a page shows; None: the page's own default
 
     @classmethod
     def from_query(cls, params: Mapping[str, str], labels: Iterable[str]) -> "Filters":
@@ -62,13 +64,14 @@ class Filters:
         return cls(
             model=params.get("model", "").strip(), labels=tuple(pairs), phase=params.get("phase", "").strip(),
             state=params.get("state", "").strip(), gpu=params.get("gpu", "").strip(),
-            node=params.get("node", "").strip(), page=_int(params.get("page"), 1, 1, 10**6),
-            per=_int(params.get("per"), PAGE_SIZE, 1, MAX_PAGE_SIZE),
+            node=params.get("node", "").strip(), unplaced=params.get("unplaced", "") not in ("", "0"),
+            page=_int(params.get("page"), 1, 1, 10**6),
+            per=_int(params.get("per"), None, 1, MAX_PAGE_SIZE),
         )
 
     @property
     def active(self) -> bool:
-        return bool(self.model or self.labels or self.phase or self.state or self.gpu or self.node)
+        return bool(self.model or self.labels or self.phase or self.state or self.gpu or self.node or self.unplaced)
 
     def label_text(self) -> list[str]:
         return [f"{k}={v}" for k, v in self.labels]
@@ -78,7 +81,7 @@ class Filters:
         return all(str(labels.get(k, "\0")) == v for k, v in self.labels)
 
 
-def _int(text: str | None, default: int, low: int, high: int) -> int:
+def _int(text: str | None, default: int | None, low: int, high: int) -> int | None:
     try:
         return min(max(int(text), low), high) if text is not None else default
     except ValueError:
@@ -188,7 +191,7 @@ class Index:
     node_labels: dict[str, dict] = field(default_factory=dict)
     replicas_on_node: dict[str, list[str]] = field(default_factory=dict)
     models_on_node: dict[str, set[str]] = field(default_factory=dict)
-    phases_on_node: dict[str, set[str]] = field(default_factory=dict)
+    phases_on_node: dict[str, set[tuple[str, str]]] = field(default_factory=dict)  # node -> {(model, phase)}
     _groups: dict[str, Any] = field(default_factory=dict)  # replica -> its RejectionGroups, once
 
     def groups(self, rep: "Replica") -> "RejectionGroups | None":
@@ -214,7 +217,7 @@ def build_index(snap: StatusSnapshot) -> Index:
             node = str(n.get("node"))
             ix.replicas_on_node.setdefault(node, []).append(rep.id)
             ix.models_on_node.setdefault(node, set()).add(rep.model)
-            ix.phases_on_node.setdefault(node, set()).add(rep.phase)
+            ix.phases_on_node.setdefault(node, set()).add((rep.model, rep.phase))
             for g in n.get("gpus") or []:
                 holders[(node, g)] = (rep.id, _rank(n))
     nodes_doc = snap.nodes.doc if isinstance(snap.nodes.doc, dict) else {}
@@ -388,6 +391,8 @@ class ModelView:
 def replica_matches(rep: Replica, f: Filters, ix: Index) -> bool:
     if f.phase and rep.phase != f.phase:
         return False
+    if f.unplaced and not rep.unplaced:
+        return False
     if f.labels:
         if not any(f.node_matches({"labels": ix.node_labels.get(str(n.get("node")), {})}) for n in rep.nodes):
             return False
@@ -396,18 +401,36 @@ def replica_matches(rep: Replica, f: Filters, ix: Index) -> bool:
     return True
 
 
-def models_view(snap: StatusSnapshot, ix: Index, f: Filters) -> list[ModelView]:
+@dataclass(frozen=True)
+class ModelsPage:
+    models: list[ModelView]
+    matched: int  # models the filters keep
+    total: int
+    page: int
+    pages: int
+    first: int
+
+
+def models_view(snap: StatusSnapshot, ix: Index, f: Filters) -> ModelsPage:
     endpoints = snap.endpoints.doc.get("models") if isinstance(snap.endpoints.doc, dict) else None
     endpoints = endpoints if isinstance(endpoints, dict) else {}
-    out = []
+    replica_filter = bool(f.phase or f.labels or f.node or f.unplaced)
+    kept_models = []
     for m in ix.models:
         if f.model and m["name"] != f.model:
             continue
         reps = [ix.replicas[r["id"]] for r in m.get("replicas") or []
                 if isinstance(r, dict) and r.get("id") in ix.replicas]
-        kept = [r for r in reps if replica_matches(r, f, ix)]
-        if f.active and not kept and not (f.model and not (f.phase or f.labels or f.node)):
+        kept = [r for r in reps if replica_matches(r, f, ix)] if replica_filter else reps
+        if replica_filter and not kept:
             continue
+        kept_models.append((m, reps, kept))
+    per = f.per or MODELS_PAGE_SIZE
+    pages = max(1, -(-len(kept_models) // per))
+    page = min(f.page, pages)
+    start = (page - 1) * per
+    out = []
+    for m, reps, kept in kept_models[start:start + per]:
         phases: dict[str, int] = {}
         for r in reps:
             phases[r.phase] = phases.get(r.phase, 0) + 1
@@ -425,7 +448,7 @@ def models_view(snap: StatusSnapshot, ix: Index, f: Filters) -> list[ModelView]:
             replicas=kept if f.model else kept[:REPLICAS_SHOWN], matched=len(kept), total=len(reps),
             phases=phases, unplaced=unplaced,
         ))
-    return out
+    return ModelsPage(out, len(kept_models), len(ix.models), page, pages, start + 1)
 
 
 # ---------------------------------------------------------------- fleet
@@ -445,22 +468,26 @@ def fleet_view(ix: Index, f: Filters) -> FleetPage:
     rows = ix.nodes
     if f.active:
         rows = [n for n in rows if _node_kept(n, f, ix)]
-    pages = max(1, -(-len(rows) // f.per))
+    per = f.per or PAGE_SIZE
+    pages = max(1, -(-len(rows) // per))
     page = min(f.page, pages)
-    start = (page - 1) * f.per
-    return FleetPage(rows[start:start + f.per], len(rows), len(ix.nodes), page, pages, start + 1)
+    start = (page - 1) * per
+    return FleetPage(rows[start:start + per], len(rows), len(ix.nodes), page, pages, start + 1)
 
 
 def _node_kept(n: NodeRow, f: Filters, ix: Index) -> bool:
     if f.node and f.node not in n.id:
         return False
+    if f.unplaced:
+        return False  # an unplaced replica is on no node
     if f.state and n.state != f.state:
         return False
     if f.labels and not f.node_matches({"labels": n.labels}):
         return False
     if f.model and f.model not in ix.models_on_node.get(n.id, ()):
         return False
-    if f.phase and f.phase not in ix.phases_on_node.get(n.id, ()):
+    if f.phase and not any(phase == f.phase and (not f.model or model == f.model)
+                           for model, phase in ix.phases_on_node.get(n.id, ())):
         return False
     if f.gpu and not any(c.use == f.gpu for c in n.gpus):
         return False
