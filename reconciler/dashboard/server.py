@@ -12,7 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
-from reconciler.dashboard.app import create_app, prepared
+from reconciler.dashboard.app import create_app
 from reconciler.errors import ReconcilerError, UsageError
 
 DEFAULT_ADDRESS = "127.0.0.1:8765"  # loopback unless told otherwise: the pages say everything about the fleet
@@ -50,7 +50,7 @@ class DashboardServer:
     def __init__(self, catalog: str | Path, address: str = DEFAULT_ADDRESS, flag: str = "--address"):
         self.catalog = Path(catalog)
         self._socket = bind(address, flag)
-        self.app = create_app(self.catalog)
+        self.app = create_app(self.catalog, live=True)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
                                 server_header=False, date_header=False, h11_max_incomplete_event_size=H11_MAX_EVENT_BYTES,
                                 timeout_graceful_shutdown=2)
@@ -63,7 +63,7 @@ class DashboardServer:
         """Reads status/ ahead of the pages: a pass's new files are parsed here, not in a request."""
         while not self._stopped.is_set():
             try:
-                prepared(self.app.files)
+                self.app.reader.refresh()
             except Exception:  # noqa: BLE001 - a page view reads again and says what is wrong
                 pass
             self._stopped.wait(REFRESH_S)
