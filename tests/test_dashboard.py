@@ -299,3 +299,13 @@ def test_unplaced_and_model_with_phase_filters_and_pages(client, tree):
     assert last.count('class="model"') == 1 and "page 3 of 3" in last
     fleet = client.get("/fleet?per=4&page=2").text
     assert fleet.count('class="node"') == 4 and "Nodes 5–8 of 10" in fleet
+
+
+def test_on_loopback_it_answers_only_to_loopback_names(tree):
+    from reconciler.dashboard.app import loopback_hosts
+
+    client = TestClient(create_app(tree, hosts=loopback_hosts(8765)), base_url="http://127.0.0.1:8765")
+    assert client.get("/").status_code == 200
+    assert client.get("/", headers={"Host": "localhost:8765"}).status_code == 200
+    rebound = client.get("/api/nodes", headers={"Host": "attacker.example:8765"})
+    assert rebound.status_code == 421 and "nodes" not in rebound.text

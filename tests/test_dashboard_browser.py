@@ -77,8 +77,11 @@ class Dashboard:
 
     def raw(self, target: str) -> tuple[int, bytes]:
         """One request with the target exactly as given: a browser would normalise `..` away."""
+        return self.raw_host(target, f"127.0.0.1:{self.port}")
+
+    def raw_host(self, target: str, host: str) -> tuple[int, bytes]:
         with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
-            s.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            s.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
             data = b""
             while chunk := s.recv(65536):
                 data += chunk
@@ -202,6 +205,7 @@ def test_the_example_fleet_in_chromium(applied_example):
             assert code in (400, 404), target
             assert b"root:" not in body and b"transport" not in body
         assert dash.raw("/api/status")[0] == 200
+        assert dash.raw_host("/api/status", "rebound.example")[0] == 421
     finally:
         driver.quit()
         dash.stop()

@@ -15,8 +15,7 @@ def main(args) -> int:
     from reconciler.dashboard.server import DashboardServer
 
     server = DashboardServer(args.catalog, args.address)
-    host, _ = server.address
-    where = "" if host in ("127.0.0.1", "::1", "localhost") else " (not loopback: anyone who reaches it sees the fleet)"
+    where = "" if server.loopback else " (not loopback: anyone who reaches it sees the fleet)"
     print(f"dashboard of {Path(args.catalog).resolve()} at {server.url}{where}; read-only; Ctrl-C stops it",
           file=sys.stderr, flush=True)
     server.serve()

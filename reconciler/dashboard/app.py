@@ -52,10 +52,14 @@ SECURITY_HEADERS = [
 
 
 class Guard:
-    """In front of everything: the methods, the URL's length, the headers, and no traceback out."""
+    """In front of everything: the methods, the URL's length, the headers, and no traceback out.
 
-    def __init__(self, app):
+    hosts: the Host values answered (None: any). On loopback only loopback names are: a web page
+    elsewhere that points its own name at 127.0.0.1 (DNS rebinding) gets nothing from the fleet."""
+
+    def __init__(self, app, hosts: frozenset[str] | None = None):
         self.app = app
+        self.hosts = hosts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -77,6 +81,11 @@ class Guard:
                                 "change the catalog through git\n", [(b"allow", b"GET, HEAD")])
         if len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") > MAX_URL_BYTES:
             return await _plain(send_with_headers, 414, "414 URI Too Long\n")
+        if self.hosts is not None:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+            if host not in self.hosts:
+                return await _plain(send_with_headers, 421, "421 Misdirected Request: this dashboard answers "
+                                    "to its loopback address only\n")
         try:
             await self.app(scope, receive, send_with_headers)
         except Exception:  # noqa: BLE001 - the reader gets one plain line; the log gets the traceback
@@ -142,8 +151,15 @@ class Reader:
         return prepared if self.live and prepared is not None else self.refresh()
 
 
-def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool = False) -> Guard:
-    """The dashboard of one catalog directory, as an ASGI app (live: see Reader)."""
+def loopback_hosts(port: int) -> frozenset[str]:
+    """The Host values a browser sends to a dashboard on loopback port `port`."""
+    names = ("127.0.0.1", "localhost", "[::1]")
+    return frozenset([*names, *(f"{n}:{port}" for n in names)])
+
+
+def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool = False,
+               hosts: frozenset[str] | None = None) -> Guard:
+    """The dashboard of one catalog directory, as an ASGI app (live: see Reader; hosts: see Guard)."""
     files = files or StatusFiles(catalog)
     reader = Reader(files, live)
     env = _environment()
@@ -219,6 +235,6 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
         Route("/api/version", api_version, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=STATIC, follow_symlink=False), name="static"),
     ])
-    guard = Guard(app)
+    guard = Guard(app, hosts)
     guard.reader = reader
     return guard

@@ -6,15 +6,19 @@ once (not a log line from a thread), and port 0 tells its real port.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
 
 import uvicorn
 
-from reconciler.dashboard.app import create_app
+import ipaddress
+
+from reconciler.dashboard.app import create_app, loopback_hosts
 from reconciler.errors import ReconcilerError, UsageError
 
+log = logging.getLogger("reconciler.dashboard")
 DEFAULT_ADDRESS = "127.0.0.1:8765"  # loopback unless told otherwise: the pages say everything about the fleet
 H11_MAX_EVENT_BYTES = 64 * 1024  # under it, the guard's plain 414 answers an overlong URL
 REFRESH_S = 0.5  # how often the refresher reads status/ ahead of the pages
@@ -43,6 +47,13 @@ def bind(address: str, flag: str = "--address") -> socket.socket:
     return sock
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class DashboardServer:
     """The dashboard of one catalog on one address. start()/stop() run it on a daemon thread
     (beside the daemon's loop, as its metrics are); serve() runs it here until a signal."""
@@ -50,7 +61,8 @@ class DashboardServer:
     def __init__(self, catalog: str | Path, address: str = DEFAULT_ADDRESS, flag: str = "--address"):
         self.catalog = Path(catalog)
         self._socket = bind(address, flag)
-        self.app = create_app(self.catalog, live=True)
+        host, port = self.address
+        self.app = create_app(self.catalog, live=True, hosts=loopback_hosts(port) if _loopback(host) else None)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
                                 server_header=False, date_header=False, h11_max_incomplete_event_size=H11_MAX_EVENT_BYTES,
                                 timeout_graceful_shutdown=2)
@@ -64,9 +76,13 @@ class DashboardServer:
         while not self._stopped.is_set():
             try:
                 self.app.reader.refresh()
-            except Exception:  # noqa: BLE001 - a page view reads again and says what is wrong
-                pass
+            except Exception:  # noqa: BLE001 - the pages keep the last snapshot; the log says why
+                log.exception("dashboard: reading %s/status failed", self.catalog)
             self._stopped.wait(REFRESH_S)
+
+    @property
+    def loopback(self) -> bool:
+        return _loopback(self.address[0])
 
     @property
     def address(self) -> tuple[str, int]:

@@ -24,9 +24,8 @@
     if (!updated) { age.textContent = "no status written yet"; return; }
     var now = Date.now() / 1000 + skew;
     var when = new Date(updated * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
-    age.textContent = "data written " + when + ", " + ago(now - updated);
+    age.textContent = "status last written " + when + ", " + ago(now - updated);
     age.setAttribute("data-updated", String(updated));
-    age.className = now - updated > 600 ? "stale" : "";
   }
 
   function setLive(state, text) {
