@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import sys
 import tempfile
 import time
@@ -32,6 +33,13 @@ from tests.test_dashboard_browser import Dashboard, big_tree, chromium  # noqa: 
 
 PAGES = ["/", "/models", "/fleet", "/fleet?label=zone%3Da", "/fleet?model=m000", "/models?model=zz-huge",
          "/replicas/zz-huge-0", "/api/version", "/api/status", "/api/nodes"]
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds the process has used (user + system): on a shared machine wall time also
+    counts what the others run."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def first_byte(port: int, target: str) -> tuple[float, float, int]:
@@ -58,14 +66,16 @@ def rss_mib(pid: int) -> float:
 def bench(root: Path) -> None:
     dash = Dashboard(root)
     try:
-        print(f"{'page':28} {'first ttfb':>10} {'ttfb best':>10} {'full best':>10} {'size':>10}")
+        print(f"{'page':28} {'first ttfb':>10} {'ttfb best':>10} {'full best':>10} {'server CPU':>10} {'size':>10}")
         for target in PAGES:
             cold, _, _ = first_byte(dash.port, target)
+            before = cpu_s(dash.proc.pid)
             runs = [first_byte(dash.port, target) for _ in range(5)]
+            cpu = (cpu_s(dash.proc.pid) - before) / 5
             ttfb = min(r[0] for r in runs)
             full = min(r[1] for r in runs)
             size = runs[0][2]
-            print(f"{target:28} {cold:9.3f}s {ttfb:9.3f}s {full:9.3f}s {size / 1024:8.0f} KiB")
+            print(f"{target:28} {cold:9.3f}s {ttfb:9.3f}s {full:9.3f}s {cpu:9.3f}s {size / 1024:8.0f} KiB")
         driver = chromium()
         try:
             print(f"\n{'page in headless Chromium':28} {'loaded':>10} {'best of 3':>10}")

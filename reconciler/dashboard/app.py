@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import threading
 import logging
 import time
 from pathlib import Path
@@ -138,9 +139,10 @@ class Reader:
     def __init__(self, files: StatusFiles, live: bool = False):
         self.files, self.live = files, live
         self._prepared: tuple[StatusSnapshot, views.Index] | None = None
+        self._refreshing = threading.Lock()  # one parse at a time: a request at start-up waits for the refresher's
 
     def refresh(self) -> tuple[StatusSnapshot, views.Index]:
-        with _no_cyclic_gc():
+        with self._refreshing, _no_cyclic_gc():
             snap = self.files.snapshot()
             prepared = (snap, self.files.derived("index", snap, views.build_index))
         self._prepared = prepared  # one reference: a request sees one snapshot and its index, never a mix
@@ -178,7 +180,8 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
 
     def overview(request: Request) -> Response:
         snap, ix = reader.current()
-        return page(request, "overview.html", "Overview", snap, o=views.overview(snap, ix), ix=ix)
+        o = files.derived("overview", snap, lambda s: views.overview(s, ix))
+        return page(request, "overview.html", "Overview", snap, o=o, ix=ix)
 
     def models(request: Request) -> Response:
         snap, ix = reader.current()
