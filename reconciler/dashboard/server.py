@@ -21,7 +21,7 @@ from reconciler.errors import ReconcilerError, UsageError
 log = logging.getLogger("reconciler.dashboard")
 DEFAULT_ADDRESS = "127.0.0.1:8765"  # loopback unless told otherwise: the pages say everything about the fleet
 H11_MAX_EVENT_BYTES = 64 * 1024  # under it, the guard's plain 414 answers an overlong URL
-REFRESH_S = 0.5  # how often the refresher reads status/ ahead of the pages
+REFRESH_S = 0.25  # how often the refresher looks at status/ (a stat per file; a parse only of what changed)
 
 
 def parse_address(text: str, flag: str = "--address") -> tuple[str, int]:
