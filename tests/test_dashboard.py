@@ -309,3 +309,19 @@ def test_on_loopback_it_answers_only_to_loopback_names(tree):
     assert client.get("/", headers={"Host": "localhost:8765"}).status_code == 200
     rebound = client.get("/api/nodes", headers={"Host": "attacker.example:8765"})
     assert rebound.status_code == 421 and "nodes" not in rebound.text
+
+
+def test_autoscale_and_gateway_files_show_when_the_status_has_them(tmp_path):
+    root = planned_catalog(tmp_path)
+    path = root / "status" / "models" / "qwen2.5-7b.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["autoscale"] = {"current": 2, "wanted": 3, "metric_sum": 13, "reason": "requests 13 over 2 replicas > target 4",
+                        "since": "2026-12-01T20:00:00Z"}
+    path.write_text(dump_yaml(doc))
+    (root / "status" / "gateway").mkdir()
+    (root / "status" / "gateway" / "litellm.yaml").write_text("model_list: []\n")
+    client = TestClient(create_app(root))
+    models = client.get("/models?model=qwen2.5-7b").text
+    assert "autoscale: current 2, wanted 3: requests 13 over 2 replicas &gt; target 4" in models
+    assert "status/gateway/litellm.yaml" in client.get("/").text
+    assert client.get("/api/status").json()["models"][-1]["name"] == "qwen2.5-7b"
