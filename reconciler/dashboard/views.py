@@ -448,7 +448,7 @@ def models_view(snap: StatusSnapshot, ix: Index, f: Filters) -> ModelsPage:
         out.append(ModelView(
             name=m["name"], desired=m.get("desired"), ready=m.get("ready"), autoscale=autoscale,
             endpoints=[str(e) for e in eps] if isinstance(eps, list) else [],
-            replicas=kept if f.model else kept[:REPLICAS_SHOWN], matched=len(kept), total=len(reps),
+            replicas=kept[:MAX_PAGE_SIZE] if f.model else kept[:REPLICAS_SHOWN], matched=len(kept), total=len(reps),
             phases=phases, unplaced=unplaced,
         ))
     return ModelsPage(out, len(kept_models), len(ix.models), page, pages, start + 1)
