@@ -155,7 +155,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=4000)
     ap.add_argument("--replicas", type=int, default=10000)
-    ap.add_argument("--keep", metavar="DIR", help="write the generated catalog here and keep it")
+    ap.add_argument("--keep", metavar="DIR", help="write the generated catalog here and keep it (reused when there)")
     ap.add_argument("--screenshots", metavar="DIR", help="only write the README's screenshots into DIR")
     args = ap.parse_args()
     if args.screenshots:
@@ -163,10 +163,13 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp) / "catalog"
-        t0 = time.perf_counter()
-        big_tree(root, args.nodes, args.replicas)
-        print(f"{args.nodes} nodes, {args.replicas} replicas: status/ written by plan --write-status "
-              f"in {time.perf_counter() - t0:.1f} s\n")
+        if (root / "status" / "models").is_dir():
+            print(f"reusing {root} (--keep): its status/ as the last run wrote it\n")
+        else:
+            t0 = time.perf_counter()
+            big_tree(root, args.nodes, args.replicas)
+            print(f"{args.nodes} nodes, {args.replicas} replicas: status/ written by plan --write-status "
+                  f"in {time.perf_counter() - t0:.1f} s\n")
         bench(root)
     return 0
 

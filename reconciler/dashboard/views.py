@@ -146,6 +146,15 @@ class GpuCell:
         return _mb(self.doc.get("allocated_mb"))
 
     @property
+    def used_pct(self) -> int:
+        """Used VRAM in 5 % steps: a bar's width is a class (p0 .. p100), the CSP allows no inline style."""
+        return _pct(self.used_mb, self.total_mb)
+
+    @property
+    def allocated_pct(self) -> int:
+        return _pct(self.allocated_mb, self.total_mb)
+
+    @property
     def text(self) -> str:
         return self.holder or str(self.use)
 
@@ -164,6 +173,12 @@ class GpuCell:
             alloc = f", allocated {self.allocated_mb} MiB" if self.allocated_mb is not None else ""
             lines.append(f"VRAM used {used} of {self.total_mb} MiB{alloc}")
         return "\n".join(lines)
+
+
+def _pct(part: int | None, whole: int | None) -> int:
+    if not part or not whole:
+        return 0
+    return min(100, max(5, round(part * 20 / whole) * 5))
 
 
 def _processes(g: dict) -> list[dict]:
