@@ -109,3 +109,10 @@ def test_the_dashboard_command_refuses_an_address_in_use(example, cli):
         result = cli("dashboard", str(example), "--address", f"127.0.0.1:{taken.getsockname()[1]}")
     assert result.returncode == 1 and "cannot serve the dashboard on" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_dashboard_command_wants_a_catalog(tmp_path, cli):
+    result = cli("dashboard", str(tmp_path))
+    assert result.returncode == 1 and "is not a catalog" in result.stderr and "Traceback" not in result.stderr
+    result = cli("dashboard", str(tmp_path / "nope"))
+    assert result.returncode == 1 and "no such catalog directory" in result.stderr

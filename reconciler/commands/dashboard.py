@@ -10,8 +10,12 @@ from reconciler.errors import ReconcilerError
 
 
 def main(args) -> int:
-    if not Path(args.catalog).is_dir():
+    root = Path(args.catalog)
+    if not root.is_dir():
         raise ReconcilerError(f"{args.catalog}: no such catalog directory")
+    if not any((root / name).exists() for name in ("fleet.yaml", "models", "status")):
+        raise ReconcilerError(f"{args.catalog} is not a catalog (no fleet.yaml, models/ or status/ in it); "
+                              "give the catalog directory, e.g. `reconciler dashboard path/to/catalog`")
     from reconciler.dashboard.server import DashboardServer
 
     server = DashboardServer(args.catalog, args.address)

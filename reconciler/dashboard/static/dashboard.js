@@ -11,6 +11,7 @@
   var updated = parseFloat(age.getAttribute("data-updated")) || null;
   var skew = 0;  // server clock minus ours, so the age is the server's
   var lastContact = Date.now();
+  var shown = null;  // the content last put in place by this script
 
   function ago(seconds) {
     seconds = Math.max(0, Math.round(seconds));
@@ -40,7 +41,8 @@
       if (!r.ok) throw new Error("HTTP " + r.status);
       var v = r.headers.get("X-Dashboard-Version");
       return r.text().then(function (html) {
-        content.innerHTML = html;
+        // Another file changed, not what this page shows: no new layout for the same content.
+        if (html !== shown) { content.innerHTML = html; shown = html; }
         if (v) { version = v; document.body.setAttribute("data-version", v); }
       });
     });
