@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytest.importorskip("starlette")
 pytest.importorskip("httpx")  # Starlette's TestClient
 with warnings.catch_warnings():  # Starlette 1.x would rather have httpx2; httpx serves every version we allow
     warnings.simplefilter("ignore")
@@ -29,7 +30,6 @@ from reconciler.dashboard.server import DashboardServer, parse_address  # noqa: 
 from reconciler.dashboard.views import GpuUse, gpu_cell  # noqa: E402
 from reconciler.errors import UsageError  # noqa: E402
 from reconciler.status import dump_yaml  # noqa: E402
-from tests.conftest import copy_tracked  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET_VALUE = "hunter2-do-not-show"
@@ -37,7 +37,9 @@ SECRET_VALUE = "hunter2-do-not-show"
 
 def planned_catalog(tmp: Path) -> Path:
     """catalog/ with status/ written by `reconciler plan --inventory status/nodes.yaml --write-status`."""
-    root = copy_tracked(REPO / "catalog", tmp / "catalog")
+    root = tmp / "catalog"  # copied in-process (the fast tier starts no git): the catalog and its snapshot
+    shutil.copytree(REPO / "catalog", root, ignore=lambda d, names: [n for n in names if Path(d).name == "status"
+                                                                     and n != "nodes.yaml"])
     model = root / "models" / "qwen2.5-7b.yaml"
     doc = yaml.safe_load(model.read_text())
     for profile in doc["profiles"]:  # a secret reference: its value must never reach a page

@@ -21,6 +21,8 @@ import yaml
 
 from tests.conftest import REPO, copy_tracked
 
+pytestmark = pytest.mark.process
+
 
 def free_port() -> int:
     with socket.socket() as s:

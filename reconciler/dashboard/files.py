@@ -182,6 +182,9 @@ class StatusFiles:
             return self._head.value
         from reconciler.gitrev import GitCatalog, GitError
 
+        if not any((d / ".git").exists() for d in (self.root, *self.root.parents)):
+            self._head = _Head(now, (False, None, None))  # not in a work tree: no git to ask
+            return self._head.value
         try:
             repo = GitCatalog.open(self.root)
             value = (False, None, None) if repo is None else (True, repo.head(), repo.catalog_revision())
