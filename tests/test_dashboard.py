@@ -327,3 +327,28 @@ def test_autoscale_and_gateway_files_show_when_the_status_has_them(tmp_path):
     assert "autoscale: current 2, wanted 3: requests 13 over 2 replicas &gt; target 4" in models
     assert "status/gateway/litellm.yaml" in client.get("/").text
     assert client.get("/api/status").json()["models"][-1]["name"] == "qwen2.5-7b"
+
+
+def test_nodes_yaml_parsed_again_only_where_it_changed_reads_as_the_whole_file():
+    from reconciler.dashboard.files import NodeByNodeSnapshot
+
+    def whole(data: bytes):
+        return yaml.load(data, Loader=yaml.CSafeLoader)
+
+    parse = NodeByNodeSnapshot()
+    data = (REPO / "catalog" / "status" / "nodes.yaml").read_bytes()
+    assert parse(data) == whole(data)
+    first = parse(data)["nodes"]
+    changed = data.replace(b"state: cordoned", b"state: drained", 1)
+    again = parse(changed)
+    assert again == whole(changed) and again["nodes"] != first
+    assert again["nodes"][0] is first[0]  # an unchanged node's document is reused, not parsed again
+    odd = {
+        "an alias into another block": b"nodes:\n- id: a\n  labels: &l {zone: a}\n- id: b\n  labels: *l\n",
+        "a key after the list": b"nodes:\n- id: a\n- id: b\nextra: 1\n",
+        "JSON": b'{"nodes": [{"id": "a"}]}',
+        "flow style": b"nodes: [{id: a}, {id: b}]\n",
+        "a scalar holding a line that starts a block": b'nodes:\n- id: a\n  reason: "one\n\n- id: x"\n- id: b\n',
+    }
+    for what, text in odd.items():
+        assert parse(text) == whole(text), what

@@ -143,6 +143,7 @@ class StatusFiles:
         self._clock = clock
         self._head = _Head()
         self._derived: dict[tuple[str, str], Any] = {}  # (what, version) -> value; see `derived`
+        self._nodes = NodeByNodeSnapshot()
 
     # ------------------------------------------------------------ one file
 
@@ -199,7 +200,7 @@ class StatusFiles:
         with self._lock:
             empty = lambda name: FileRead(f"{STATUS_DIR}/{name}")  # noqa: E731
             catalog = self._read(self.status / CATALOG_FILE, CHECK_CATALOG) or empty(CATALOG_FILE)
-            nodes = self._read(self.status / NODES_FILE, CHECK_NODES) or empty(NODES_FILE)
+            nodes = self._read(self.status / NODES_FILE, CHECK_NODES, parse=self._nodes) or empty(NODES_FILE)
             endpoints = self._read(self.status / ENDPOINTS_FILE, CHECK_ENDPOINTS) or empty(ENDPOINTS_FILE)
             models = []
             model_dir = self.status / MODELS_DIR
@@ -238,6 +239,52 @@ class StatusFiles:
                 del self._derived[old]
             self._derived[key] = value
         return value
+
+
+class NodeByNodeSnapshot:
+    """nodes.yaml parsed again only where it changed.
+
+    The status writer puts each node at the top of the `nodes:` list, one block per node
+    (`- id: ...` at column 0, everything of that node indented below it). A pass that changes a
+    few nodes of 4,000 changes a few blocks: those are parsed, the others' documents are reused
+    (parsing the whole 6 MB takes 0.6 s, most of the time a page takes to follow a pass). Any
+    layout but that one, or a block that does not parse as one node on its own (an alias to
+    another block, a scalar that happens to hold a line starting with `- `), and the whole file is
+    parsed as before, so the answer is always the whole file's.
+    """
+
+    HEAD = b"nodes:\n"
+
+    def __init__(self) -> None:
+        self._blocks: dict[bytes, Any] = {}  # a node's block, as written -> its document
+
+    def __call__(self, data: bytes) -> Any:
+        blocks = self._split(data)
+        if blocks is None:
+            self._blocks = {}
+            return _fast_yaml(data)
+        missing = [b for b in dict.fromkeys(blocks) if b not in self._blocks]
+        parsed: dict[bytes, Any] = {}
+        if missing:
+            try:
+                docs = yaml_rs.loads(b"".join(missing).decode("utf-8"), parse_datetime=False,
+                                     duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
+            except Exception:  # noqa: BLE001 - the whole file again: PyYAML words its error
+                docs = None
+            if not isinstance(docs, list) or len(docs) != len(missing) or not all(isinstance(d, dict) for d in docs):
+                self._blocks = {}
+                return _fast_yaml(data)
+            parsed = dict(zip(missing, docs))
+        known = self._blocks
+        self._blocks = {b: known[b] if b in known else parsed[b] for b in blocks}
+        # A fresh list of the (shared, never mutated) node documents: the pages only read them.
+        return {"nodes": [self._blocks[b] for b in blocks]}
+
+    def _split(self, data: bytes) -> list[bytes] | None:
+        if not data.startswith(self.HEAD + b"- "):
+            return None
+        parts = data[len(self.HEAD):].split(b"\n- ")
+        return [parts[0] + b"\n"] + [b"- " + p + b"\n" for p in parts[1:]]
 
 
 def _fast_yaml(data: bytes) -> Any:
