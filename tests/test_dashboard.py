@@ -352,3 +352,18 @@ def test_nodes_yaml_parsed_again_only_where_it_changed_reads_as_the_whole_file()
     }
     for what, text in odd.items():
         assert parse(text) == whole(text), what
+
+
+def test_an_error_inside_is_a_plain_500_never_a_traceback(tmp_path, caplog):
+    from reconciler.dashboard.files import StatusFiles
+
+    class Broken(StatusFiles):
+        def snapshot(self):
+            raise RuntimeError("a bug, with a secret in its message: " + SECRET_VALUE)
+
+    client = TestClient(create_app(tmp_path, files=Broken(tmp_path)), raise_server_exceptions=False)
+    answer = client.get("/fleet")
+    assert answer.status_code == 500 and answer.text.rstrip("\n").endswith("Internal Server Error")
+    assert "Traceback" not in answer.text and SECRET_VALUE not in answer.text
+    assert "content-security-policy" in answer.headers
+    assert any("RuntimeError" in (r.exc_text or "") for r in caplog.records)  # the log has it, the page not
