@@ -367,3 +367,32 @@ def test_an_error_inside_is_a_plain_500_never_a_traceback(tmp_path, caplog):
     assert "Traceback" not in answer.text and SECRET_VALUE not in answer.text
     assert "content-security-policy" in answer.headers
     assert any("RuntimeError" in (r.exc_text or "") for r in caplog.records)  # the log has it, the page not
+
+
+def test_a_pass_that_changed_one_node_rebuilds_that_row_only(tmp_path):
+    from reconciler.dashboard.app import Reader
+    from reconciler.dashboard.files import StatusFiles
+
+    root = planned_catalog(tmp_path)
+    reader = Reader(StatusFiles(root), live=True)
+    _, before = reader.refresh()
+    path = root / "status" / "nodes.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["nodes"][0]["reason"] = "answered late"
+    path.write_text(dump_yaml(doc))
+    os.utime(path, (time.time() + 3, time.time() + 3))
+    _, after = reader.refresh()
+    assert after.nodes[0] is not before.nodes[0] and after.nodes[0].reason == "answered late"
+    assert all(a is b for a, b in zip(after.nodes[1:], before.nodes[1:]))
+    # A replica's phase is in the cells of the node holding it: that row is rebuilt too.
+    model = root / "status" / "models" / "llama-3-70b.yaml"
+    mdoc = yaml.safe_load(model.read_text())
+    placed = next(r for r in mdoc["replicas"] if r["nodes"])
+    placed["phase"] = "Failed"
+    model.write_text(dump_yaml(mdoc))
+    os.utime(model, (time.time() + 6, time.time() + 6))
+    _, third = reader.refresh()
+    node = placed["nodes"][0]["node"]
+    row = next(n for n in third.nodes if n.id == node)
+    assert row is not next(n for n in after.nodes if n.id == node)
+    assert {c.holder_phase for c in row.gpus if c.holder == placed["id"]} == {"Failed"}

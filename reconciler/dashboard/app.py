@@ -144,7 +144,8 @@ class Reader:
     def refresh(self) -> tuple[StatusSnapshot, views.Index]:
         with self._refreshing, _no_cyclic_gc():
             snap = self.files.snapshot()
-            prepared = (snap, self.files.derived("index", snap, views.build_index))
+            previous = self._prepared[1] if self._prepared is not None else None
+            prepared = (snap, self.files.derived("index", snap, lambda s: views.build_index(s, previous)))
         self._prepared = prepared  # one reference: a request sees one snapshot and its index, never a mix
         return prepared
 
