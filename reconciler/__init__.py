@@ -16,8 +16,12 @@ The modules, top layer first; a module imports only from the layers below it
 
     cli                 argument parsing; __main__ runs it
     commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
-                        run, engine_check); plan_words and plan_markdown put a plan in words and in a
-                        pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
+                        run, engine_check, dashboard); plan_words and plan_markdown put a plan in words and
+                        in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
+    dashboard/          status/ as read-only web pages, beside the commands whose builders it reuses (the
+                        `status` JSON, `plan`'s rejection groups): files (status/ read, cached, last good kept),
+                        views (what each page shows, pure), app (Starlette routes, the read-only guard,
+                        templates/, static/), server (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
                         (watch), the lock (lock), the log (events), metrics from a pass (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred
@@ -30,8 +34,8 @@ The modules, top layer first; a module imports only from the layers below it
                         (backoff of failed starts, grace periods), kept between one-shot applies
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
                         frozen Catalog (build), the directory as a whole (load)
-    probe/              the node-side probe program (script), its pure parsers (parse), asking the
-                        fleet and turning reports into an Inventory (collect)
+    probe/              the node-side probe program (script), its pure parsers (parse) and GPU health's
+                        (health), asking the fleet and turning reports into an Inventory (collect)
     status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
                         YAML, atomic, only on change
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent

@@ -38,7 +38,7 @@ from typing import Callable, ClassVar, Iterable, Sequence
 from reconciler.errors import PERMANENT, TEMPORARY, ReconcilerError, RenderError, TransportError
 from reconciler.fetch import Fetcher, choose_source, progress_message
 from reconciler.launcher import Launcher, StartOutcome, StopOutcome
-from reconciler.model import Action, Catalog, Fleet, Inventory, Model, Placement, Profile, RankLaunch
+from reconciler.model import Action, Catalog, Fleet, Inventory, Model, Placement, Profile, RankKey, RankLaunch
 from reconciler.outcomes import (
     FAILED,
     FETCHING,
@@ -131,11 +131,11 @@ class Actor:
         return self._fx.started
 
     @property
-    def stopped(self) -> list[tuple[str, str, int | None]]:
+    def stopped(self) -> list[RankKey]:
         return self._fx.stopped
 
     @property
-    def pids(self) -> dict[tuple[str, str, int], int]:
+    def pids(self) -> dict[RankKey, int]:
         return self._fx.pids
 
     @property
@@ -143,7 +143,7 @@ class Actor:
         return self._fx.taken_ports
 
     @property
-    def adopted_revisions(self) -> dict[tuple[str, str, int], str | None]:
+    def adopted_revisions(self) -> dict[RankKey, str | None]:
         return self._fx.adopted_revisions
 
     def decide(self, replica: str, node: str, action: str, reason: str, ok: bool = True) -> None:
@@ -340,11 +340,11 @@ class Actor:
             self.decide(launch.replica, launch.node, verb,
                         f"rank {launch.rank}/{launch.nnodes} port {launch.port} ({what}): {why}")
             if outcome.already_running:
-                self.adopted_revisions[(launch.node, launch.replica, launch.rank)] = outcome.revision
+                self.adopted_revisions[RankKey(launch.node, launch.replica, launch.rank)] = outcome.revision
             else:
                 self.started.append(launch)
                 if outcome.pid is not None:
-                    self.pids[(launch.node, launch.replica, launch.rank)] = outcome.pid
+                    self.pids[RankKey(launch.node, launch.replica, launch.rank)] = outcome.pid
         failed = next(((l, o) for l, o in outcomes if not o.ok), None)
         if failed is None:
             return None
@@ -372,7 +372,7 @@ class Actor:
                 if undone.ok and l in self.started:
                     self.started.remove(l)
                 elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone
-                    self.stopped.append((l.node, l.replica, l.rank))
+                    self.stopped.append(RankKey(l.node, l.replica, l.rank))
 
     def stop_ranks(self, replica: str, targets: Sequence[tuple[str, int | None]], reason: str) -> bool:
         """Stop ranks on their nodes, all at once (a multi-node replica goes down as one)."""
@@ -385,7 +385,7 @@ class Actor:
             self.decide(replica, node, "stop", f"{reason} ({outcome.detail})", ok=outcome.ok)
             self.note_unanswered(outcome)
             if outcome.ok:
-                self.stopped.append((node, replica, rank))
+                self.stopped.append(RankKey(node, replica, rank))
             ok = ok and outcome.ok
         return ok
 

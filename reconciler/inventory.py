@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,11 @@ from reconciler.model import (
     Inventory,
     LlamaCppBinaries,
     ObservedNode,
+    Quarantine,
     RunningRank,
     frozen_map,
 )
+from reconciler.vocabulary import GpuHealth
 from reconciler.schemas import is_valid, schema, validator
 
 try:
@@ -103,12 +107,42 @@ def _gpu_from_doc(d: dict) -> Gpu:
     procs = get("processes")  # most GPUs run nothing: no generator for them (30,000 GPUs at fleet scale)
     # Positional, in Gpu's field order (index, uuid, name, gpu_class, memory total, used, peers, processes,
     # held_by): keywords cost two thirds more per GPU, and a snapshot has 30,000 of them.
-    return Gpu(
+    gpu = Gpu(
         d["index"], get("uuid", ""), get("name", ""), get("class", ""), get("memory_total_mb", 0),
         get("memory_used_mb", 0), tuple(get("nvlink_peers") or ()),
         tuple(GpuProcess(p["pid"], p.get("name", ""), p.get("used_mb", 0)) for p in procs) if procs else (),
         get("held_by", ""),
     )
+    health = get("health")
+    quarantined = get("quarantined")
+    if (health is None or health == GpuHealth.OK) and not quarantined and not get("xid_info"):
+        return gpu  # a healthy GPU (the common case) costs nothing more
+    try:
+        verdict = GpuHealth(health or GpuHealth.OK)
+    except ValueError:  # not a verdict (a hand-edited memory file): never read as healthy
+        verdict = GpuHealth.UNHEALTHY
+    return replace(gpu, health=verdict, health_reason=get("health_reason", "") or "",
+                   xid_info=tuple(get("xid_info") or ()), quarantined=_quarantine_from_doc(quarantined, gpu.uuid))
+
+
+def _quarantine_from_doc(d, uuid: str) -> Quarantine | None:
+    if not isinstance(d, dict):
+        return None
+    return Quarantine(str(d.get("reason", "")), _epoch(d.get("until")), str(d.get("uuid", uuid) or uuid))
+
+
+def _epoch(until) -> float:
+    """status/ writes `until` as a UTC time (2026-12-01T21:00:00Z); a number is read as seconds since the epoch."""
+    if isinstance(until, (int, float)):
+        return float(until)
+    try:
+        return datetime.strptime(str(until), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return 0.0  # unreadable: expired, so a broken status file never keeps a GPU out
+
+
+def utc_text(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def node_from_document(d: dict) -> ObservedNode:
@@ -130,6 +164,7 @@ def node_from_document(d: dict) -> ObservedNode:
         failure=FailureKind(d["failure"]) if d.get("failure") else None,
         llama_cpp=_llama_cpp_from_doc(d.get("llama_cpp")),
         cpu_count=d.get("cpu_count"),
+        health_checks=frozen_map(d["health_checks"]) if isinstance(d.get("health_checks"), dict) else None,
     )
 
 
@@ -165,6 +200,9 @@ def node_to_document(n: ObservedNode) -> dict:
         "weights": None if n.weights is None else sorted(n.weights),
         "replicas": [],
     }
+    # A managed rank reserves its GPUs whole: beside memory_used_mb (the driver's figure), VRAM used
+    # on a GPU no rank of ours holds, with no process listed, is held by nobody (SPEC section 9).
+    reserved = {i for r in n.replicas if r.alive for i in r.gpus}
     for g in sorted(n.gpus, key=lambda g: g.index):
         gd: dict[str, Any] = {
             "index": g.index,
@@ -173,12 +211,21 @@ def node_to_document(n: ObservedNode) -> dict:
             "class": g.gpu_class,
             "memory_total_mb": g.memory_total_mb,
             "memory_used_mb": g.memory_used_mb,
+            "allocated_mb": g.memory_total_mb if g.index in reserved else 0,
             "nvlink_peers": sorted(g.nvlink_peers),
         }
         if g.processes:
             gd["processes"] = [{"pid": p.pid, "name": p.name, "used_mb": p.used_mb} for p in sorted(g.processes, key=lambda p: p.pid)]
         if g.held_by:
             gd["held_by"] = g.held_by
+        gd["health"] = str(g.health)
+        if g.health_reason:
+            gd["health_reason"] = g.health_reason
+        if g.xid_info:
+            gd["xid_info"] = list(g.xid_info)
+        if g.quarantined is not None:
+            q = g.quarantined
+            gd["quarantined"] = {"reason": q.reason, "until": utc_text(q.until)} | ({"uuid": q.uuid} if q.uuid else {})
         doc["gpus"].append(gd)
     for r in sorted(n.replicas, key=lambda r: (r.id, r.rank)):
         rd: dict[str, Any] = {
@@ -206,6 +253,8 @@ def node_to_document(n: ObservedNode) -> dict:
         doc["ports_in_use"] = sorted(set(n.ports_in_use))
     if n.cpu_count:
         doc["cpu_count"] = n.cpu_count
+    if n.health_checks is not None:
+        doc["health_checks"] = {k: str(v) for k, v in sorted(n.health_checks.items())}
     if n.llama_cpp is not None and (n.llama_cpp.server or n.llama_cpp.rpc_server):
         doc["llama_cpp"] = {"server": n.llama_cpp.server, "rpc_server": n.llama_cpp.rpc_server}
     if n.failure:  # right after the reason it qualifies

@@ -22,14 +22,14 @@ import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
-from reconciler.model import Action, Catalog, Inventory, spec_hash
-from reconciler.outcomes import FAILED, PassMemory, ReplicaState, StartFailure  # noqa: F401  (re-exported)
+from reconciler.model import Action, Catalog, Fleet, Inventory, Quarantine, spec_hash
+from reconciler.outcomes import FAILED, GpuStrikes, PassMemory, ReplicaState, StartFailure  # noqa: F401  (re-exported)
+from reconciler.status import write_rendered
 from reconciler.plan import Plan, ReplicaHistory, Waiting, WaitKind, backoff_delay, plan as make_plan
 from reconciler.vocabulary import ActionKind, NodeState
 
@@ -41,6 +41,11 @@ PERMANENT_RECHECK_S = 300.0
 JITTER_FRACTION = 0.25
 
 
+# SPEC section 9, the crash-loop breaker: this many failed starts (or crashes before Ready) in a row
+# of one replica on the same GPUs quarantine those GPUs for fleet.yaml's gpu_quarantine_s.
+CRASH_LOOP_STARTS = 3
+
+
 def remember(
     memory: PassMemory,
     plan: Plan | None,
@@ -50,6 +55,7 @@ def remember(
     desired: Iterable[str] | None = None,
     attempt_keys: Mapping[str, str] | None = None,
     jitter: Callable[[], float] = random.random,
+    quarantine_s: float = Fleet.gpu_quarantine_s,
 ) -> PassMemory:
     """The memory after a pass (pure, given `jitter`).
 
@@ -71,16 +77,89 @@ def remember(
         if state.nodes and state.phase != FAILED:
             placed_on[rid] = tuple(a.node for a in state.nodes)
     failures = start_failures_after(memory.start_failures, inventory, acted, now, attempt_keys or {}, jitter)
+    strikes, quarantines = crash_loops_after(memory.gpu_strikes, memory.quarantines, inventory, acted, now, quarantine_s)
     if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
         placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
         failures = {rid: f for rid, f in failures.items() if rid in desired}
+        strikes = {rid: s for rid, s in strikes.items() if rid in desired}
     return PassMemory(
         history=dict(plan.history if plan is not None else memory.history),
         unreachable_since=unreachable,
         last_seen=Inventory(tuple(last_nodes)),
         placed_on=placed_on,
         start_failures=failures,
+        gpu_strikes=strikes,
+        quarantines=quarantines,
     )
+
+
+def crash_loops_after(strikes: Mapping[str, GpuStrikes], quarantines: Mapping[tuple[str, int], Quarantine],
+                      inventory: Inventory, acted: Mapping[str, ReplicaState], now: float, quarantine_s: float
+                      ) -> tuple[dict[str, GpuStrikes], dict[tuple[str, int], Quarantine]]:
+    """The crash-loop breaker (SPEC section 9), pure. A replica that failed again on the GPUs it failed
+    on counts one more strike; a different place starts again at one; Ready forgets it. The third
+    strike quarantines those GPUs until now + quarantine_s. A quarantine ends when it expires, or
+    when its GPU shows another uuid (a reset, a replaced card)."""
+    strikes = dict(strikes)
+    quarantines = live_quarantines(quarantines, inventory, now)
+    for rid, state in acted.items():
+        if state.phase != FAILED:
+            strikes.pop(rid, None)
+            continue
+        where = tuple((a.node, tuple(a.gpus)) for a in state.nodes if a.gpus)
+        if not where or state.failure == PERMANENT:  # a missing binary is not the GPU's doing
+            continue
+        before = strikes.get(rid)
+        count = before.count + 1 if before is not None and before.where == where else 1
+        if count < CRASH_LOOP_STARTS:
+            strikes[rid] = GpuStrikes(where, count, state.message[:200])
+            continue
+        strikes.pop(rid, None)
+        said = f"{count} failed starts in a row of {rid}" + (f": {state.message[:160]}" if state.message else "")
+        for node_id, gpus in where:
+            node = inventory.node(node_id)
+            uuids = {g.index: g.uuid for g in node.gpus} if node is not None else {}
+            for g in gpus:
+                quarantines[(node_id, g)] = Quarantine(said, now + quarantine_s, uuids.get(g, ""))
+    return dict(sorted(strikes.items())), dict(sorted(quarantines.items()))
+
+
+def live_quarantines(quarantines: Mapping[tuple[str, int], Quarantine], inventory: Inventory,
+                     now: float) -> dict[tuple[str, int], Quarantine]:
+    """The quarantines still in force: not expired, and on a GPU that still has the uuid it was
+    quarantined with (a node that did not answer keeps its quarantines: nothing says they changed)."""
+    kept = {}
+    for (node_id, index), q in quarantines.items():
+        if q.until <= now:
+            continue
+        node = inventory.node(node_id)
+        if node is not None and node.gpus and q.uuid:
+            gpu = next((g for g in node.gpus if g.index == index), None)
+            if gpu is None or (gpu.uuid and gpu.uuid != q.uuid):
+                continue
+        kept[(node_id, index)] = q
+    return kept
+
+
+def with_quarantines(inventory: Inventory, quarantines: Mapping[tuple[str, int], Quarantine], now: float) -> Inventory:
+    """The inventory with each quarantined GPU marked (placement treats it as unhealthy), pure. A mark
+    the inventory already carries (a snapshot read with --inventory) is dropped once it has expired."""
+    live = live_quarantines(quarantines, inventory, now)
+    if not live and not any(g.quarantined is not None for n in inventory.nodes for g in n.gpus):
+        return inventory
+    nodes = []
+    for n in inventory.nodes:
+        marks = {i: q for (nid, i), q in live.items() if nid == n.id}
+        if marks or any(g.quarantined is not None for g in n.gpus):
+            n = dataclasses.replace(n, gpus=tuple(_marked(g, marks.get(g.index), now) for g in n.gpus))
+        nodes.append(n)
+    return Inventory(tuple(nodes))
+
+
+def _marked(gpu, quarantine: Quarantine | None, now: float):
+    if quarantine is None and gpu.quarantined is not None and gpu.quarantined.until > now:
+        quarantine = gpu.quarantined  # the snapshot's own mark, still in force
+    return gpu if gpu.quarantined == quarantine else dataclasses.replace(gpu, quarantined=quarantine)
 
 
 def start_failures_after(before: Mapping[str, StartFailure], inventory: Inventory, acted: Mapping[str, ReplicaState],
@@ -172,6 +251,10 @@ def memory_to_document(memory: PassMemory) -> dict:
         "last_seen": inventory_to_document(memory.last_seen) if memory.last_seen is not None else None,
         "placed_on": {rid: list(nodes) for rid, nodes in sorted(memory.placed_on.items())},
         "start_failures": {rid: dataclasses.asdict(f) for rid, f in sorted(memory.start_failures.items())},
+        "gpu_strikes": {rid: {"where": [[n, list(g)] for n, g in s.where], "count": s.count, "message": s.message}
+                        for rid, s in sorted(memory.gpu_strikes.items())},
+        "quarantines": [{"node": n, "gpu": i, "reason": q.reason, "until": q.until, "uuid": q.uuid}
+                        for (n, i), q in sorted(memory.quarantines.items())],
     }
 
 
@@ -184,6 +267,11 @@ def memory_from_document(doc: Any) -> PassMemory:
             last_seen=inventory_from_document(doc["last_seen"]) if doc.get("last_seen") else None,
             placed_on={rid: tuple(nodes) for rid, nodes in (doc.get("placed_on") or {}).items()},
             start_failures={rid: _start_failure(f) for rid, f in (doc.get("start_failures") or {}).items()},
+            gpu_strikes={rid: GpuStrikes(tuple((str(n), tuple(int(x) for x in g)) for n, g in s["where"]),
+                                         int(s["count"]), str(s.get("message", "")))
+                         for rid, s in (doc.get("gpu_strikes") or {}).items()},
+            quarantines={(str(q["node"]), int(q["gpu"])): Quarantine(str(q["reason"]), float(q["until"]), str(q.get("uuid", "")))
+                         for q in doc.get("quarantines") or ()},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return PassMemory()
@@ -201,6 +289,8 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
     """The pass's plan, against what earlier passes remember: reconcile's default planner, and what
     `plan` and `explain` call with the memory `apply` keeps, so they predict it (here, not in
     reconcile, so those commands start without importing the pass's effects: SSH, the actor)."""
+    # Quarantined GPUs (the crash-loop breaker's) are unhealthy to placement until they expire.
+    inventory = with_quarantines(inventory, memory.quarantines, now)
     planned = make_plan(
         catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
@@ -216,6 +306,19 @@ def memory_path(catalog_root: str) -> Path:
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     key = hashlib.sha256(str(Path(catalog_root).resolve()).encode()).hexdigest()[:16]
     return base / "llm-reconciler" / "apply-memory" / f"{key}.json"
+
+
+def _frozen(memory: PassMemory) -> tuple:
+    """The memory's contents as a value no later change to its mappings can alter: the daemon
+    saves after every pass, and an equal memory is not rendered to JSON again (write_rendered)."""
+    return (tuple(sorted(memory.history.items())), tuple(sorted(memory.unreachable_since.items())),
+            memory.last_seen, tuple(sorted(memory.placed_on.items())), tuple(sorted(memory.start_failures.items())))
+
+
+def save_memory(path: Path, memory: PassMemory) -> None:
+    """Write the memory where load_memory reads it (atomically, only on change); StatusWriteError when
+    it cannot be written."""
+    write_rendered(path, _frozen(memory), lambda: json.dumps(memory_to_document(memory), sort_keys=True))
 
 
 def load_memory(path: Path) -> PassMemory:

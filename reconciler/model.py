@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from reconciler.host import Host, parse_host
-from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, NodeState, Phase
+from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, GpuHealth, NodeState, Phase
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
@@ -84,6 +84,7 @@ class NodeSpec:
     socket_ifname: str | None = None
     launcher: str = "ssh"  # ssh | slurm
     slurm_name: str = ""  # its NodeName in Slurm; "" means the node id
+    cordon_gpus: tuple[int, ...] = ()  # GPU indices the operator keeps out of placement (SPEC section 9)
     # data_address parsed once; every spelling of it (bare, bracketed, URL) comes from here.
     data_host: Host = field(init=False, compare=False, repr=False)
 
@@ -117,6 +118,7 @@ class Fleet:
     # fleet.yaml `unreachable_grace_s`: how long replicas on a node that does not answer are left
     # alone before they are placed elsewhere (SPEC 7, Node loss)
     unreachable_grace_s: float = 300.0
+    gpu_quarantine_s: float = 3600.0  # how long the crash-loop breaker keeps GPUs out (SPEC section 9)
     _by_id: Mapping[str, NodeSpec] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -367,6 +369,24 @@ class Gpu:
     processes: tuple[GpuProcess, ...] = ()
     # Who else holds it by a scheduler's bookkeeping ("Slurm job 42 of alice"): taken, as a foreign process is.
     held_by: str = ""
+    # SPEC section 9: the probe's verdict (a GpuHealth word) and, when not ok, why in one line.
+    health: GpuHealth = GpuHealth.OK
+    health_reason: str = ""
+    xid_info: tuple[str, ...] = ()  # Xid events that are not fatal, newest last: information only
+    quarantined: "Quarantine | None" = None  # the crash-loop breaker's, from status/ (never the catalog)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == GpuHealth.OK and self.quarantined is None
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """GPUs that kept killing starts, kept out of placement until `until` (seconds since the epoch)."""
+
+    reason: str
+    until: float
+    uuid: str = ""  # the GPU's uuid when quarantined: a new uuid (a reset, a new card) clears it
 
 
 @dataclass(frozen=True)
@@ -382,9 +402,19 @@ class Disk:
     total_bytes: int
 
 
+class RankKey(NamedTuple):
+    """One managed rank, by where it runs. rank None: every rank of the replica on that node."""
+
+    node: str
+    replica: str
+    rank: int | None
+
+
 @dataclass(frozen=True)
 class RunningRank:
-    """One managed engine process found on a node (from its record)."""
+    """One managed engine process: as the probe found its record in a snapshot, or as its node (or
+    Slurm) reports it now to a launcher's `ranks` (then `node`, `started_at` and `log_tail` are set).
+    The one rank type: what placement counts, what readiness judges and what logs show."""
 
     id: str  # replica id
     model: str
@@ -399,6 +429,17 @@ class RunningRank:
     slurm_job: str = ""  # the Slurm job the rank runs in (launcher: slurm)
     waiting: str = ""  # queued, not running yet: the scheduler's reason ("Resources", "Priority", ...)
     revision: str | None = None  # the catalog revision it was started from (None: unknown, an older record)
+    node: str = ""  # the node it runs on, when asked of one node (a snapshot keeps it by its node instead)
+    started_at: float | None = None  # wall clock of the node at launch
+    log_tail: tuple[str, ...] = ()  # its last log lines, when asked for them
+
+    @property
+    def replica(self) -> str:
+        return self.id
+
+    @property
+    def key(self) -> RankKey:
+        return RankKey(self.node, self.id, self.rank)
 
 
 @dataclass(frozen=True)
@@ -433,6 +474,8 @@ class ObservedNode:
     # None: not probed for (an older snapshot); then every role is assumed, as for engines: None
     llama_cpp: LlamaCppBinaries | None = None
     cpu_count: int | None = None  # CPUs the probe may run on (its affinity), None: unknown
+    # How each GPU health check went: {ecc, remap, xid} -> a CheckResult word; None: not probed for
+    health_checks: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -488,6 +531,9 @@ class RejectKind(StrEnum):
     DISK = "disk"  # requested/available: GiB free for weights the node does not hold (detail: the path)
     WEIGHTS = "weights"  # resource: the path source a node probed without, for a model that sets no fetch
     GPUS = "gpus"  # resource: the GPU class; requested/available: GPUs per node / free (detail: other classes)
+    # As GPUS, where the node would fit but for GPUs that are unhealthy, lost, quarantined or cordoned
+    # (SPEC section 9); `unhealthy` names each: "gpu3: Xid 79 at ...: GPU has fallen off the bus"
+    GPU_UNHEALTHY = "gpu_unhealthy"
     HOSTS_MODEL = "hosts_model"  # detail: the replica of the same model already there
     REPLACED_COPY = "replaced_copy"  # the node runs the copy this replica replaces
     NO_PORT = "no_port"  # requested: the profile's first port; nothing free at or above it
@@ -533,6 +579,7 @@ class Reason:
     available: float | str | None = None
     detail: str = ""
     held_by: str = ""  # GPUS: who else holds the missing GPUs by a scheduler's account ("2 held by other Slurm jobs: ...")
+    unhealthy: str = ""  # GPUS, GPU_UNHEALTHY: the class's GPUs that are not usable and why ("gpu3: Xid 79; gpu5: ...")
 
     @property
     def text(self) -> str:
@@ -553,6 +600,8 @@ def _label_text(r: Reason) -> str:
 def _gpus_text(r: Reason) -> str:
     others = f" (its GPUs are {r.detail})" if r.detail else ""
     held = f" ({r.held_by})" if r.held_by else ""
+    if r.unhealthy:  # SPEC section 9: the free count says "healthy", and which GPUs are not and why
+        return f"has {r.available} free healthy {r.resource} GPUs ({r.unhealthy}), needs {r.requested}{others}{held}"
     return f"has {r.available} free {r.resource} GPUs, needs {r.requested}{others}{held}"
 
 
@@ -564,6 +613,7 @@ _REASON_TEXT = {
     RejectKind.DISK: lambda r: (f"has {figure(r.available)} GiB free on {r.detail} for weights it does not hold, "
                                 f"needs {figure(r.requested)}"),
     RejectKind.GPUS: _gpus_text,
+    RejectKind.GPU_UNHEALTHY: _gpus_text,
     RejectKind.WEIGHTS: lambda r: f"does not hold the weights at {r.resource} (the model sets no fetch to copy them)",
     RejectKind.HOSTS_MODEL: lambda r: f"already hosts {r.detail} of this model",
     RejectKind.REPLACED_COPY: lambda r: "runs the copy being replaced",

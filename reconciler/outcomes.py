@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from reconciler.autoscale import AutoscaleState
-from reconciler.model import Assignment, Inventory, replica_ordinal
+from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
 from reconciler.plan import Plan, ReplicaHistory
 from reconciler.vocabulary import ActionKind, FailureKind, Phase
 
@@ -103,6 +103,8 @@ class PassMemory:
     unreachable_since  node id -> epoch seconds it was first seen unreachable
     last_seen          the last snapshot in which each node answered (records of nodes unreachable now)
     placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
+    gpu_strikes        replica id -> its failed starts in a row on the same GPUs (the crash-loop breaker)
+    quarantines        (node id, GPU index) -> the quarantine of that GPU (status/nodes.yaml shows them)
     """
 
     history: Mapping[str, ReplicaHistory] = field(default_factory=dict)
@@ -110,6 +112,18 @@ class PassMemory:
     last_seen: Inventory | None = None
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     start_failures: Mapping[str, StartFailure] = field(default_factory=dict)
+    gpu_strikes: Mapping[str, "GpuStrikes"] = field(default_factory=dict)
+    quarantines: Mapping[tuple[str, int], Quarantine] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuStrikes:
+    """Failed starts in a row of one replica on the same GPUs (SPEC section 9's crash-loop breaker):
+    where ((node, GPU indices) per node), how many, and the last one's message."""
+
+    where: tuple[tuple[str, tuple[int, ...]], ...]
+    count: int
+    message: str = ""
 
 
 @dataclass

@@ -50,7 +50,7 @@ from reconciler.model import (
 )
 from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 from reconciler.rollout import WAIT, SpecChange, roll_out
-from reconciler.vocabulary import ActionKind, NodeState
+from reconciler.vocabulary import ActionKind, GpuHealth, NodeState
 
 # Restart backoff: first restart at once, then 10 s, 20 s, 40 s ... capped at 5 minutes,
 # the same curve as a kubelet's CrashLoopBackOff so operators read it the same way.
@@ -402,6 +402,9 @@ class _Diff:
             self.on_lost_node(rid, model, ordinal, current, hist, lost)
         elif drained:
             self.to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained"))
+        elif bad := self.bad_gpus(copy):
+            # SPEC section 9: a replica on a GPU that turned unhealthy or lost moves, as off a drained node.
+            self.to_replace.append(_Replacement(model, ordinal, current, bad))
         elif profile is None or self.spec_changed(model, profile, copy):
             why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
             self.to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True))
@@ -409,6 +412,21 @@ class _Diff:
             self.crashed(rid, model, ordinal, current, copy, profile, hist)
         else:
             self.healthy(rid, model_name, current, hist)
+
+    def bad_gpus(self, copy: _Copy) -> str:
+        """`gpu 3 of h100-a1 is unhealthy: Xid 79 ...` for the copy's GPUs that are not ok or are
+        quarantined (the crash-loop breaker's: it is placed elsewhere, not restarted there), else ""."""
+        said = []
+        for node, rank in copy.ranks:
+            obs = self.inventory.node(node)
+            if obs is None or not rank.gpus:
+                continue
+            on = set(rank.gpus)
+            said += [f"gpu {g.index} of {node} is {g.health}" + (f": {g.health_reason}" if g.health_reason else "")
+                     for g in obs.gpus if g.index in on and g.health != GpuHealth.OK]
+            said += [f"gpu {g.index} of {node} is quarantined: {g.quarantined.reason}"
+                     for g in obs.gpus if g.index in on and g.health == GpuHealth.OK and g.quarantined is not None]
+        return "; ".join(said)
 
     def not_desired(self, rid: str, model_name: str, model: Model | None, entries: list[tuple[str, RunningRank]]) -> None:
         """A model removed from the catalog, or an ordinal above the replica count: stop it where it answers."""

@@ -31,13 +31,13 @@ from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
-from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember
+from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember, with_quarantines
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, WaitKind, Waiting
-from reconciler.probe import FleetProbe, probe_fleet_report
+from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.scaling import LoadReader, scale_pass
@@ -50,28 +50,35 @@ from reconciler.vocabulary import NodeState
 ProbeFn = Callable[[Catalog, FleetTransports], "Inventory | FleetProbe"]
 
 
-def timed_probe(catalog: Catalog, transports: FleetTransports) -> FleetProbe:
-    probed = probe_fleet_report(
-        catalog.fleet, transports, sources=sorted({m.source for m in catalog.models}), owner=catalog_owner(catalog)
-    )
-    # GPUs, engines, fabrics and weights come from the probe; node states, other jobs' GPUs and our jobs from Slurm.
-    return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
+class ProbeFleet:
+    """The pass's probe, wired once: every node's probe, then Slurm's view of `launcher: slurm` nodes
+    folded in (node states, other jobs' GPUs, our jobs); GPUs, engines, fabrics and weights come from
+    the probe. `apply` probes each node once (prober None); the daemon hands its FleetProber, which
+    outlives a pass so a silent node is not waited on twice. The FleetProbe carries each node's
+    probe duration."""
+
+    def __init__(self, prober: FleetProber | None = None, log=None, pending: Callable[[], bool] | None = None):
+        self.prober, self.log, self.pending = prober, log, pending
+
+    def __call__(self, catalog: Catalog, transports: FleetTransports) -> FleetProbe:
+        sources = sorted({m.source for m in catalog.models})
+        owner = catalog_owner(catalog)
+        if self.prober is None:
+            probed = probe_fleet_report(catalog.fleet, transports, sources=sources, owner=owner)
+        else:
+            probed = self.prober(catalog.fleet, transports, sources=sources, owner=owner, log=self.log,
+                                 interrupt=self.pending)
+        return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
 def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
-    return timed_probe(catalog, transports).inventory
+    return ProbeFleet()(catalog, transports).inventory
 
 
 def _probed(answer: "Inventory | FleetProbe") -> tuple[Inventory, dict[str, float] | None]:
     if isinstance(answer, FleetProbe):
         return answer.inventory, answer.durations()
     return answer, None  # a probe that does not time its nodes (a reused inventory, a test's)
-
-
-def default_planner(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
-    """The pass's plan (memory.plan_remembering, which `plan` and `explain` call too, so they predict it):
-    starts that failed before wait out their backoff, or stay stalled (memory.hold_failed_starts)."""
-    return plan_remembering(catalog, inventory, now=now, memory=memory, explain=explain)
 
 
 def run_pass(
@@ -83,8 +90,8 @@ def run_pass(
     history: PassMemory | None = None,
     log: LogFn = lambda d: None,
     launcher: Launcher | None = None,
-    probe: ProbeFn | None = None,
-    planner: Callable[..., Plan] | None = None,
+    probe: ProbeFn = ProbeFleet(),
+    planner: Callable[..., Plan] = plan_remembering,
     render: RenderFn | None = None,
     ready_wait_s: float | None = None,
     write_status: bool = True,
@@ -120,15 +127,16 @@ def run_pass(
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is.
-    inventory, probe_seconds = _probed((probe or timed_probe)(catalog, fleet_transports))
+    inventory, probe_seconds = _probed(probe(catalog, fleet_transports))
     # 1b. Autoscale (the daemon): the loads of the replicas the last pass left Ready, read once now,
     #     decide this pass's count; the plan below then starts or stops (drained) what it changes.
     counts = in_force
     if autoscale is not None and in_force:
         counts = scale_pass(with_counts(catalog, in_force), ready or {}, in_force, now, autoscale, log)
     catalog = with_counts(catalog, counts)
-    # 2. Plan (pure): what to do about it.
-    plan = (planner or default_planner)(catalog, inventory, now=now, memory=memory)
+    # 2. Plan (pure): what to do about it; memory.plan_remembering, which `plan` and `explain` call too,
+    #    so they predict it (starts that failed before wait out their backoff, or stay stalled).
+    plan = planner(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
                         autoscale=counts, next_pass_at=next_pass_at(catalog, counts))
     if dry_run:
@@ -161,7 +169,10 @@ def run_pass(
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
-                                 attempt_keys=attempt_keys(catalog, inventory, plan))
+                                 attempt_keys=attempt_keys(catalog, inventory, plan),
+                                 quarantine_s=catalog.fleet.gpu_quarantine_s)
+        # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
+        result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
-from reconciler.model import Action, Inventory, RankLaunch
+from reconciler.model import Action, Inventory, RankKey, RankLaunch
 from reconciler.outcomes import Decision
 from reconciler.snapshot import RankRecords, ranks_by_replica
 
@@ -25,10 +25,10 @@ class Effects:
 
     decisions: list[Decision] = field(default_factory=list)
     started: list[RankLaunch] = field(default_factory=list)
-    stopped: list[tuple[str, str, int | None]] = field(default_factory=list)
-    pids: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    stopped: list[RankKey] = field(default_factory=list)
+    pids: dict[RankKey, int] = field(default_factory=dict)
     taken_ports: dict[str, set[int]] = field(default_factory=dict)
-    adopted_revisions: dict[tuple[str, str, int], str | None] = field(default_factory=dict)
+    adopted_revisions: dict[RankKey, str | None] = field(default_factory=dict)
     unanswered: dict[str, str] = field(default_factory=dict)  # node -> why: it did not answer a stop
 
     def merge(self, other: "Effects") -> None:

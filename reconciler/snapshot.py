@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Mapping, Sequence
 
-from reconciler.model import Inventory, ObservedNode, RankLaunch, RunningRank
+from reconciler.model import Inventory, ObservedNode, RankKey, RankLaunch, RunningRank
 
 # A GPU whose memory is more than this share used is not clean, even with no process listed
 # (nvidia-smi cannot always see processes of other containers).
@@ -37,8 +37,8 @@ def ranks_by_replica(inventory: Inventory) -> dict[str, RankRecords]:
 def inventory_after(
     inventory: Inventory,
     started: Iterable[RankLaunch],
-    stopped: Iterable[tuple[str, str, int | None]],
-    pids: Mapping[tuple[str, str, int], int] | None = None,
+    stopped: Iterable[RankKey],
+    pids: Mapping[RankKey, int] | None = None,
     taken_ports: Mapping[str, Iterable[int]] | None = None,
 ) -> Inventory:
     """The snapshot as the pass left the fleet, without probing again: stopped ranks gone, started ones in.

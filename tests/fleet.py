@@ -109,8 +109,15 @@ NVIDIA_SMI = r"""#!/bin/sh
 # Fake nvidia-smi for a test fleet node: prints the outputs rendered from this node's
 # hardware description (see tests/fleet.py), for exactly the queries the probe uses.
 # Shell builtins only: fifty nodes probed at once on a small machine should not pay a fork per line.
+# Like the real one, it exits 15 when it names a GPU it cannot answer for, after printing the rest.
 D="${0%/*}/.nvidia-smi"
-out() { while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done < "$D/$1"; }
+rc=0
+out() {
+  while IFS= read -r l || [ -n "$l" ]; do
+    case "$l" in "Unable to determine"*) rc=15 ;; esac
+    printf '%s\n' "$l"
+  done < "$D/$1"
+}
 mode=ok
 [ -f "$D/mode" ] && read -r mode < "$D/mode"
 case "$mode" in
@@ -122,13 +129,52 @@ case "$mode" in
     exit 0 ;;
 esac
 case "$*" in
-  "--query-gpu=index,uuid,name,memory.total,memory.used --format=csv,noheader,nounits") out gpus.csv ;;
+  "--query-gpu=index,uuid,name,memory.total,memory.used,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending --format=csv,noheader,nounits") out gpus.csv ;;
+  "--query-gpu=index,uuid,name,memory.total,memory.used --format=csv,noheader,nounits") out gpus5.csv ;;
+  "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure --format=csv,noheader") out remap.csv ;;
   "--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits") out apps.csv ;;
   "topo -m") out topo.txt ;;
   "-L") out list.txt ;;
   *) echo "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."; exit 2 ;;
 esac
+exit $rc
 """
+
+# Fake dmesg: the node's kernel log as tests/fleet.py rendered it, or the ways reading it fails.
+DMESG = r"""#!/bin/sh
+D="${0%/*}/.dmesg"
+mode=ok
+[ -f "$D/mode" ] && read -r mode < "$D/mode"
+case "$mode" in
+  unreadable) echo "dmesg: read kernel buffer failed: Operation not permitted" >&2; exit 1 ;;
+  hang) exec sleep 600 ;;
+  huge) exec cat "$D/log.txt" ;;
+esac
+while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done < "$D/log.txt"
+"""
+
+# The ways a fleet GPU can be broken (SPEC section 9), as `faults={index: kind}` of add_node/set_hardware:
+#   ecc              2 uncorrected ECC errors          retired_pending  a page waiting to be retired
+#   remap_pending    a row waiting to be remapped      remap_failed     a remap that failed
+#   xid79            `NVRM: Xid ... 79 ... fallen off the bus` in the kernel log
+#   xid13            an application's Xid: information only, the GPU stays healthy
+#   handle           `Unable to determine the device handle for GPU ...: Unknown Error`
+#   reset            `[GPU requires reset]` in its fields     err   `ERR!` in its ECC field
+#   lost             no longer listed by the driver, still in /proc/driver/nvidia/gpus
+#   leak             71200 MiB in use with no process listed (a dead engine's context)
+GPU_FAULTS = ("ecc", "retired_pending", "remap_pending", "remap_failed", "xid79", "xid13", "handle", "reset", "err",
+              "lost", "leak")
+DMESG_MODES = ("ok", "unreadable", "hang", "huge", "absent")
+KERNEL_LOG_HEAD = (
+    "[    0.000000] Linux version 5.15.0-91-generic (buildd@lcy02-amd64-045) #101-Ubuntu SMP Tue Nov 14 13:30:08 UTC 2023",
+    "[   12.901223] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023",
+)
+
+
+def bus_id(index: int) -> str:
+    """The PCI bus id the fake gives GPU `index`, as nvidia-smi prints it."""
+    return f"00000000:{0x18 + 0x11 * index:02X}:00.0"
+
 
 # --------------------------------------------------------------------------
 # Hardware descriptions and what nvidia-smi prints for them
@@ -150,12 +196,56 @@ def gpu_entry(spec: str | Mapping, index: int, node_id: str) -> dict:
     return d
 
 
-def render_gpus_csv(gpus: Sequence[Mapping], processes: Sequence[Mapping]) -> str:
+def render_gpus_csv(gpus: Sequence[Mapping], processes: Sequence[Mapping], faults: Mapping[int, str] | None = None,
+                    *, health: bool = True) -> str:
+    faults = faults or {}
     lines = []
     for i, g in enumerate(gpus):
+        fault = faults.get(i)
+        if fault == "lost":
+            continue
+        bus = bus_id(i)
+        if fault == "handle" and health:
+            lines.append(f"Unable to determine the device handle for GPU {bus[4:]}: Unknown Error")
+            continue
         used = g.get("memory_used_mb", 0) + sum(p.get("used_mb", 0) for p in processes if p["gpu"] == i)
-        lines.append(f"{i}, {g['uuid']}, {g['name']}, {g['memory_total_mb']}, {used}")
+        if fault == "leak":
+            used = 71200
+        total = g["memory_total_mb"]
+        ecc, pending = {"ecc": ("2", "No"), "err": ("ERR!", "No"), "retired_pending": ("0", "Yes")}.get(fault, ("0", "No"))
+        if fault == "reset":
+            total = used = ecc = pending = "[GPU requires reset]"
+        line = f"{i}, {g['uuid']}, {g['name']}, {total}, {used}"
+        lines.append(line + (f", {bus}, {ecc}, {pending}" if health else ""))
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_remap_csv(gpus: Sequence[Mapping], faults: Mapping[int, str] | None = None) -> str:
+    faults = faults or {}
+    lines = []
+    for i, _ in enumerate(gpus):
+        fault = faults.get(i)
+        if fault == "lost":
+            continue
+        if fault == "handle":
+            lines.append(f"Unable to determine the device handle for GPU {bus_id(i)[4:]}: Unknown Error")
+            continue
+        pending, failure = {"remap_pending": ("1", "0"), "remap_failed": ("0", "1")}.get(fault, ("0", "0"))
+        lines.append(f"{bus_id(i)}, {pending}, {failure}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_kernel_log(gpus: Sequence[Mapping], faults: Mapping[int, str] | None = None, extra: Sequence[str] = ()) -> str:
+    """dmesg's default output: the Xid lines of the faults that leave them, then `extra` lines."""
+    lines = list(KERNEL_LOG_HEAD)
+    for i, fault in sorted((faults or {}).items()):
+        pci = "PCI:0000:" + bus_id(i)[9:14].lower()
+        if fault == "xid79":
+            lines.append(f"[ 8211.548779] NVRM: Xid ({pci}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+        elif fault == "xid13":
+            lines.append(f"[ 8100.004512] NVRM: Xid ({pci}): 13, pid=48213, name=python3, Graphics SM Warp Exception on "
+                         "(GPC 1, TPC 3, SM 0): Out Of Range Address")
+    return "\n".join(lines + list(extra)) + "\n"
 
 
 def render_apps_csv(gpus: Sequence[Mapping], processes: Sequence[Mapping]) -> str:
@@ -340,6 +430,9 @@ class TestFleet:
         python: bool = True,
         nvidia_smi: str | None = None,
         login_env: Mapping[str, str] | None = None,
+        faults: Mapping[int, str] | None = None,
+        dmesg: str = "ok",
+        kernel_log: Sequence[str] = (),
     ) -> NodeHandle:
         """Create and start a node.
 
@@ -358,6 +451,8 @@ class TestFleet:
         python: False leaves python3 off the login PATH.
         nvidia_smi: None (present when the node has GPUs), "absent", "fail" or "garbage".
         login_env: extra environment of every SSH login on the node (e.g. FAKE_ENGINE_RECORD_DIR).
+        faults: {GPU index: how it is broken} (GPU_FAULTS); dmesg: how its kernel log reads (DMESG_MODES);
+        kernel_log: more lines for the kernel log (an Xid for a bus id no GPU has, say).
         """
         if node_id in self.nodes:
             raise ValueError(f"node {node_id} already exists")
@@ -367,7 +462,7 @@ class TestFleet:
         if host > 254:
             raise ValueError("a test fleet holds at most 245 nodes")
         d = self.root / "nodes" / node_id
-        for sub in ("bin", "engines", "python", "models", "home", "sysclass/infiniband"):
+        for sub in ("bin", "engines", "python", "models", "home", "sysclass/infiniband", "procdriver"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         node = NodeHandle(
             id=node_id,
@@ -393,7 +488,8 @@ class TestFleet:
                 ports.append({"name": name, "state": "ACTIVE", "link_layer": "InfiniBand", "subnet_prefix": fabric_prefix(fabric)})
         for port in ports:
             self._write_hca(node, port)
-        self.set_hardware(node_id, gpus=gpus, nvlink=nvlink, processes=processes, nvidia_smi=nvidia_smi)
+        self.set_hardware(node_id, gpus=gpus, nvlink=nvlink, processes=processes, nvidia_smi=nvidia_smi,
+                          faults=faults or {}, dmesg=dmesg, kernel_log=kernel_log)
         self._write_sshd_config(node)
         self._make_host_key(node)
         self._register()  # before the namespace exists, so a crash right after still gets it reaped
@@ -459,8 +555,12 @@ class TestFleet:
         nvlink: str | Sequence[Sequence[int]] | None = None,
         processes: Sequence[Mapping] | None = None,
         nvidia_smi: str | None = None,
+        faults: Mapping[int, str] | None = None,
+        dmesg: str | None = None,
+        kernel_log: Sequence[str] | None = None,
     ) -> dict:
-        """Change what the node's nvidia-smi reports; unspecified parts stay. Returns the hardware dict."""
+        """Change what the node's nvidia-smi (and dmesg, and /proc/driver/nvidia/gpus) report;
+        unspecified parts stay. Returns the hardware dict."""
         node = self.nodes[node_id]
         hw = node.hardware
         if gpus is not None:
@@ -471,6 +571,20 @@ class TestFleet:
             hw["processes"] = [dict(p) for p in processes]
         if nvidia_smi is not None:
             hw["nvidia_smi"] = nvidia_smi
+        if faults is not None:
+            unknown = sorted(set(faults.values()) - set(GPU_FAULTS))
+            if unknown:
+                raise ValueError(f"unknown GPU faults {unknown}; use {GPU_FAULTS}")
+            hw["faults"] = {int(k): v for k, v in faults.items()}
+        if dmesg is not None:
+            if dmesg not in DMESG_MODES:
+                raise ValueError(f"unknown dmesg mode {dmesg!r}; use {DMESG_MODES}")
+            hw["dmesg"] = dmesg
+        if kernel_log is not None:
+            hw["kernel_log"] = list(kernel_log)
+        hw.setdefault("faults", {})
+        hw.setdefault("dmesg", "ok")
+        hw.setdefault("kernel_log", [])
         hw.setdefault("gpus", [])
         hw.setdefault("nvlink", "all")
         hw.setdefault("processes", [])
@@ -481,7 +595,12 @@ class TestFleet:
         bin_dir = node.dir / "bin"
         smi_dir = bin_dir / ".nvidia-smi"
         smi_dir.mkdir(exist_ok=True)
-        (smi_dir / "gpus.csv").write_text(render_gpus_csv(g, hw["processes"]))
+        faults = {int(k): v for k, v in hw["faults"].items()}
+        (smi_dir / "gpus.csv").write_text(render_gpus_csv(g, hw["processes"], faults))
+        (smi_dir / "gpus5.csv").write_text(render_gpus_csv(g, hw["processes"], faults, health=False))
+        (smi_dir / "remap.csv").write_text(render_remap_csv(g, faults))
+        self._write_kernel_log(node, bin_dir, g, faults, hw["dmesg"], hw["kernel_log"])
+        self._write_proc_gpus(node, g if mode != "absent" else [])
         (smi_dir / "apps.csv").write_text(render_apps_csv(g, hw["processes"]))
         nics = sorted(p.name for p in (node.dir / "sysclass" / "infiniband").iterdir())
         (smi_dir / "topo.txt").write_text(render_topo(g, groups, nics))
@@ -495,6 +614,31 @@ class TestFleet:
             smi.write_text(NVIDIA_SMI)
             smi.chmod(0o755)
         return hw
+
+    def _write_kernel_log(self, node: NodeHandle, bin_dir: Path, gpus, faults, mode: str, extra) -> None:
+        d = bin_dir / ".dmesg"
+        d.mkdir(exist_ok=True)
+        log = render_kernel_log(gpus, faults, extra)
+        if mode == "huge":  # megabytes of noise before the lines that matter
+            log = "[  100.000000] usb 1-1: new high-speed USB device number 2 using xhci_hcd\n" * 80_000 + log
+        (d / "log.txt").write_text(log)
+        (d / "mode").write_text(mode + "\n")
+        dmesg = bin_dir / "dmesg"
+        if mode == "absent" or not gpus:
+            dmesg.unlink(missing_ok=True)
+        elif not dmesg.exists():
+            dmesg.write_text(DMESG)
+            dmesg.chmod(0o755)
+
+    def _write_proc_gpus(self, node: NodeHandle, gpus) -> None:
+        """/proc/driver/nvidia/gpus/<bus id>/ of every GPU the kernel module bound, lost ones included."""
+        root = node.dir / "procdriver" / "nvidia" / "gpus"
+        if root.exists():
+            shutil.rmtree(root)
+        if gpus:
+            root.mkdir(parents=True)
+            for i, _ in enumerate(gpus):
+                (root / bus_id(i)[4:].lower()).mkdir()
 
     def _write_sshd_config(self, node: NodeHandle) -> None:
         m = self.mnt
@@ -567,6 +711,7 @@ class TestFleet:
             (node.dir / "python", m / "python"),
             (node.dir / "models", m / "models"),
             (node.dir / "sysclass", Path("/sys/class")),
+            (node.dir / "procdriver", Path("/proc/driver")),  # /proc/driver/nvidia/gpus of this node's GPUs
         ]
         script = " && ".join(f"mount --bind {src} {dst}" for src, dst in mounts) + " && exec sleep infinity"
         node.holder = subprocess.Popen(

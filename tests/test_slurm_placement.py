@@ -57,7 +57,10 @@ def test_status_records_the_gpus_slurm_gave_not_the_placements():
     from reconciler.readiness import Liveness, observed_gpus
 
     state = ReplicaState("m-0", "m", "p", "Ready", "", (Assignment("a", 0, (2, 3)), Assignment("b", 1, (0, 1))), None)
-    liveness = Liveness({("a", 0): RankState("a", "m-0", 0, True, gpus=(0, 1), slurm_job="7"),
-                         ("b", 1): RankState("b", "m-0", 1, True, gpus=(5,))})  # no job: an SSH rank keeps its own
+    def rank(node, number, gpus, job=""):
+        return RankState("m-0", "m", "p", number, gpus, 8000, "h", node=node, slurm_job=job)
+
+    liveness = Liveness({("a", 0): rank("a", 0, (0, 1), "7"),
+                         ("b", 1): rank("b", 1, (5,))})  # no job: an SSH rank keeps its own
     assert [a.gpus for a in observed_gpus(state, liveness).nodes] == [(0, 1), (0, 1)]
     assert observed_gpus(state, Liveness({})) is state

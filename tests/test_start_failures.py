@@ -1,5 +1,5 @@
 """A start that failed and left nothing running: retried by its kind (memory.py), pure, with an injected clock
-and jitter. The same plan the daemon and `apply` act on, and `plan` predicts (reconcile.default_planner)."""
+and jitter. The same plan the daemon and `apply` act on, and `plan` predicts (memory.plan_remembering)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from reconciler.memory import (
 from reconciler.model import Assignment
 from reconciler.outcomes import FAILED, STARTING, ReplicaState
 from reconciler.plan import WaitKind
-from reconciler.reconcile import default_planner
+from reconciler.memory import plan_remembering as default_planner
 from reconciler.status import model_status_document, predicted_pass
 from tests.builders import catalog, fleet, inventory, model, node_spec, observed, profile
 

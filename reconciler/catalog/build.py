@@ -74,6 +74,7 @@ def build_fleet(data: dict) -> Fleet:
                 socket_ifname=n.get("socket_ifname"),
                 launcher=n.get("launcher", "ssh"),
                 slurm_name=n.get("slurm_name", ""),
+                cordon_gpus=tuple(sorted(n.get("cordon_gpus") or ())),
             )
         )
     slurm = data.get("slurm")
@@ -89,7 +90,8 @@ def build_fleet(data: dict) -> Fleet:
             command_timeout_s=float(slurm.get("command_timeout_s", 30)),
         )
     return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"),
-                 unreachable_grace_s=float(data.get("unreachable_grace_s", Fleet.unreachable_grace_s)))
+                 unreachable_grace_s=float(data.get("unreachable_grace_s", Fleet.unreachable_grace_s)),
+                 gpu_quarantine_s=float(data.get("gpu_quarantine_s", Fleet.gpu_quarantine_s)))
 
 
 def build_profile(p: dict) -> Profile:

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-# memory_path and load_memory live with the memory they persist; imported here for apply, run and older callers.
-from reconciler.memory import PassMemory, load_memory, memory_path, memory_to_document  # noqa: F401
+from reconciler import memory as memory_store
+from reconciler.memory import PassMemory, load_memory, memory_path
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
@@ -15,7 +15,7 @@ from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
 from reconciler import status
-from reconciler.status import CatalogStatus, write_rendered
+from reconciler.status import CatalogStatus
 from reconciler.vocabulary import NodeState, Phase
 
 
@@ -48,16 +48,9 @@ def write_catalog_status(catalog) -> None:
               file=sys.stderr)
 
 
-def _frozen(memory: PassMemory) -> tuple:
-    """The memory's contents as a value no later change to its mappings can alter: the daemon
-    saves after every pass, and an equal memory is not rendered to JSON again (write_rendered)."""
-    return (tuple(sorted(memory.history.items())), tuple(sorted(memory.unreachable_since.items())),
-            memory.last_seen, tuple(sorted(memory.placed_on.items())), tuple(sorted(memory.start_failures.items())))
-
-
 def save_memory(path: Path, memory: PassMemory) -> None:
     try:
-        write_rendered(path, _frozen(memory), lambda: json.dumps(memory_to_document(memory), sort_keys=True))
+        memory_store.save_memory(path, memory)
     except StatusWriteError as exc:  # losing the memory costs a backoff step, never the pass
         print(f"reconciler: could not save {path}: {exc.reason}", file=sys.stderr)
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import sys
 import time
 from pathlib import Path
 
-from reconciler.reconcile import run_pass as run_apply_pass
+from reconciler.reconcile import ProbeFleet, run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
-from reconciler.launcher.slurm_launcher import fold_slurm
-from reconciler.owner import catalog_owner
 from reconciler.probe import FleetProber
 from reconciler.scaling import default_reader
 from reconciler.ssh import TransportPool
@@ -52,22 +49,11 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
         from reconciler.metrics import parse_address
 
         parse_address(options.metrics_address)
+    if getattr(args, "dashboard_address", None):
+        from reconciler.dashboard.server import parse_address as parse_dashboard_address
+
+        parse_dashboard_address(args.dashboard_address, "--dashboard-address")
     return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
-
-
-class ProbeFleet:
-    """The pass's probe: every node, through the daemon's FleetProber (a silent node is waited on once)."""
-
-    def __init__(self, prober: FleetProber, log, pending=None):
-        self.prober, self.log, self.pending = prober, log, pending
-
-    def __call__(self, catalog, transports):
-        sources = sorted({m.source for m in catalog.models})
-        probed = self.prober(catalog.fleet, transports, sources=sources, owner=catalog_owner(catalog), log=self.log,
-                             interrupt=self.pending)
-        # As the one-shot pass's probe does: Slurm's node states and jobs on `launcher: slurm` nodes;
-        # the FleetProbe whole, so the pass result carries each node's probe duration.
-        return dataclasses.replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
 class ReusedInventory:
@@ -198,4 +184,17 @@ def raise_open_files_limit(log) -> tuple[int, int] | None:
 def main(args) -> int:
     daemon = daemon_from_args(args)
     raise_open_files_limit(daemon.log)
-    return daemon.serve()
+    if not getattr(args, "dashboard_address", None):
+        return daemon.serve()
+    # The dashboard reads only the status files the loop writes: a thread beside the loop that
+    # shares nothing with it, started before the first pass and stopped after the last.
+    from reconciler.dashboard.server import DashboardServer
+
+    dashboard = DashboardServer(daemon.root, args.dashboard_address, "--dashboard-address")
+    dashboard.start()
+    host, port = dashboard.address
+    daemon.log("dashboard.serving", address=f"{host}:{port}", msg=f"the dashboard at {dashboard.url} (read-only)")
+    try:
+        return daemon.serve()
+    finally:
+        dashboard.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from reconciler.model import RankLaunch
+from reconciler.model import RankLaunch, RunningRank
 from reconciler.vocabulary import FailureKind
 
 
@@ -40,25 +40,9 @@ class StopOutcome:
     unanswered: bool = False
 
 
-@dataclass(frozen=True)
-class RankState:
-    """A managed rank as its node reports it now."""
-
-    node: str
-    replica: str
-    rank: int
-    alive: bool
-    spec_hash: str = ""
-    port: int = 0
-    pid: int | None = None
-    started_at: float | None = None  # wall clock of the node at launch
-    log_tail: tuple[str, ...] = ()
-    model: str = ""
-    profile: str = ""
-    nnodes: int = 1
-    gpus: tuple[int, ...] = ()
-    slurm_job: str = ""
-    waiting: str = ""  # queued, not started yet: the scheduler's reason
+# A managed rank as its node reports it now: the one rank type (model.RunningRank), with node,
+# started_at and log_tail set.
+RankState = RunningRank
 
 
 @dataclass(frozen=True)
@@ -83,7 +67,3 @@ class Launcher(Protocol):
 
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         """The managed ranks on a node, with liveness; raises TransportError when the node cannot answer."""
-
-
-
-__all__ = ["Launcher", "LogChunk", "RankState", "SshLauncher", "StartOutcome", "StopOutcome"]

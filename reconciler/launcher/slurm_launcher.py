@@ -155,7 +155,7 @@ def rank_states(jobs: OurJobs, details: Mapping[str, JobDetail], slurm_names: Ma
             if gpus is None and rank < len(shape.gpus):
                 gpus = shape.gpus[rank]
             out.append(RankState(
-                node=nid, replica=rid, rank=rank, alive=job.live, spec_hash=shape.spec_hash, port=port,
+                node=nid, id=rid, rank=rank, alive=job.live, spec_hash=shape.spec_hash, port=port,
                 started_at=_epoch(job.start_time), model=shape.model, profile=shape.profile, nnodes=shape.nnodes,
                 gpus=tuple(gpus or ()), slurm_job=job.job_id, waiting=job.reason if job.pending else "",
             ))

@@ -168,7 +168,7 @@ class SshLauncher:
         return [
             RankState(
                 node=node,
-                replica=r.get("id", ""),
+                id=r.get("id", ""),
                 rank=int(r.get("rank", 0)),
                 alive=bool(r.get("alive")),
                 spec_hash=r.get("spec_hash", ""),

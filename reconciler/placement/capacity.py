@@ -12,7 +12,7 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from reconciler.model import ObservedNode
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import GpuHealth, NodeState
 
 MAX_PORT = 65535
 
@@ -69,7 +69,7 @@ class NodeCapacity:
         "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
         "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
         "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked", "launcher", "held",
-        "llama_cpp", "data_ipv6",
+        "llama_cpp", "data_ipv6", "unusable",
     )
 
     def __init__(self, idx: int, spec, obs: ObservedNode | None):
@@ -92,19 +92,27 @@ class NodeCapacity:
         self.busy: dict[int, str] = {}  # gpu index -> who holds it
         self.held: dict[str, list[str]] = {}  # class -> other scheduler jobs holding its GPUs here
         self.nvlink: dict[int, tuple[int, ...]] = {}
+        # gpu index -> why it is not usable (SPEC section 9): unhealthy, lost, quarantined, cordoned, or
+        # memory held by no process. Never free, not even when a replica on it is released.
+        self.unusable: dict[int, str] = {}
+        cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
+        own = {i for r in obs.replicas for i in r.gpus} if obs is not None else set()
         for g in obs.gpus if obs is not None else ():
-            self._add_gpu(g, spec.gpu_class or g.gpu_class)
+            self._add_gpu(g, spec.gpu_class or g.gpu_class, gpu_unusable(g, g.index in cordoned, g.index in own))
         self.all_nvlinked = _all_linked(self.nvlink)
         self.ranks = 0
         self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
         self.ports_used: set[int] = set(self.ports_observed)
 
-    def _add_gpu(self, g, cls: str) -> None:
+    def _add_gpu(self, g, cls: str, unusable: str = "") -> None:
         self.gpu_class[g.index] = cls
         self.total[cls] = self.total.get(cls, 0) + 1
         self.nvlink[g.index] = g.nvlink_peers
-        if g.held_by:
+        if unusable:
+            self.unusable[g.index] = unusable
+            self.busy[g.index] = unusable
+        elif g.held_by:
             self.busy[g.index] = g.held_by
             self.held.setdefault(cls, []).append(g.held_by)
         elif g.processes:
@@ -125,6 +133,26 @@ class NodeCapacity:
         while p in used or p == also_taken:
             p += 1
         return p if p <= MAX_PORT else None
+
+
+# A GPU whose memory is this much in use with no process listed holds a dead engine's context
+# (llm-d-fast-model-actuation#709: replacements crashed on memory nobody held): not free.
+LEAK_MIN_MB = 1024
+LEAK_FRACTION = 0.05
+
+
+def gpu_unusable(g, cordoned: bool, held_by_own_rank: bool) -> str:
+    """Why this GPU takes no new rank (SPEC section 9), or "" when it may."""
+    if g.health != GpuHealth.OK:
+        return g.health_reason or f"{g.health}"
+    if g.quarantined is not None:
+        return f"quarantined: {g.quarantined.reason}" if g.quarantined.reason else "quarantined"
+    if cordoned:
+        return "cordoned in fleet.yaml"
+    if (not g.processes and not g.held_by and not held_by_own_rank
+            and g.memory_used_mb > max(LEAK_MIN_MB, LEAK_FRACTION * g.memory_total_mb)):
+        return f"{g.memory_used_mb} MiB used by no process"
+    return ""
 
 
 def pick_gpus(n: NodeCapacity, gpu_class: str, want: int) -> tuple[int, ...]:

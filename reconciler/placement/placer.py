@@ -325,6 +325,9 @@ class Placer:
                 cls = n.gpu_class.get(g)
                 if cls is None or n.busy.get(g) != placement.replica:
                     continue
+                if g in n.unusable:  # a bad GPU a replica ran on goes back to being bad, not free
+                    n.busy[g] = n.unusable[g]
+                    continue
                 del n.busy[g]
                 n.free.setdefault(cls, set()).add(g)
             if a.port and a.port not in n.ports_observed:

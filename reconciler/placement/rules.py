@@ -193,6 +193,12 @@ def held_summary(held: Sequence[str]) -> str:
     return f"{len(held)} held by other Slurm jobs: {', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}"
 
 
+def unusable_summary(bad: Sequence[tuple[int, str]]) -> str:
+    """`gpu3: Xid 79 at ...: GPU has fallen off the bus; gpu5: 2 uncorrected ECC errors` (the first four named)."""
+    named = "; ".join(f"gpu{g}: {why}" for g, why in bad[:4])
+    return named + (f"; and {len(bad) - 4} more" if len(bad) > 4 else "")
+
+
 def dynamic_reason(n: NodeCapacity, model: Model, profile: Profile, exclude: frozenset,
                     *, may_share: bool = False) -> Reason | None:
     if n.id in exclude:
@@ -205,8 +211,12 @@ def dynamic_reason(n: NodeCapacity, model: Model, profile: Profile, exclude: fro
             others = sorted(c for c in n.total if c != profile.gpu_class)
             other_classes = ", ".join(others) if have == 0 and others and profile.gpu_class not in n.total else ""
             held = n.held.get(profile.gpu_class, [])
-            return Reason(RejectKind.GPUS, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes,
-                          held_by=held_summary(held))
+            bad = [(g, why) for g, why in sorted(n.unusable.items()) if n.gpu_class.get(g) == profile.gpu_class
+                   and n.busy.get(g) == why]
+            # The unhealthy ones are why it fails when the node would fit with them.
+            kind = RejectKind.GPU_UNHEALTHY if bad and have + len(bad) >= profile.gpus_per_node else RejectKind.GPUS
+            return Reason(kind, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes,
+                          held_by=held_summary(held), unhealthy=unusable_summary(bad))
     if n.free_port(profile.port) is None:
         return Reason(RejectKind.NO_PORT, "port", profile.port)
     return None

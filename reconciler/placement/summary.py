@@ -38,6 +38,8 @@ def _group_label(why: Reason) -> tuple[str, str] | tuple[()]:
         return f"has no {what}", f"have no {what}"
     if k is RejectKind.GPUS:
         return f"has too few free {why.resource} GPUs", f"have too few free {why.resource} GPUs"
+    if k is RejectKind.GPU_UNHEALTHY:
+        return f"has too few free healthy {why.resource} GPUs", f"have too few free healthy {why.resource} GPUs"
     if k is RejectKind.WEIGHTS:
         return f"lacks the weights {why.resource} (no fetch)", f"lack the weights {why.resource} (no fetch)"
     return _GROUPS.get(k, ())
@@ -60,6 +62,7 @@ _DETAIL = {
     RejectKind.MEMORY: lambda r: f"{figure(r.available)} GiB, needs {figure(r.requested)}",
     RejectKind.DISK: lambda r: f"{figure(r.available)} GiB free, needs {figure(r.requested)}",
     RejectKind.GPUS: lambda r: f"{r.available} free, needs {r.requested}",
+    RejectKind.GPU_UNHEALTHY: lambda r: f"{r.available} free, needs {r.requested} ({r.unhealthy})",
 }
 
 

@@ -30,6 +30,7 @@ from reconciler.model import (
 )
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
 from reconciler.probe.script import BOOTSTRAP, payload
+from reconciler.vocabulary import CheckResult, GpuHealth
 from reconciler.transport import KeepsStreams, Transport, TransportPool
 from reconciler.vocabulary import NodeState
 
@@ -79,6 +80,11 @@ def _payload() -> bytes:
         return _build_payload()
 
 
+# The GPU health queries (SPEC section 9) are part of every probe; bench/probe.py turns them off
+# to measure what they cost, and nothing else should.
+GPU_HEALTH_QUERIES = True
+
+
 def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> dict:
     args = {
         "model_dirs": list(spec.model_dirs),
@@ -87,6 +93,8 @@ def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None 
     }
     if owner is not None:
         args["owner"] = owner
+    if not GPU_HEALTH_QUERIES:
+        args["gpu_health"] = False
     # The node's own waits end well inside the command's deadline, so a hung nvidia-smi or
     # `import sglang` is reported as such (GPUs unknown) instead of the whole node timing out.
     inner = round(max(1.0, min(20.0, float(spec.ssh.command_timeout_s) / 2)), 1)
@@ -592,7 +600,7 @@ def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None =
     """
     # What a node says is kept bounded: a few dozen warnings of a few hundred characters.
     warnings = [str(w)[:500] for w in list(report.get("warnings") or ())[:50]]
-    gpus = _gpus(spec, report, warnings)
+    gpus = _lost_named(_gpus(spec, report, warnings))
     replicas, foreign = _split_records(report, owner, warnings)
     gpus = _with_foreign_processes(gpus, foreign)
     state, reason, failure = _gpu_verdict(spec, report)
@@ -617,6 +625,7 @@ def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None =
                                   | {r.port for r, _ in foreign if r.port})),
         llama_cpp=_llama_cpp(report.get("llama_cpp")),
         cpu_count=_positive_int(report.get("cpu_count")),
+        health_checks=_health_checks(report.get("health_checks")),
     )
     return node, warnings
 
@@ -638,6 +647,9 @@ def _gpus(spec: NodeSpec, report: Mapping, warnings: list[str]) -> list[Gpu]:
 
 def _gpu(spec: NodeSpec, g: Mapping) -> Gpu:
     total = _int(g.get("memory_total_mb"))
+    health, reason = _health(g)
+    if int(g["index"]) in spec.cordon_gpus:
+        reason = "; ".join(r for r in (reason, CORDONED_REASON) if r)
     return Gpu(
         index=int(g["index"]),
         uuid=str(g.get("uuid", "")),
@@ -650,7 +662,54 @@ def _gpu(spec: NodeSpec, g: Mapping) -> Gpu:
             GpuProcess(int(p["pid"]), str(p.get("name", "")), _int(p.get("used_mb")))
             for p in g.get("processes") or ()
         ),
+        health=health,
+        health_reason=reason,
+        xid_info=tuple(_said(x, 200) for x in list(g.get("xid_info") or ())[:3]),
     )
+
+
+CORDONED_REASON = "cordoned in fleet.yaml"
+
+
+def _said(text, limit: int) -> str:
+    """What a node said, kept to one printable line."""
+    return "".join(c if c.isascii() and c.isprintable() else "?" for c in str(text)[:limit])
+
+
+def _health(g: Mapping) -> tuple[GpuHealth, str]:
+    """The node's verdict on one GPU. A word that is not a verdict is no verdict: the GPU is taken
+    as unhealthy with that said, never as healthy (the probe that would have said ok did not)."""
+    said = g.get("health", GpuHealth.OK)
+    reason = _said(g.get("health_reason", "") or "", 300)
+    try:
+        health = GpuHealth(said)
+    except ValueError:
+        return GpuHealth.UNHEALTHY, f"the probe reported health {_said(said, 40)!r}"
+    if health != GpuHealth.OK and not reason:
+        reason = f"the probe reported it {health}"
+    return health, reason if health != GpuHealth.OK else ""
+
+
+def _health_checks(reported) -> Mapping[str, str] | None:
+    if not isinstance(reported, dict):
+        return None
+    checks = {}
+    for name in ("ecc", "remap", "xid"):
+        try:
+            checks[name] = CheckResult(reported.get(name, CheckResult.UNREADABLE))
+        except ValueError:
+            checks[name] = CheckResult.UNREADABLE
+    return frozen_map(checks)
+
+
+def _lost_named(gpus: list[Gpu]) -> list[Gpu]:
+    """A GPU the driver cannot name (lost, or no handle) has no name: on a node whose other GPUs are
+    all one model (the common case) it takes theirs, so a rejection counts it among that class's GPUs."""
+    names = {(g.name, g.gpu_class, g.memory_total_mb) for g in gpus if g.name and g.memory_total_mb}
+    if len(names) != 1 or all(g.name for g in gpus):
+        return gpus
+    (name, cls, total), = names
+    return [replace(g, name=name, gpu_class=cls, memory_total_mb=total) if not g.name else g for g in gpus]
 
 
 def _split_records(report: Mapping, owner: str | None,

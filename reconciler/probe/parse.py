@@ -83,8 +83,50 @@ def gpu_class(name: str, memory_total_mb: int | None) -> str:
 # nvidia-smi
 # --------------------------------------------------------------------------
 
-GPU_QUERY = "index,uuid,name,memory.total,memory.used"
+# The GPUs, then the health fields of SPEC section 9 in the same query (one nvidia-smi, not two):
+# the PCI bus id that Xid lines and /proc/driver/nvidia/gpus name a GPU by, uncorrected ECC
+# errors since the driver loaded, and pages waiting to be retired.
+GPU_QUERY = "index,uuid,name,memory.total,memory.used,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
+GPU_QUERY_WITHOUT_HEALTH = "index,uuid,name,memory.total,memory.used"
 APPS_QUERY = "gpu_uuid,pid,process_name,used_memory"
+# What nvidia-smi prints in a field of a GPU it names but cannot answer for (SPEC section 9):
+# such a GPU is unhealthy, and the other GPUs of the output are still read.
+DEVICE_ERROR_VALUES = ("[GPU requires reset]", "ERR!", "[Unknown Error]", "[GPU is lost]")
+# A whole line for such a GPU: `Unable to determine the device handle for GPU 0000:3B:00.0: Unknown Error`,
+# `... for GPU0000:65:00.0: Unknown Error` (no space on some drivers), `... GPU is lost.  Reboot the system ...`.
+_DEVICE_ERROR_LINE = (r"^(?:Unable to (?:determine|detect) the device handle for )?GPU ?"
+                      r"((?:[0-9A-Fa-f]+:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?): *(.+)$")
+
+
+def pci_bus_key(bus_id: str) -> str:
+    """One spelling of a PCI bus id for comparing: nvidia-smi's `00000000:3B:00.0`, NVML's
+    `0000:3b:00.0`, an Xid line's `PCI:0000:3b:00` and /proc's `0000:3b:00.0` are all `0000:3b:00`
+    (domain as a number, bus and device in lower case; the function left out, as Xid lines do)."""
+    text = bus_id.strip().lower()
+    if text.startswith("pci:"):
+        text = text[4:]
+    parts = text.split(":")
+    if len(parts) == 2:
+        parts = ["0"] + parts
+    if len(parts) != 3:
+        raise ParseError("not a PCI bus id: %r" % bus_id[:60])
+    device = parts[2].split(".")[0]
+    try:
+        return "%04x:%02x:%02x" % (int(parts[0], 16), int(parts[1], 16), int(device, 16))
+    except ValueError:
+        raise ParseError("not a PCI bus id: %r" % bus_id[:60])
+
+
+def device_error_line(line: str) -> tuple[str, str] | None:
+    """(bus key, what the driver said) for a line naming a GPU it cannot answer for, else None."""
+    m = _re(_DEVICE_ERROR_LINE).match(line.strip())
+    if m is None:
+        return None
+    try:
+        key = pci_bus_key(m.group(1))
+    except ParseError:
+        return None
+    return key, m.group(2).strip().rstrip(".").split(".  ")[0][:200]
 
 
 def _int_or_none(text: str) -> int | None:
@@ -97,32 +139,77 @@ def _int_or_none(text: str) -> int | None:
         raise ParseError("not a number: %r" % text)
 
 
+def _yes_no(text: str) -> bool | None:
+    word = text.strip().lower()
+    if word in ("yes", "1", "true"):
+        return True
+    if word in ("no", "0", "false"):
+        return False
+    if text.strip() in _NA:
+        return None
+    raise ParseError("not yes or no: %r" % text[:40])
+
+
+def _device_error(fields: list[tuple[str, str]]) -> str:
+    """`memory.total reads [GPU requires reset]` for the first field that says the GPU cannot answer."""
+    for name, value in fields:
+        if value in DEVICE_ERROR_VALUES:
+            return "%s reads %s" % (name, value)
+    return ""
+
+
 def parse_gpu_csv(text: str) -> list[dict]:
-    """`nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used --format=csv,noheader,nounits`."""
+    """`nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits` (8 fields), or the older
+    5-field query `index,uuid,name,memory.total,memory.used`.
+
+    A line for a GPU the driver cannot answer for (`Unable to determine the device handle ...`)
+    becomes that GPU, at the index its place in the output gives it, with `error` set; so does a
+    line whose fields read `[GPU requires reset]` or `ERR!`. The 8-field form adds `bus_id` (as
+    pci_bus_key spells it), `ecc_uncorrected` and `retired_pending` (None: not supported)."""
     gpus = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
+        lost = device_error_line(line)
+        if lost is not None:
+            gpus.append({"index": gpus[-1]["index"] + 1 if gpus else 0, "uuid": "", "name": "", "memory_total_mb": 0,
+                         "memory_used_mb": 0, "bus_id": lost[0], "error": lost[1]})
+            continue
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 5:
-            raise ParseError("nvidia-smi --query-gpu line %d has %d fields, expected 5: %r" % (lineno, len(parts), line[:120]))
-        # A name never holds a comma on any driver seen, but keep index/uuid first and sizes last regardless.
-        index, uuid, name, total, used = parts[0], parts[1], ", ".join(parts[2:-2]), parts[-2], parts[-1]
+        health = len(parts) >= 8
+        if len(parts) < 5 or len(parts) in (6, 7):
+            raise ParseError("nvidia-smi --query-gpu line %d has %d fields, expected 8 (or 5): %r" % (lineno, len(parts), line[:120]))
+        tail = 5 if health else 2  # fields after the name
+        # A name never holds a comma on any driver seen, but keep index/uuid first and the rest last regardless.
+        index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-tail])
+        total, used = parts[-tail], parts[-tail + 1]
         if not index.isdigit():
             raise ParseError("nvidia-smi --query-gpu line %d: index %r is not a number" % (lineno, index))
-        total_mb = _int_or_none(total)
-        if total_mb is None:
+        named = [("memory.total", total), ("memory.used", used)]
+        if health:
+            named += [("pci.bus_id", parts[-3]), ("ecc.errors.uncorrected.volatile.total", parts[-2]),
+                      ("retired_pages.pending", parts[-1])]
+        error = _device_error(named)
+        values = {k: ("" if v in DEVICE_ERROR_VALUES else v) for k, v in named}
+        total_mb = _int_or_none(values["memory.total"])
+        if total_mb is None and not error:
             raise ParseError("nvidia-smi --query-gpu line %d: no memory.total for GPU %s" % (lineno, index))
-        gpus.append(
-            {
-                "index": int(index),
-                "uuid": uuid,
-                "name": name,
-                "memory_total_mb": total_mb,
-                "memory_used_mb": _int_or_none(used) or 0,
-            }
-        )
+        gpu = {
+            "index": int(index),
+            "uuid": uuid,
+            "name": name,
+            "memory_total_mb": total_mb or 0,
+            "memory_used_mb": _int_or_none(values["memory.used"]) or 0,
+        }
+        if health:
+            bus = values["pci.bus_id"]
+            gpu["bus_id"] = pci_bus_key(bus) if bus and bus not in _NA else None
+            gpu["ecc_uncorrected"] = _int_or_none(values["ecc.errors.uncorrected.volatile.total"])
+            gpu["retired_pending"] = _yes_no(values["retired_pages.pending"])
+        if error:
+            gpu["error"] = error
+        gpus.append(gpu)
     return gpus
 
 

@@ -23,6 +23,10 @@ Arguments (JSON object, all optional):
   state_dir:  path          where managed-process records are (`~` is this node's home)
   sglang_timeout_s: number  deadline for the `import sglang` check (default 20)
   nvidia_smi_timeout_s: number
+  gpu_health: bool          false: no health queries (bench/probe.py's comparison); default true
+  health_recheck_s: number  in a session, how often the kernel log and remapped rows are read again (10)
+  dmesg_timeout_s: number   deadline for reading the kernel log (default 5): a dmesg that hangs
+                            costs the Xid check (`xid: unreadable`), never the probe
 """
 
 import json
@@ -36,6 +40,7 @@ if "parse_gpu_csv" not in globals():
     from reconciler.probe.parse import (  # noqa: F401
         APPS_QUERY,
         GPU_QUERY,
+        GPU_QUERY_WITHOUT_HEALTH,
         NETLINK_SOCK_DIAG,
         ParseError,
         inet_diag_listen_request,
@@ -47,6 +52,19 @@ if "parse_gpu_csv" not in globals():
         parse_proc_net_tcp,
         parse_proc_stat,
         parse_topo_matrix,
+    )
+    from reconciler.probe.health import (  # noqa: F401
+        CHECK_UNREADABLE,
+        CHECK_UNSUPPORTED,
+        DMESG_MAX_BYTES,
+        REMAP_QUERY,
+        NvmlFailed,
+        assess,
+        health_from_nvml,
+        parse_boot_time,
+        parse_remapped_rows_csv,
+        parse_xid_lines,
+        pci_bus_key,
     )
 
 PROBE_VERSION = 1
@@ -70,6 +88,7 @@ def is_hub_id(source):
         and all(p and set(p) <= _HUB_NAME_CHARS and p[0].isalnum() and ".." not in p for p in parts)
     )
 IB_ROOT = "/sys/class/infiniband"
+NVIDIA_PROC_GPUS = "/proc/driver/nvidia/gpus"  # one directory per GPU the kernel module bound, by bus id
 NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND = 9, 12  # nvml.h return codes
 
 
@@ -129,7 +148,13 @@ def gpus_from_nvml(pynvml):
         count = pynvml.nvmlDeviceGetCount()
         handles, gpus, by_bus = [], [], {}
         for i in range(count):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            except pynvml.NVMLError as e:
+                # A GPU NVML counts but cannot open (fallen off the bus, needs a reset): unhealthy, not absent.
+                gpus.append({"index": i, "uuid": "", "name": "", "memory_total_mb": 0, "memory_used_mb": 0,
+                             "nvlink_peers": [], "processes": [], "bus_id": None, "error": str(e)[:200] or "Unknown Error"})
+                continue
             handles.append(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             index = pynvml.nvmlDeviceGetIndex(h)
@@ -141,10 +166,13 @@ def gpus_from_nvml(pynvml):
                 "memory_used_mb": int(mem.used) // 1048576,
                 "nvlink_peers": [],
                 "processes": [],
+                "bus_id": None,
             }
             try:
-                by_bus[_bus_key(pynvml.nvmlDeviceGetPciInfo(h).busId)] = index
-            except pynvml.NVMLError:
+                bus = _decode(pynvml.nvmlDeviceGetPciInfo(h).busId)
+                by_bus[_bus_key(bus)] = index
+                gpu["bus_id"] = pci_bus_key(bus)
+            except (pynvml.NVMLError, ValueError):
                 pass
             try:
                 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
@@ -154,10 +182,16 @@ def gpus_from_nvml(pynvml):
                     )
             except pynvml.NVMLError:
                 pass
+            facts, remap, checks = health_from_nvml(nvml_health_answers(pynvml, h))
+            gpu.update(facts)
+            gpu["_checks"] = checks
+            if remap is not None:
+                gpu["_remap"] = remap
             gpus.append(gpu)
+        gpus_with_handles = [g for g in gpus if "_checks" in g]
         behind_switch = False
         max_links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
-        for gpu, h in zip(gpus, handles):
+        for gpu, h in zip(gpus_with_handles, handles):
             peers = set()
             for link in range(max_links):
                 try:
@@ -176,9 +210,9 @@ def gpus_from_nvml(pynvml):
             # NVSwitch systems: links end at switches, so ask NVML which pairs can talk over NVLink.
             caps = getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", 3)
             ok = getattr(pynvml, "NVML_P2P_STATUS_OK", 0)
-            for gpu, h in zip(gpus, handles):
+            for gpu, h in zip(gpus_with_handles, handles):
                 peers = set(gpu["nvlink_peers"])
-                for other, h2 in zip(gpus, handles):
+                for other, h2 in zip(gpus_with_handles, handles):
                     if other is gpu:
                         continue
                     try:
@@ -193,6 +227,25 @@ def gpus_from_nvml(pynvml):
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def nvml_health_answers(pynvml, h):
+    """What NVML says of one GPU's health, each answer a value or NvmlFailed (health_from_nvml reads them)."""
+    def ask(call, *args):
+        try:
+            return call(h, *args)
+        except pynvml.NVMLError as e:
+            return NvmlFailed(getattr(e, "value", None))
+        except AttributeError:  # an old pynvml without the call: as the driver not supporting it
+            return NvmlFailed(3)
+
+    uncorrected = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile = getattr(pynvml, "NVML_VOLATILE_ECC", 0)
+    return {
+        "ecc": ask(lambda h, *a: pynvml.nvmlDeviceGetTotalEccErrors(h, *a), uncorrected, volatile),
+        "retired_pending": ask(lambda h: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)),
+        "remapped_rows": ask(lambda h: pynvml.nvmlDeviceGetRemappedRows(h)),
+    }
 
 
 def _comm(pid):
@@ -224,9 +277,27 @@ def _finish(proc, timeout, what):
         proc.communicate()
         return None, "%s ran past %gs" % (what, timeout)
     if proc.returncode != 0:
+        proc._out = out.decode(errors="replace")
         msg = (err or out).decode(errors="replace").strip().splitlines()
         return None, "%s exited %d%s" % (what, proc.returncode, (": " + msg[-1][:200]) if msg else "")
     return out.decode(errors="replace"), None
+
+
+def _stdout_of_failed(proc):
+    """What a finished child that exited non-zero printed on stdout, where it printed something."""
+    out = getattr(proc, "_out", None)
+    return out if out and out.strip() else None
+
+
+def _gpus_despite_exit(out):
+    """The GPUs of a query that exited non-zero, where its output names a GPU the driver cannot answer for."""
+    if out is None:
+        return None
+    try:
+        gpus = parse_gpu_csv(out)
+    except ParseError:
+        return None
+    return gpus if any(g.get("error") for g in gpus) else None
 
 
 class NvidiaSmi:
@@ -236,16 +307,19 @@ class NvidiaSmi:
     (their UUIDs) is unchanged: topology only changes with the hardware.
     """
 
-    def __init__(self, binary, timeout, cache=None):
+    def __init__(self, binary, timeout, cache=None, health=True, remap=True):
         self.binary = binary
         self.timeout = timeout
         # One deadline for every query: waited for one after another, their timeouts would add up
         # past the probe's own deadline, and a hung nvidia-smi would take the whole node with it.
         self.deadline = _now() + timeout
         self.cache = cache
-        self.gpus = _start([binary, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"])
+        query = GPU_QUERY if health else GPU_QUERY_WITHOUT_HEALTH
+        self.gpus = _start([binary, "--query-gpu=" + query, "--format=csv,noheader,nounits"])
         self.apps = _start([binary, "--query-compute-apps=" + APPS_QUERY, "--format=csv,noheader,nounits"])
+        self.remap = _start([binary, "--query-remapped-rows=" + REMAP_QUERY, "--format=csv,noheader"]) if remap else None
         self.topo = _start([binary, "topo", "-m"]) if cache is None else None
+        self.remap_rows, self.remap_state = None, CHECK_UNSUPPORTED
 
     def _left(self):
         return max(0.1, self.deadline - _now())
@@ -277,6 +351,15 @@ class NvidiaSmi:
         self.error = None
         gpus_out, why = _finish(self.gpus, self._left(), "nvidia-smi --query-gpu")
         apps_out, apps_why = _finish(self.apps, self._left(), "nvidia-smi --query-compute-apps")
+        self._finish_remap(warnings)
+        gpus = None
+        if why and self.gpus.returncode is not None and self.gpus.returncode > 0:
+            # nvidia-smi exits non-zero when one GPU cannot be answered for, and still lists the others;
+            # any other failure (no driver: exit 9) leaves the node without GPUs, as before.
+            gpus = _gpus_despite_exit(_stdout_of_failed(self.gpus))
+            if gpus is not None:
+                warnings.append(why)
+                why = None
         if why:
             self._drop_topo()
             warnings.append(why)
@@ -284,7 +367,7 @@ class NvidiaSmi:
                 self.error = why
             return None
         try:
-            gpus = parse_gpu_csv(gpus_out)
+            gpus = parse_gpu_csv(gpus_out) if gpus is None else gpus
         except ParseError as e:
             self._drop_topo()
             self.error = "nvidia-smi printed an unexpected format: %s" % str(e)[:300]
@@ -312,6 +395,29 @@ class NvidiaSmi:
         else:
             self._drop_topo()
         return gpus
+
+    def _finish_remap(self, warnings):
+        """Rows pending remap, or why not: unsupported where the driver has no such query, unreadable
+        where it answered something else (a check that did not run is never taken as clean)."""
+        if self.remap is None:
+            return
+        out, why = _finish(self.remap, self._left(), "nvidia-smi --query-remapped-rows")
+        if why:
+            said = why.lower()
+            if "not a valid" in said or "invalid combination" in said or "not supported" in said:
+                self.remap_state = CHECK_UNSUPPORTED
+                return
+            out = _stdout_of_failed(self.remap)
+            if out is None:
+                warnings.append(why + " (row remapping unknown)")
+                self.remap_state = CHECK_UNREADABLE
+                return
+        try:
+            self.remap_rows = parse_remapped_rows_csv(out)
+            self.remap_state = CHECK_UNSUPPORTED if not self.remap_rows else "ok"
+        except ParseError as e:
+            warnings.append("nvidia-smi --query-remapped-rows printed an unexpected format: %s (row remapping unknown)" % e)
+            self.remap_state = CHECK_UNREADABLE
 
     def _drop_topo(self):
         if self.topo is not None:
@@ -526,8 +632,14 @@ def collect(args, cache=None):
     held = cache.get("sglang") if cache is not None else None
     sglang_fresh = held is not None and _now() - held[0] < SGLANG_RECHECK_S
     sglang = None if sglang_fresh else start_sglang_check()
+    health = args.get("gpu_health", True) is not False
+    # In a session, the kernel log and the remapped rows are read again at most every
+    # HEALTH_RECHECK_S (ECC counts and device errors, in the GPU query, every pass).
+    slow = cache.get("slow_health") if cache is not None else None
+    slow_fresh = slow is not None and _now() - slow[0] < float(args.get("health_recheck_s", HEALTH_RECHECK_S))
+    dmesg = start_dmesg() if health and not slow_fresh else None
     gpus = gpus_from_pynvml(report, warnings)
-    smi = start_nvidia_smi(args, cache, warnings) if gpus is None else None
+    smi = start_nvidia_smi(args, cache, warnings, health, health and not slow_fresh) if gpus is None else None
 
     host_facts(report, args, model_dirs, warnings)
     engines = engines_on_path()
@@ -541,6 +653,9 @@ def collect(args, cache=None):
     report["ports_in_use"] = listening_ports(warnings)
 
     gpus = finish_gpus(report, gpus, smi, warnings)
+    if health:
+        gpus = gpu_health(report, gpus, smi, dmesg, float(args.get("dmesg_timeout_s", 5)), warnings,
+                          cache, slow if slow_fresh else None)
     # Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign.
     exclude_managed(gpus, [r for r in records if owner is None or r.get("owner") in (None, owner)])
     report["gpus"] = gpus
@@ -548,6 +663,116 @@ def collect(args, cache=None):
         add_sglang(engines, warnings)
     report["engines"] = engines
     return report
+
+
+def start_dmesg():
+    """The kernel log's reader, started with the GPU queries, on a node that has an NVIDIA driver."""
+    if not (os.path.isdir(NVIDIA_PROC_GPUS) or which("nvidia-smi")):
+        return None
+    binary = which("dmesg")
+    if not binary:
+        return None
+    try:
+        return _start([binary])
+    except OSError:
+        return None
+
+
+def read_bounded(proc, timeout, limit):
+    """(the newest `limit` bytes of a child's stdout as text, None), or (None, why): a child that
+    prints megabytes is read in bounded memory, and one that hangs is killed at its deadline."""
+    import select
+
+    fd = proc.stdout.fileno()
+    buf, trimmed, deadline = bytearray(), False, _now() + timeout
+    while True:
+        left = deadline - _now()
+        if left <= 0:
+            proc.kill()
+            proc.wait()
+            return None, "dmesg ran past %gs" % timeout
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > 2 * limit:
+            del buf[:len(buf) - limit]
+            trimmed = True
+    subprocess = _subprocess()
+    try:
+        err = proc.communicate(timeout=max(0.1, deadline - _now()))[1] or b""
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None, "dmesg ran past %gs" % timeout
+    if proc.returncode != 0:
+        msg = err.decode(errors="replace").strip().splitlines()
+        return None, "dmesg exited %d%s" % (proc.returncode, (": " + msg[-1][:200]) if msg else "")
+    text = bytes(buf[-limit:]).decode(errors="replace")
+    if trimmed or len(buf) > limit:
+        text = text.split("\n", 1)[-1]  # the first line was cut
+    return text, None
+
+
+HEALTH_RECHECK_S = 10  # in a session, the kernel log and the remapped rows are read at most this often
+
+
+def gpu_health(report, gpus, smi, dmesg, dmesg_timeout, warnings, cache=None, held=None):
+    """Each GPU's health and the node's health_checks (SPEC section 9), judged by health.assess.
+    `held`: the session's kernel-log and remap answers while fresh (then neither was asked again)."""
+    if held is not None:
+        _, remap_rows, remap_state, xid_events, xid_state, notes = held
+        warnings.extend(notes)
+    else:
+        notes = []
+        xid_events, xid_state = None, CHECK_UNSUPPORTED
+        if dmesg is not None:
+            text, why = read_bounded(dmesg, dmesg_timeout, DMESG_MAX_BYTES)
+            if why:
+                notes.append(why + ": Xid events unknown")
+                xid_state = CHECK_UNREADABLE
+            else:
+                boot = None
+                if "Xid" in text:
+                    try:
+                        boot = parse_boot_time(read_text("/proc/stat"))
+                    except OSError:
+                        pass
+                xid_events = parse_xid_lines(text, boot)
+        remap_rows = smi.remap_rows if smi is not None else None
+        remap_state = smi.remap_state if smi is not None else CHECK_UNSUPPORTED
+        warnings.extend(notes)
+        if cache is not None and (dmesg is not None or (smi is not None and smi.remap is not None)):
+            cache["slow_health"] = (_now(), remap_rows, remap_state, xid_events, xid_state, notes)
+    proc_bus_ids = []
+    if report.get("gpu_source") in ("nvml", "nvidia-smi"):
+        # Lost is said of a GPU missing from a listing the driver gave; a driver that answered
+        # nothing (nvidia-smi failed) leaves every GPU unknown, as it always did.
+        try:
+            proc_bus_ids = sorted(os.listdir(NVIDIA_PROC_GPUS))
+        except OSError:
+            pass
+    if not gpus and not proc_bus_ids:
+        return gpus
+    nvml = report.get("gpu_source") == "nvml"
+    gpus, checks, notes = assess(
+        gpus,
+        remap_rows=remap_rows,
+        remap_state=remap_state,
+        xid_events=xid_events,
+        xid_state=xid_state,
+        proc_bus_ids=proc_bus_ids,
+        nvml_checks=True if nvml else None,
+    )
+    for g in gpus:
+        g.setdefault("nvlink_peers", [])
+        g.setdefault("processes", [])
+    warnings.extend(notes)
+    report["health_checks"] = checks
+    return gpus
 
 
 def sglang_installed(args, cache, held, proc, warnings):
@@ -583,13 +808,13 @@ def gpus_from_pynvml(report, warnings):
     return gpus
 
 
-def start_nvidia_smi(args, cache, warnings):
+def start_nvidia_smi(args, cache, warnings, health=True, remap=True):
     """nvidia-smi started (it runs while the rest is read), or None where there is none."""
     binary = which("nvidia-smi")
     if not binary:
         return None
     try:
-        return NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache)
+        return NvidiaSmi(binary, float(args.get("nvidia_smi_timeout_s", 20)), cache, health, remap)
     except OSError as e:
         warnings.append("cannot run nvidia-smi: %s" % (e.strerror or e))
         return None
@@ -694,7 +919,7 @@ BOOTSTRAP = (
 
 
 def payload(minify=True):
-    """The program text sent to a node: parse.py, then this file, as one module.
+    """The program text sent to a node: parse.py, health.py, then this file, as one module.
 
     Minified (docstrings dropped, comments and layout gone through an AST
     round trip): the node compiles it at every cold start, and a third less
@@ -702,8 +927,9 @@ def payload(minify=True):
     """
     here = os.path.dirname(os.path.abspath(__file__))
     parse_src = read_text(os.path.join(here, "parse.py"))
+    health_src = read_text(os.path.join(here, "health.py"))
     script_src = read_text(os.path.abspath(__file__))
-    source = parse_src + "\n\n# ---- script.py ----\n" + script_src
+    source = parse_src + "\n\n# ---- health.py ----\n" + health_src + "\n\n# ---- script.py ----\n" + script_src
     if minify:
         import ast
 
