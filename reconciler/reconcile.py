@@ -175,6 +175,9 @@ def run_pass(
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
     finally:
         # 7. Status, deferred: written whatever happened above.
+        if write_status and autoscale is None and in_force:
+            # This pass (apply) does not move counts; a daemon may have since it began: its count stands.
+            result.autoscale = counts_in_force(catalog)
         if write_status:
             result.written = write_pass_status(catalog, result)
     return result
