@@ -5,19 +5,24 @@ Bounded concurrent completions on the first replica (4 in flight on one slot: ll
 reports requests_processing 1 and requests_deferred 3) make the daemon add replicas up to
 `max` and not beyond; a manual `apply` in between changes nothing; when the load stops the
 daemon removes them one at a time, highest ordinal first, down to `min`; the catalog is never
-modified. Every request answers.
+modified. Every request answers; where draining (SPEC section 10) is merged, a long request on
+the replica being removed is drained, not cut.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
+from reconciler.engines.llamacpp import LlamaCppAdapter
+from reconciler.model import Model
 from tests.conftest import run_cli
 from tests.fleet import TestFleet
 from tests.gitcatalog import CatalogRepo, DaemonProcess, git, wait_for
@@ -26,6 +31,9 @@ from tests.real_llama import chat, gemma_model, llama_bin
 pytestmark = [pytest.mark.fleet, pytest.mark.real_engine]
 
 NODES = ("s1", "s2", "s3")
+METRICS_FLAG = [] if "--metrics" in LlamaCppAdapter.owned_flags else ["--metrics"]
+# Draining (SPEC section 10) is the traffic branch's: where it is merged, the scale-down is seen drained.
+DRAINS = hasattr(Model, "drain_s")
 MAX = 2  # three nodes could hold three replicas: max, not room, is what stops the count
 
 
@@ -48,17 +56,40 @@ def fleet(real):
 
 
 def model_doc(source: str, marker: str) -> dict:
-    return {
+    return {**({"drain_s": 300} if DRAINS else {}),
         "name": "gemma",
         "source": source,
         "replicas": {"min": 1, "max": MAX},
         "autoscale": {"metric": "requests", "target": 1, "up_delay_s": 1, "down_delay_s": 3},
         "profiles": [{
             "name": "cpu", "engine": "llama.cpp", "port": 8080, "start_timeout_s": 180,
-            "args": ["-c", "512", "--parallel", "1", "--metrics", "-t", "1"],
+            # --metrics: /metrics on (once the reconciler sets it itself, as the traffic branch does, not here)
+            "args": ["-c", "2048", "--parallel", "1", "-t", "1"] + METRICS_FLAG,
             "env": {"E2E_MARKER": marker},
         }],
     }
+
+
+LONG_TOKENS = 1200
+
+
+def long_completion(endpoint: str) -> dict:
+    """A completion that generates exactly LONG_TOKENS tokens (EOS ignored): tens of seconds here."""
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": LONG_TOKENS, "ignore_eos": True,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request(endpoint + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=400) as r:
+        return json.load(r)
+
+
+def busy(endpoint: str) -> bool:
+    """llama-server's own word: a request is being processed."""
+    try:
+        text = urllib.request.urlopen(endpoint + "/metrics", timeout=5).read().decode()
+    except OSError:
+        return False
+    return any(line.startswith("llamacpp:requests_processing") and float(line.split()[-1]) >= 1
+               for line in text.splitlines())
 
 
 class Load:
@@ -139,8 +170,25 @@ def test_real_llama_cpp_scales_to_max_under_load_and_back_to_min(fleet, real, tm
         assert not [line for line in applied.stdout.splitlines() if "  stop  " in line or "  start  " in line], \
             applied.stdout
         assert status()["desired"] == MAX
+        if DRAINS:
+            # One long request on the replica about to go, before the load stops: the scale-down
+            # drains it (out of the gateway files, waiting for it to end), never cuts it.
+            last = next(n for n in up["replicas"][1]["nodes"] if n["rank"] == 0)["endpoint"]
+            answer: list = []
+            long = threading.Thread(target=lambda: answer.append(long_completion(last)))
+            long.start()
+            wait_for(lambda: busy(last), 60, "the long request running on gemma-1", interval=0.2)
         load.stop()
         assert load.errors == [] and load.answered == load.sent > 0, (load.errors, load.sent, load.answered)
+        if DRAINS:
+            wait_for(lambda: any(r["id"] == "gemma-1" and r["phase"] == "Draining"
+                                 for r in status().get("replicas") or ()), 240,
+                     f"gemma-1 Draining:\n{daemon.logfile.read_text()[-4000:]}", interval=0.2)
+            long.join(timeout=400)
+            assert answer and answer[0]["usage"]["completion_tokens"] == LONG_TOKENS, \
+                f"the drained replica's request was cut: {answer}"
+        wait_for(lambda: [r["id"] for r in status().get("replicas") or ()] == ["gemma-0"], 240,
+                 f"gemma-1 stopped:\n{daemon.logfile.read_text()[-4000:]}", interval=0.2)
         down = at(1)
         assert [r["id"] for r in down["replicas"]] == ["gemma-0"]
         # the catalog is never modified: the count lives in status/ only
