@@ -451,3 +451,16 @@ def test_a_scale_up_that_cannot_be_placed_has_rejections_and_status_says_what_th
                r.get("rejections_same_as")]
     assert [r["id"] for r in pending] == ["m-1", "m-2"], doc["replicas"]
     assert "already hosts m-0" in doc["replicas"][1]["rejections"][0]["reason"]
+
+
+def test_an_unreadable_load_is_a_warning_line_in_the_daemon_log():
+    import io
+
+    from reconciler.daemon.events import EventLog
+    from reconciler.outcomes import Decision
+
+    out = io.StringIO()
+    EventLog("json", out)(Decision("m-1", "n1", METRICS_ACTION, "load unknown, counted at target 4: /metrics answered 404"))
+    line = json.loads(out.getvalue())
+    assert (line["level"], line["action"], line["replica"]) == ("warning", "metrics", "m-1")
+    assert len(out.getvalue().splitlines()) == 1
