@@ -16,14 +16,19 @@ The modules, top layer first; a module imports only from the layers below it
 
     cli                 argument parsing; __main__ runs it
     commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
-                        run, engine_check); plan_words and plan_markdown put a plan in words and in a
-                        pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
+                        run, engine_check, dashboard); plan_words and plan_markdown put a plan in words and
+                        in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
+    dashboard/          status/ as read-only web pages, beside the commands whose builders it reuses (the
+                        `status` JSON, `plan`'s rejection groups): files (status/ read, cached, last good kept),
+                        views (what each page shows, pure), app (Starlette routes, the read-only guard,
+                        templates/, static/), server (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
                         (watch), the lock (lock), the log (events), metrics from a pass (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor               the pass's effects: start, stop, replace, restart, through a Launcher, at once
     observed,           how a replica of an earlier pass is doing; the order actions need when they
-    scheduling          run at once, and the buffers their effects go to
+    scheduling,         run at once, and the buffers their effects go to; the pass's autoscale step
+    scaling             (each Ready replica's load read once, through engine_metrics; autoscale decides)
     engine_metrics      requests running and waiting, from an engine's own /metrics (draining, autoscaling)
     gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
@@ -51,8 +56,9 @@ The modules, top layer first; a module imports only from the layers below it
     engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
                         their option tables (flags, parsers/*.json)
     inventory,          the snapshot document <-> Inventory; transports (argv in, bytes out);
-    transport,          snapshot arithmetic (pure); Slurm's text outputs parsed (pure)
-    snapshot, slurm
+    transport,          snapshot arithmetic (pure); Slurm's text outputs parsed (pure); the count the
+    snapshot, slurm,    load wants inside the range git holds, and its status block (pure)
+    autoscale
     model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
     schemas, constants
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with

@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Callable, ClassVar, Iterable, Sequence
 
-from reconciler.engine_metrics import EngineLoad, read_load, series_for
+from reconciler.engine_metrics import EngineLoad, profile_series, read_load
 from reconciler.errors import PERMANENT, TEMPORARY, ReconcilerError, RenderError, TransportError
 from reconciler.fetch import Fetcher, choose_source, progress_message
 from reconciler.launcher import Launcher, StartOutcome, StopOutcome
@@ -484,7 +484,7 @@ class Actor:
         if sorted({(a.node, a.rank) for a in previous.nodes}) != sorted(old_live):
             return False  # part of it is on a node that does not answer: nothing to drain
         profile = model.profile(previous.profile)
-        series = series_for(profile.engine) if profile is not None else None
+        series = profile_series(profile) if profile is not None else None
         spec = self.catalog.fleet.node(previous.nodes[0].node)
         if series is not None and spec is not None:
             load = read_load(spec.data_host.bare, previous.nodes[0].port, series)
@@ -492,7 +492,7 @@ class Actor:
                 return False  # it runs no request: nothing to wait for
         now = self.wall_clock()
         drain = Drain(action.replica, action.model, tuple(a.node for a in previous.nodes), previous.nodes[0].port,
-                      profile.engine if profile is not None else "", now, now + model.drain_s)
+                      profile.engine if profile is not None else "", now, now + model.drain_s, profile=previous.profile)
         self.drains_begun[drain.key] = drain
         self.decide(action.replica, previous.nodes[0].node, "drain",
                     f"old copy out of every gateway file; stopped once no request runs, at most {model.drain_s:g} s: "

@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-status", action="store_true", help="commit changes under status/ to the catalog repository")
     p.add_argument("--push", action="store_true", help="with --commit-status, push the status commits")
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    p.add_argument("--dashboard-address", metavar="HOST:PORT", help="serve the dashboard's pages here (read-only)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--max-passes", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="what runs now, from status/ (no SSH): one row per replica")
     _catalog_arg(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("dashboard", help="status/ as web pages (read-only, no SSH), on loopback by default")
+    _catalog_arg(p)
+    p.add_argument("--address", default="127.0.0.1:8765", metavar="HOST:PORT",
+                   help="where to serve the pages (default 127.0.0.1:8765)")
 
     p = sub.add_parser("logs", help="an engine's own log (stdout and stderr), from the node it runs on")
     p.add_argument("replica", metavar="REPLICA")

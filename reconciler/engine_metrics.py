@@ -74,6 +74,15 @@ def series_for(engine: str, declared: LoadSeries | None = None) -> LoadSeries | 
     return declared if declared is not None else ENGINE_SERIES.get(engine)
 
 
+def profile_series(profile) -> LoadSeries | None:
+    """The series to read for a profile (model.Profile): its declared `metrics:` (a command profile),
+    else its engine's own; None when neither says."""
+    metrics = getattr(profile, "metrics", None)
+    declared = None if metrics is None else LoadSeries(waiting=metrics.waiting, running=metrics.running,
+                                                       path=metrics.path)
+    return series_for(profile.engine, declared)
+
+
 def parse_load(text: str, series: LoadSeries) -> LoadAnswer:
     """Requests running and waiting from exposition text (pure). Samples of one series are summed
     over their labels (an engine serving two model names reports one line per name)."""

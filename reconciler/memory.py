@@ -270,7 +270,7 @@ def new_drain(action: Action, copy: Placement, catalog: Catalog, now: float) -> 
     drain_s = model.drain_s if model is not None else DEFAULT_DRAIN_S
     profile = model.profile(copy.profile) if model is not None else None
     return Drain(action.replica, action.model, tuple(a.node for a in copy.nodes), copy.nodes[0].port,
-                 profile.engine if profile is not None else "", now, now + drain_s)
+                 profile.engine if profile is not None else "", now, now + drain_s, profile=copy.profile)
 
 
 def drain_done(d: Drain, now: float) -> str | None:
@@ -378,7 +378,7 @@ def _start_failure(doc: Mapping[str, Any]) -> StartFailure:
 
 def _drain(doc: Mapping[str, Any]) -> Drain:
     return Drain(str(doc["replica"]), str(doc["model"]), tuple(str(n) for n in doc["nodes"]), int(doc["port"]),
-                 str(doc["engine"]), float(doc["started"]), float(doc["until"]))
+                 str(doc["engine"]), float(doc["started"]), float(doc["until"]), profile=str(doc.get("profile", "")))
 
 
 def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:

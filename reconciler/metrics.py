@@ -46,6 +46,8 @@ class FleetFigures:
     node_up: Mapping[str, bool] = field(default_factory=dict)  # node -> answered the last probe
     # node -> seconds its last probe took; None: this pass probed nothing, the last figures stand
     probe_seconds: Mapping[str, float] | None = None
+    autoscale_current: Mapping[str, int] = field(default_factory=dict)  # autoscaled model -> count in force
+    autoscale_wanted: Mapping[str, int] = field(default_factory=dict)  # autoscaled model -> what the load wants
 
 
 class _FleetCollector:
@@ -62,6 +64,10 @@ class _FleetCollector:
             ("reconciler_model_replicas_desired", "Replicas the catalog asks for, per model.", f.desired),
             ("reconciler_model_replicas_ready", "Ready replicas, per model.", f.ready),
             ("reconciler_model_replicas_unplaced", "Replicas no node can take, per model.", f.unplaced),
+            ("reconciler_model_autoscale_current_replicas",
+             "Replicas autoscaling has in force, per autoscaled model.", f.autoscale_current),
+            ("reconciler_model_autoscale_wanted_replicas",
+             "Replicas the load asks for (clamped to the range), per autoscaled model.", f.autoscale_wanted),
         ):
             family = GaugeMetricFamily(name, text, labels=["model"])
             for model, n in sorted(values.items()):

@@ -173,6 +173,9 @@ class Profile:
     health_path: str = "/health"
     start_timeout_s: float = 900
     command: tuple[str, ...] | None = None  # engine: command only
+    # engine: command only: where its /metrics says requests waiting and running (SPEC section 11);
+    # None: the engine's own series (engine_metrics.ENGINE_SERIES), or no load known for a command
+    metrics: "ProfileMetrics | None" = None
 
     @property
     def cpu_only(self) -> bool:
@@ -189,6 +192,42 @@ class Profile:
         and ships the tensors to it, so it never opens the file. Every rank of any other
         engine loads its shard from its own disk."""
         return rank == 0 or self.engine != "llama.cpp"
+
+
+@dataclass(frozen=True)
+class ProfileMetrics:
+    """A `command` profile's `metrics: {path, waiting, running}`: the series its engine exports."""
+
+    waiting: str
+    running: str
+    path: str = "/metrics"
+
+
+@dataclass(frozen=True)
+class ReplicaRange:
+    """`replicas: {min, max}`: how many replicas may run; the load picks the count inside (SPEC section 11)."""
+
+    min: int
+    max: int
+
+    def clamp(self, n: int) -> int:
+        return max(self.min, min(self.max, n))
+
+    def __str__(self) -> str:
+        return f"{self.min}-{self.max}"
+
+
+AUTOSCALE_METRICS = ("requests",)  # requests in flight: running + waiting, as each engine reports them
+
+
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    """`autoscale:` of a model (SPEC section 11)."""
+
+    target: float  # requests in flight wanted per Ready replica
+    metric: str = "requests"
+    up_delay_s: float = 30.0  # above target this long: up to the wanted count
+    down_delay_s: float = 300.0  # below target this long: down by one
 
 
 # Placeholders a fetch command may use: it runs once per node for the weights, not per replica or rank.
@@ -225,6 +264,8 @@ def is_path_source(source: str) -> bool:
 class Model:
     name: str
     source: str
+    # The count to run now: the catalog's number, or for a range the count autoscaling left in
+    # status/ (autoscale.with_counts), `min` as loaded. Every reader (plan, placement, status) reads this.
     replicas: int = 1
     spread: str = "required"  # required | preferred
     # Sorted by descending priority, catalog order among equals.
@@ -242,6 +283,13 @@ class Model:
     def served(self) -> str:
         """The name the engine serves the model under, and every gateway file routes by."""
         return self.served_name or self.name
+    scale: ReplicaRange | None = None  # `replicas: {min, max}`; None: exactly `replicas`
+    autoscale: AutoscalePolicy | None = None  # set exactly when scale is (catalog rules)
+
+    @property
+    def replica_range(self) -> ReplicaRange:
+        """The range the count may move in: [replicas, replicas] for a fixed count."""
+        return self.scale if self.scale is not None else ReplicaRange(self.replicas, self.replicas)
 
     @property
     def needs_weights_on_node(self) -> bool:

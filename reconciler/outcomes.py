@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from reconciler.autoscale import AutoscaleState
 from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
 from reconciler.plan import Drain, Plan, ReplicaHistory
 from reconciler.vocabulary import ActionKind, FailureKind, Phase
@@ -140,6 +141,11 @@ class PassResult:
     # Node id -> seconds its probe took in this pass, for each probe that ended; None when the
     # pass probed nothing (it planned against the inventory an earlier pass left).
     probe_seconds: dict[str, float] | None = None
+    # Autoscaled model -> its count and why after this pass (SPEC section 11; status/models `autoscale:`).
+    autoscale: dict[str, AutoscaleState] = field(default_factory=dict)
+    # Epoch seconds the daemon should pass again for autoscaling (a pending move falls due);
+    # None: the resync interval will do.
+    next_pass_at: float | None = None
 
     @property
     def ok(self) -> bool:

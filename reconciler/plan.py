@@ -101,6 +101,7 @@ class Drain:
     until: float  # started + drain_s: stopped then whatever its engine says
     running: float | None = None
     note: str = ""  # why `running` is None, in words
+    profile: str = ""  # its profile, for the series a command profile declares (`metrics:`)
 
     @property
     def key(self) -> str:

@@ -25,8 +25,18 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from reconciler.actor import Actor, LogFn, RenderFn
+from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
 from reconciler.observed import observe_replica
-from reconciler.engine_metrics import ENGINE_SERIES, METRICS_TIMEOUT_S, EngineLoad, LoadTarget, LoadUnknown, read_loads, series_for
+from reconciler.engine_metrics import (
+    ENGINE_SERIES,
+    METRICS_TIMEOUT_S,
+    EngineLoad,
+    LoadTarget,
+    LoadUnknown,
+    profile_series,
+    read_loads,
+    series_for,
+)
 from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.gateway import write_gateway_files
@@ -42,8 +52,9 @@ from reconciler.plan import Plan, WaitKind, Waiting
 from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
+from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import predicted_failures, predicted_pass, unplaced_message, write_pass
+from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
 from reconciler.vocabulary import NodeState
 
@@ -100,6 +111,8 @@ def run_pass(
     write_status: bool = True,
     health: HealthCheck = http_health,
     fetcher: Fetcher | None = None,
+    autoscale: LoadReader | None = None,
+    ready: Mapping[str, ReplicaState] | None = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -110,11 +123,19 @@ def run_pass(
                   Ready (default actor.APPLY_READY_WAIT_S, capped by each profile's
                   start_timeout_s); the daemon may pass 0 and judge them on later
                   passes. A replace always waits for its new copy (see Actor.replace_wait_s).
+    autoscale     how to read Ready replicas' loads (scaling.default_reader; the daemon's): the
+                  loads of the replicas `ready` says were Ready (the previous pass's
+                  PassResult.replicas) decide each autoscaled model's count for this pass's plan.
+                  None (apply): the count in force is kept, so a manual pass never undoes the
+                  daemon's scaling.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
     now = time.time() if now is None else now
     memory = history or PassMemory()
+    # 0. The count in force of each autoscaled model, as status/ holds it (min without it): the
+    #    catalog's `replicas` for this pass. The catalog itself is never written.
+    in_force = counts_in_force(catalog)
     fleet_transports = FleetTransports(transports, catalog.fleet)
     ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
@@ -122,6 +143,12 @@ def run_pass(
     # 1. Probe: the fleet as it is; and how busy each draining copy's engine is (SPEC section 10).
     inventory, probe_seconds = _probed(probe(catalog, fleet_transports))
     memory = with_drain_loads(catalog, memory)
+    # 1b. Autoscale (the daemon): the loads of the replicas the last pass left Ready, read once now,
+    #     decide this pass's count; the plan below then starts or stops (drained) what it changes.
+    counts = in_force
+    if autoscale is not None and in_force:
+        counts = scale_pass(with_counts(catalog, in_force), ready or {}, in_force, now, autoscale, log)
+    catalog = with_counts(catalog, counts)
     # 2. Plan (pure): what to do about it; memory.plan_remembering, which `plan` and `explain` call too,
     #    so they predict it (starts that failed before wait out their backoff, or stay stalled, and
     #    serving copies to be stopped drain first).
@@ -132,7 +159,8 @@ def run_pass(
     if idle:
         memory = replace(memory, draining={**memory.draining, **idle})
         plan = planner(catalog, inventory, now=now, memory=memory)
-    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds)
+    result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
+                        autoscale=counts, next_pass_at=next_pass_at(catalog, counts))
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
         return result
@@ -142,7 +170,7 @@ def run_pass(
         # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
         #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
         if write_status:
-            actor.on_change = _progress_writer(catalog, plan, actor)
+            actor.on_change = _progress_writer(catalog, plan, actor, counts)
         no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
         # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
         #     decisions in the plan's order. One action's failure never stops the others.
@@ -170,6 +198,9 @@ def run_pass(
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
     finally:
         # 7. Status, deferred: written whatever happened above.
+        if write_status and autoscale is None and in_force:
+            # This pass (apply) does not move counts; a daemon may have since it began: its count stands.
+            result.autoscale = counts_in_force(catalog)
         if write_status:
             said = len(result.decisions)
             result.written = write_pass_status(catalog, result)
@@ -197,7 +228,12 @@ def with_drain_loads(catalog: Catalog, memory: PassMemory, timeout_s: float = ME
     for key, d in memory.draining.items():
         spec = catalog.fleet.node(d.nodes[0])
         # A removed model's engine is not known any more: each engine's series is tried in turn.
-        candidates = [series_for(d.engine)] if d.engine else list(ENGINE_SERIES.values())
+        model = catalog.model(d.model)
+        profile = model.profile(d.profile) if model is not None and d.profile else None
+        if profile is not None:
+            candidates = [profile_series(profile)]
+        else:
+            candidates = [series_for(d.engine)] if d.engine else list(ENGINE_SERIES.values())
         candidates = [c for c in candidates if c is not None]
         if not candidates or spec is None:
             notes[key] = "no metrics to ask" if not candidates else f"node {d.nodes[0]} is not in fleet.yaml"
@@ -237,7 +273,8 @@ def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inve
 PROGRESS_WRITE_EVERY_S = 2.0
 
 
-def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[], None]:
+def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
+                     autoscale: Mapping[str, AutoscaleState]) -> Callable[[], None]:
     """status/models rewritten mid-pass, so a person sees a Fetching replica's bytes done/total (at most
     every PROGRESS_WRITE_EVERY_S) and a Stopping one (at once), during the pass, not only after it."""
     last = [0.0]
@@ -252,6 +289,7 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor) -> Callable[[],
             # What the plan predicts, with what the actions have settled so far laid over it.
             result = predicted_pass(catalog, plan)
             result.replicas.update(actor.states)
+            result.autoscale = dict(autoscale)  # the count in force, so a mid-pass file never reads as min
             try:
                 write_pass(catalog, result, nodes=False)
             except ReconcilerError:

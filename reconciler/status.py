@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
+from reconciler.autoscale import AutoscaleState, kept_states, state_document, state_from_document
 from reconciler.constants import STATUS_DIR
 from reconciler.errors import Problem, StatusWriteError
 from reconciler.host import Host
@@ -30,8 +31,10 @@ from reconciler.vocabulary import ActionKind, FailureKind, Phase
 
 try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
     from yaml import CSafeDumper as _Dumper
+    from yaml import CSafeLoader as _Loader
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeDumper as _Dumper
+    from yaml import SafeLoader as _Loader
 
 
 class _StatusDumper(_Dumper):
@@ -267,15 +270,38 @@ def _replica_entry(fleet: Fleet, result: PassResult, state: ReplicaState | None,
 
 def model_status_document(model: Model, result: PassResult, fleet: Fleet, show_all: bool = False) -> dict:
     """status/models/<name>.yaml: desired and ready counts, every replica with its nodes and endpoints,
-    from the pass's replica states (observed by apply and the daemon, or predicted_pass's)."""
-    replicas = [_replica_entry(fleet, result, result.replicas.get(rid), rid, show_all)
+    from the pass's replica states (observed by apply and the daemon, or predicted_pass's); a model
+    with a range also its count and why (result.autoscale, SPEC section 11), after `ready`."""
+    replicas = [_replica_entry(fleet, result, result.replicas.get(rid), rid, show_all) 
                 for rid in model.replica_ids() + _draining_beyond(model, result.replicas)]
-    return {
+    doc = {
         "name": model.name,
         "desired": model.replicas,
         "ready": sum(1 for r in replicas if r["phase"] == Phase.READY),
-        "replicas": replicas,
     }
+    autoscale = result.autoscale.get(model.name)
+    if model.scale is not None and autoscale is not None:
+        doc["autoscale"] = state_document(model, autoscale)
+    doc["replicas"] = replicas
+    return doc
+
+
+def read_autoscale_states(catalog_root: str | os.PathLike, models: Iterable[Model]) -> dict[str, AutoscaleState]:
+    """Each autoscaled model's count as status/models/<name>.yaml holds it (SPEC section 11: `apply`
+    and `plan` take it from there); a model without a readable block is absent, so it starts at min."""
+    states = {}
+    root = Path(catalog_root) / STATUS_DIR / "models"
+    for m in models:
+        if m.scale is None:
+            continue
+        try:
+            doc = yaml.load((root / f"{m.name}.yaml").read_bytes(), Loader=_Loader)
+        except (OSError, yaml.YAMLError):
+            continue
+        state = state_from_document(doc.get("autoscale")) if isinstance(doc, dict) else None
+        if state is not None:
+            states[m.name] = state
+    return states
 
 
 def _draining_beyond(model: Model, replicas: Mapping[str, ReplicaState]) -> list[str]:
@@ -440,3 +466,11 @@ def status_snapshot(inventory: Inventory, models: Iterable[Model]) -> Inventory:
         dataclasses.replace(n, ports_in_use=tuple(p for p in n.ports_in_use if keep(p))) if n.ports_in_use else n
         for n in inventory.nodes
     ))
+
+
+def counts_in_force(catalog: Catalog) -> dict[str, AutoscaleState]:
+    """Each autoscaled model's state as status/models/<name>.yaml holds it, clamped to its range
+    (min without one): the count every pass, `plan` and `explain` run the model at."""
+    if not any(m.scale is not None for m in catalog.models):
+        return {}
+    return kept_states(catalog, read_autoscale_states(catalog.root, catalog.models))

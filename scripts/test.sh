@@ -26,6 +26,9 @@ command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 # The real Prometheus that scrapes status/gateway/prometheus.json (tests/test_gateway_real.py).
 [ -x /usr/bin/prometheus ] || need+=(prometheus)
+# The dashboard's browser tests drive Debian's Chromium headless through its chromedriver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

@@ -8,6 +8,9 @@ from typing import Any
 from reconciler.model import (
     DEFAULT_DRAIN_S,
     DEFAULT_PORTS,
+    AutoscalePolicy,
+    ProfileMetrics,
+    ReplicaRange,
     FetchPolicy,
     Fleet,
     Model,
@@ -110,6 +113,9 @@ def build_profile(p: dict) -> Profile:
         health_path=p.get("health_path", "/health"),
         start_timeout_s=float(p.get("start_timeout_s", 900)),
         command=tuple(p["command"]) if "command" in p else None,
+        metrics=None if "metrics" not in p else ProfileMetrics(
+            waiting=p["metrics"]["waiting"], running=p["metrics"]["running"],
+            path=p["metrics"].get("path", "/metrics")),
     )
 
 
@@ -128,10 +134,21 @@ def build_model(data: dict, rel: str) -> Model:
     profiles.sort(key=lambda p: -p.priority)
     update = data.get("update")
     fetch = data.get("fetch")
+    replicas = data.get("replicas", 1)
+    # A range starts at min; the count autoscaling left in status/ replaces it (autoscale.with_counts).
+    scale = ReplicaRange(replicas["min"], replicas["max"]) if isinstance(replicas, dict) else None
+    policy = data.get("autoscale")
     return Model(
         name=data["name"],
         source=data["source"],
-        replicas=data.get("replicas", 1),
+        replicas=scale.min if scale is not None else replicas,
+        scale=scale,
+        autoscale=None if policy is None else AutoscalePolicy(
+            target=float(policy["target"]),
+            metric=policy.get("metric", "requests"),
+            up_delay_s=float(policy.get("up_delay_s", AutoscalePolicy.up_delay_s)),
+            down_delay_s=float(policy.get("down_delay_s", AutoscalePolicy.down_delay_s)),
+        ),
         spread=data.get("spread", "required"),
         profiles=tuple(profiles),
         file=rel,

@@ -120,6 +120,7 @@ def model_problems(doc: Document) -> list[Problem]:
         # The schema's pattern, anchored for real: Python's `$` also matches before a final newline.
         problems.append(doc.at(("served_name",), f"served_name {served!r} has characters an engine or LiteLLM would "
                                                  "refuse; use letters, digits and . _ : / - (at most 128)"))
+    problems.extend(_scaling_problems(doc))
     if str(data.get("source", "")).startswith("-"):
         # Render refuses it at launch; saying so here keeps it out of a merged catalog.
         problems.append(doc.at(("source",), f"source '{data['source']}' starts with '-', which an engine would read as a flag, not as the weights"))
@@ -152,6 +153,35 @@ def _rollout_problems(doc: Document) -> Iterator[Problem]:
                 known = ", ".join("${" + k + "}" for k in FETCH_PLACEHOLDERS)
                 yield doc.at(("fetch", "command", j), f"unknown placeholder ${{{name}}} in fetch.command; "
                                                       f"known: {known}; write $$ for a literal $")
+
+
+def _scaling_problems(doc: Document) -> Iterator[Problem]:
+    """replicas: {min, max} and autoscale (SPEC section 11): what their schema cannot say."""
+    data = doc.data
+    replicas, policy = data.get("replicas"), data.get("autoscale")
+    ranged = isinstance(replicas, dict)
+    if ranged and replicas["min"] > replicas["max"]:
+        yield doc.at(("replicas", "min"), f"replicas: min {replicas['min']} is above max {replicas['max']}")
+    if policy is not None and not ranged:
+        count = f"replicas: {replicas}" if replicas is not None else "replicas (1 when omitted)"
+        yield doc.at(("autoscale",), f"autoscale needs a range to move in, and {count} is a fixed count; "
+                                     "write replicas: {min: N, max: M}")
+    if ranged and policy is None:
+        # Nothing else moves the count: a range without a policy would sit at min and read as a promise.
+        yield doc.at(("replicas",), "replicas: {min, max} is the range autoscale moves the count in, and this "
+                                    "model has no autoscale; add autoscale: {target: N} or give a fixed count")
+    if ranged and policy is not None and replicas["min"] < 1:
+        # Load is read from Ready replicas' engines: with none running, nothing would ever ask for one.
+        yield doc.at(("replicas", "min"), "replicas: min 0 with autoscale would never scale up again: the load "
+                                          "is read from the engines of Ready replicas; give min 1 or more")
+    for i, prof in enumerate(data.get("profiles") or []):
+        if "metrics" in prof and prof["engine"] != "command":
+            yield doc.at(("profiles", i, "metrics"), f"profile {prof['name']}: 'metrics' is only for engine: command; "
+                                                     f"engine {prof['engine']} exports its own series")
+        elif policy is not None and prof["engine"] == "command" and "metrics" not in prof:
+            yield doc.at(("profiles", i), f"profile {prof['name']}: autoscale reads requests in flight from the "
+                                          "engine, and a command profile must say where: metrics: {waiting: "
+                                          "<series>, running: <series>}", key=True)
 
 
 def _args_problems(doc: Document, base: tuple, prof: dict) -> Iterator[Problem]:

@@ -49,16 +49,20 @@ def read_catalog_status(catalog: str) -> CatalogStatus:
         raise StatusUnreadable(f"{catalog} is not a catalog (no fleet.yaml, models/ or status/ in it); "
                                "give the catalog directory, e.g. `reconciler status path/to/catalog`")
     catalog_doc = _read(status / "catalog.yaml", optional=True) or {}
+    if not isinstance(catalog_doc, dict):  # said before any model file is read, as it always was
+        raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document (a mapping)")
+    model_docs = [(path, _read(path)) for path in sorted((status / "models").glob("*.yaml"))] \
+        if (status / "models").is_dir() else []
+    return catalog_status_from_documents(root, catalog_doc, model_docs)
+
+
+def catalog_status_from_documents(root: Path, catalog_doc: Any, model_docs: list[tuple[Path, Any]]) -> CatalogStatus:
+    """The CatalogStatus of documents already parsed: `status` reads them from disk, the dashboard
+    from its cache of the files; both answer the same JSON from the same files."""
+    status = root / STATUS_DIR
     if not isinstance(catalog_doc, dict):
         raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document (a mapping)")
-    models = []
-    for path in sorted((status / "models").glob("*.yaml")) if (status / "models").is_dir() else ():
-        doc = _read(path)
-        if not isinstance(doc, dict) or not isinstance(doc.get("replicas", []), list):
-            raise StatusUnreadable(f"{path}: not a model status document (a mapping with `replicas`)")
-        replicas = [r for r in doc.get("replicas") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)]
-        models.append({"name": str(doc.get("name") or path.stem), "desired": doc.get("desired"),
-                       "ready": doc.get("ready"), "replicas": replicas})
+    models = [model_entry(path, doc) for path, doc in model_docs]
     revision = catalog_doc.get("last_applied_revision")
     return CatalogStatus(
         root=root,
@@ -68,6 +72,18 @@ def read_catalog_status(catalog: str) -> CatalogStatus:
         models=tuple(models),
         written=bool(catalog_doc) or bool(models),
     )
+
+
+def model_entry(path: Path, doc: Any) -> dict:
+    """One status/models/<name>.yaml as `status --format json` lists it (StatusUnreadable: not one)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("replicas", []), list):
+        raise StatusUnreadable(f"{path}: not a model status document (a mapping with `replicas`)")
+    replicas = [r for r in doc.get("replicas") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)]
+    entry = {"name": str(doc.get("name") or path.stem), "desired": doc.get("desired"),
+             "ready": doc.get("ready"), "replicas": replicas}
+    if isinstance(doc.get("autoscale"), dict):  # SPEC section 11: the count in force and why
+        entry["autoscale"] = doc["autoscale"]
+    return entry
 
 
 def _read(path: Path, optional: bool = False) -> Any:

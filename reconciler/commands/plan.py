@@ -15,8 +15,9 @@ from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.gateway import write_gateway_files
+from reconciler.autoscale import with_counts
 from reconciler.commands.plan_words import same_rejections, span, where_text
-from reconciler.status import observed_revisions, predicted_pass, rejection_document, write_pass
+from reconciler.status import counts_in_force, observed_revisions, predicted_pass, rejection_document, write_pass
 from reconciler.vocabulary import ActionKind
 
 
@@ -64,7 +65,17 @@ def plan_document(pl: Plan, show_all: bool = False) -> dict:
     }
 
 
-def render_text(pl: Plan, show_all: bool = False) -> str:
+def scale_lines(catalog, states) -> list[tuple[str, str, str]]:
+    """(model, `min-max (now N)`, why) for every autoscaled model: the range git holds, the count status/ holds."""
+    out = []
+    for m in catalog.models:
+        if m.scale is not None and m.name in states:
+            st = states[m.name]
+            out.append((m.name, f"{m.scale} (now {st.current})", st.reason))
+    return out
+
+
+def render_text(pl: Plan, show_all: bool = False, scaling=()) -> str:
     rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
     for a in pl.actions:
         profile = a.placement.profile if a.placement is not None else "-"
@@ -103,6 +114,11 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
     counts = {}
     for a in pl.actions:
         counts[a.action] = counts.get(a.action, 0) + 1
+    if scaling:
+        out.append("")
+        out.append("autoscaled (replicas min-max, the count in force from status/):")
+        for name, counts_text, why in scaling:
+            out.append(f"  {name}: {counts_text}: {why}")
     summary = ", ".join(f"{counts.get(k, 0)} to {k}" for k in ("start", "stop", "replace", "restart"))
     out.append("")
     out.append(f"{summary}; {len(pl.unplaced)} unplaced")
@@ -110,8 +126,16 @@ def render_text(pl: Plan, show_all: bool = False) -> str:
 
 
 def planned(catalog, inventory, *, now: float, explain=()) -> Plan:
-    """The plan `apply` would make now: against the memory it keeps for this catalog on this host."""
+    """The plan `apply` would make now: against the memory it keeps for this catalog on this host.
+    `catalog` has its autoscaled counts in force already (scaled_catalog)."""
     return plan_remembering(catalog, inventory, now=now, memory=load_memory(memory_path(catalog.root)), explain=explain)
+
+
+def scaled_catalog(catalog):
+    """(the catalog at the counts in force, model -> autoscale state): a range's count is the one
+    status/ holds, as `apply` and the daemon take it (SPEC section 11), min without it."""
+    states = counts_in_force(catalog)
+    return with_counts(catalog, states), states
 
 
 def main(args) -> int:
@@ -119,7 +143,7 @@ def main(args) -> int:
     # frees them at exit: cyclic collection only re-walks them. Measured at 4,000 nodes it
     # costs a third of the run.
     gc.disable()
-    catalog = load_catalog(args.catalog)
+    catalog, scaling = scaled_catalog(load_catalog(args.catalog))
     inventory = observe(catalog, args.inventory)
     # The same memory `apply` keeps on this host (when each node went unreachable, what it ran,
     # restart backoff), so `plan` predicts what `apply` does, grace periods included.
@@ -129,11 +153,12 @@ def main(args) -> int:
     elif args.format == "markdown":
         from reconciler.commands.plan_markdown import render_markdown  # only when asked for: plan starts fast
 
-        sys.stdout.write(render_markdown(pl, args.all))
+        sys.stdout.write(render_markdown(pl, args.all, scaling=scale_lines(catalog, scaling)))
     else:
-        sys.stdout.write(render_text(pl, args.all))
+        sys.stdout.write(render_text(pl, args.all, scaling=scale_lines(catalog, scaling)))
     if args.write_status:
         predicted = predicted_pass(catalog, pl, observed_revisions(inventory))
+        predicted.autoscale = scaling  # the count in force, kept: a plan never moves it
         write_pass(catalog, predicted, nodes=False)
         # status/gateway/ as the plan predicts it (SPEC section 10).
         _, warnings = write_gateway_files(catalog.root, catalog, predicted.replicas)

@@ -61,8 +61,13 @@ def _reason_groups(rejections) -> list[tuple[str, list[tuple[str, list[str]]]]]:
             for profile, groups in by_profile.items()]
 
 
-def render_markdown(pl: Plan, show_all: bool = False) -> str:
+def render_markdown(pl: Plan, show_all: bool = False, scaling=()) -> str:
+    """scaling: (model, `min-max (now N)`, why) per autoscaled model (plan.scale_lines)."""
     out = [MARKER, summary_line(pl), ""]
+    if scaling:
+        out += ["| Autoscaled model | Replicas | Why |", "|---|---|---|"]
+        out += [f"| {code(name)} | {cell(counts)} | {cell(why)} |" for name, counts, why in scaling]
+        out.append("")
     if pl.actions:
         out += ["| Action | Replica | Profile | Nodes | Reason |", "|---|---|---|---|---|"]
         for a in pl.actions:

@@ -11,6 +11,7 @@ from reconciler.reconcile import ProbeFleet, run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
 from reconciler.probe import FleetProber
+from reconciler.scaling import default_reader
 from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
@@ -48,6 +49,10 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
         from reconciler.metrics import parse_address
 
         parse_address(options.metrics_address)
+    if getattr(args, "dashboard_address", None):
+        from reconciler.dashboard.server import parse_address as parse_dashboard_address
+
+        parse_dashboard_address(args.dashboard_address, "--dashboard-address")
     return Daemon(args.catalog, pass_fn=pass_fn or apply_pass(options.interval), load=load, options=options, log=log)
 
 
@@ -79,11 +84,14 @@ class ApplyPass:
     """
 
     def __init__(
-        self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None, memory=None
+        self, reuse_inventory_s: float = 60.0, clock=time.monotonic, run_pass=None, pool=None, memory=None,
+        read_loads=None,
     ) -> None:
         """memory: (load(root) -> memory, save(root, memory)); default: the file one-shot `apply` keeps,
         so restart counts and backoff survive a daemon restart and agree with `apply` run by hand."""
         self._run_pass = run_pass or run_apply_pass
+        self._read_loads = read_loads or default_reader  # Ready replicas' loads, for autoscaling
+        self._ready: dict = {}  # the last pass's replica states: whose loads the next pass reads
         self._pool = pool if pool is not None else TransportPool()
         self._history = None
         self._memory = memory or _memory_file_store()
@@ -115,10 +123,15 @@ class ApplyPass:
                 kwargs["probe"] = ReusedInventory(inventory)
                 log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
                     "pass left; the next resync probes every node")
+        if any(m.autoscale is not None for m in catalog.models):
+            # The daemon decides counts, from the loads of what the last pass left Ready; apply keeps them.
+            kwargs["autoscale"] = self._read_loads
+            kwargs["ready"] = self._ready
         result = self._run_pass(
             catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
         )
         self._history = result.memory
+        self._ready = getattr(result, "replicas", None) or {}
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, result.inventory, self._clock())
@@ -171,4 +184,17 @@ def raise_open_files_limit(log) -> tuple[int, int] | None:
 def main(args) -> int:
     daemon = daemon_from_args(args)
     raise_open_files_limit(daemon.log)
-    return daemon.serve()
+    if not getattr(args, "dashboard_address", None):
+        return daemon.serve()
+    # The dashboard reads only the status files the loop writes: a thread beside the loop that
+    # shares nothing with it, started before the first pass and stopped after the last.
+    from reconciler.dashboard.server import DashboardServer
+
+    dashboard = DashboardServer(daemon.root, args.dashboard_address, "--dashboard-address")
+    dashboard.start()
+    host, port = dashboard.address
+    daemon.log("dashboard.serving", address=f"{host}:{port}", msg=f"the dashboard at {dashboard.url} (read-only)")
+    try:
+        return daemon.serve()
+    finally:
+        dashboard.stop()

@@ -62,6 +62,20 @@ def summary(status: CatalogStatus) -> str:
             if replicas else f"{_plural(len(status.models), 'model')}, no replicas")
 
 
+def autoscale_lines(status: CatalogStatus) -> list[str]:
+    """One line per autoscaled model: `llama: replicas 1-4 (now 2, wants 4): requests 13 over 2 replicas > target 4`."""
+    out = []
+    for model in status.models:
+        a = model.get("autoscale")
+        if not isinstance(a, dict):
+            continue
+        wants = f", wants {a.get('wanted')}" if a.get("wanted") != a.get("current") else ""
+        reason = " ".join(str(a.get("reason") or "").split())
+        out.append(f"{model['name']}: replicas {a.get('min')}-{a.get('max')} (now {a.get('current')}{wants})"
+                   + (f": {reason}" if reason else ""))
+    return out
+
+
 def print_text(status: CatalogStatus) -> None:
     from rich import box
     from rich.console import Console
@@ -100,6 +114,8 @@ def print_text(status: CatalogStatus) -> None:
             console.print(table)
         sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     console.print(summary(status))
+    for line in autoscale_lines(status):
+        console.print(line)
 
 
 def json_document(status: CatalogStatus) -> dict:

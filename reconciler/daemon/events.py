@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable, Mapping, TextIO
 
 from reconciler.outcomes import Decision
+from reconciler.scaling import METRICS_ACTION
 
 
 class EventLog:
@@ -60,6 +61,8 @@ def event_level(event: str, fields: Mapping[str, Any]) -> str:
         return "error"
     if event == "decision" and fields.get("ok") is False:
         return "error"
+    if event == "decision" and fields.get("action") == METRICS_ACTION:  # a load that could not be read
+        return "warning"
     if event in WARNING_EVENTS or event.endswith(".failed"):
         return "warning"
     return "info"

@@ -85,6 +85,7 @@ class Daemon:
         self._reasons_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping: str | None = None
+        self._autoscale_at: float | None = None  # wall time the last pass asked to pass again (autoscaling)
         lock_path = self.git.private_dir / "daemon.lock" if self.git else self.root / LOCK_NAME
         self.lock = CatalogLock(lock_path, str(self.root))
 
@@ -158,6 +159,9 @@ class Daemon:
                 if self._wants_pass(reasons):
                     self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
                     next_resync = self.clock() + self.options.interval
+                    if self._autoscale_at is not None:
+                        # A count moved (its replicas start or stop now) or a move falls due before the resync.
+                        next_resync = min(next_resync, self.clock() + max(0.0, self._autoscale_at - time.time()))
                     if self.options.max_passes is not None and self.passes >= self.options.max_passes:
                         self.stop("max-passes")
                 else:
@@ -190,6 +194,7 @@ class Daemon:
         """One cycle: pull, read the revision, load it, run the pass, write status (always)."""
         started = self.clock()
         result_kind = "error"
+        self._autoscale_at = None
         self.passes += 1
         try:
             if pull and self.options.git_pull and self.git is not None:
@@ -207,6 +212,7 @@ class Daemon:
             else:
                 self.log("pass.start", trigger=trigger, revision=_short(catalog.revision))
                 result = self.pass_fn(catalog, self.log, trigger=trigger)
+                self._autoscale_at = getattr(result, "next_pass_at", None)
                 self._observe(result, catalog)
                 result_kind = "applied"
         except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass

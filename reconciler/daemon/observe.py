@@ -21,13 +21,17 @@ def observe_pass(metrics: Metrics, result: PassResult, catalog: Catalog) -> None
     nodes = result.inventory.nodes if result.inventory is not None else ()
     metrics.fleet(FleetFigures(
         phases=count_by((s.phase for s in states), PHASES),
-        desired={m.name: m.replicas for m in catalog.models},
+        # An autoscaled model's desired count is the one in force (status/), not the catalog's min.
+        desired={m.name: (result.autoscale[m.name].current if m.name in result.autoscale else m.replicas)
+                 for m in catalog.models},
         ready={m.name: sum(1 for s in states if s.model == m.name and s.phase == Phase.READY) for m in catalog.models},
         unplaced={m.name: unplaced.count(m.name) for m in catalog.models},
         restarts={m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models},
         node_states=count_by((n.state for n in nodes), OBSERVED_STATES) if nodes else {},
         node_up={n.id: n.state != NodeState.UNREACHABLE for n in nodes},
         probe_seconds=result.probe_seconds,
+        autoscale_current={name: st.current for name, st in result.autoscale.items()},
+        autoscale_wanted={name: st.wanted for name, st in result.autoscale.items()},
     ))
 
 

@@ -1,0 +1,86 @@
+"""The pass's autoscale step (SPEC section 11): read each Ready replica's load once, decide each count.
+
+The decision is autoscale.decide's (pure); this module is its edge: which replicas are asked
+(Ready ones of autoscaled models, inside the count in force), where (the head's data address and
+serving port, the profile's series), and the one read through engine_metrics.read_loads, every
+replica under its own deadline. A replica whose load cannot be read is counted at target and
+said once, as a warning line (a Decision with action `metrics`), never a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from reconciler.autoscale import AutoscaleState, decide, initial_state, new_unknowns
+from reconciler.engine_metrics import METRICS_TIMEOUT_S, LoadAnswer, LoadSeries, LoadTarget, LoadUnknown, read_loads, series_for
+from reconciler.model import Catalog, Model, replica_ordinal
+from reconciler.outcomes import Decision, ReplicaState
+from reconciler.vocabulary import Phase
+
+LoadReader = Callable[[Sequence[LoadTarget]], Mapping[str, LoadAnswer]]
+METRICS_ACTION = "metrics"  # a Decision line about a replica's load that could not be read
+SCALE_ACTION = "scale"  # a Decision line about a model whose count moved
+
+
+def default_reader(targets: Sequence[LoadTarget]) -> Mapping[str, LoadAnswer]:
+    return read_loads(targets, timeout_s=METRICS_TIMEOUT_S)
+
+
+def load_targets(catalog: Catalog, model: Model, replicas: Mapping[str, ReplicaState]
+                 ) -> tuple[list[LoadTarget], dict[str, str]]:
+    """The Ready replicas of `model` to ask, and those Ready but with nowhere to ask (replica -> why)."""
+    targets, nowhere = [], {}
+    for rid in model.replica_ids():
+        state = replicas.get(rid)
+        if state is None or state.phase != Phase.READY:
+            continue
+        head = next((a for a in state.nodes if a.rank == 0), None)
+        profile = model.profile(state.profile) if state.profile else None
+        node = catalog.fleet.node(head.node) if head is not None else None
+        declared = None
+        if profile is not None and profile.metrics is not None:
+            declared = LoadSeries(waiting=profile.metrics.waiting, running=profile.metrics.running,
+                                  path=profile.metrics.path)
+        series = series_for(profile.engine, declared) if profile is not None else None
+        if head is None or node is None or series is None:
+            nowhere[rid] = "no metrics series known for its engine" if series is None else "its head is not known"
+            continue
+        targets.append(LoadTarget(rid, node.data_address, head.port, series))
+    return targets, nowhere
+
+
+def scale_pass(catalog: Catalog, replicas: Mapping[str, ReplicaState], kept: Mapping[str, AutoscaleState],
+               now: float, read: LoadReader, log: Callable[[Decision], None]) -> dict[str, AutoscaleState]:
+    """Every autoscaled model's state after this pass: one read of all Ready replicas' loads at once
+    (a slow engine delays only itself), then autoscale.decide per model."""
+    asked: dict[str, tuple[list[LoadTarget], dict[str, str]]] = {}
+    for m in catalog.models:
+        if m.scale is not None and m.autoscale is not None:
+            asked[m.name] = load_targets(catalog, m, replicas)
+    answers = read([t for targets, _ in asked.values() for t in targets]) if asked else {}
+    out = {}
+    for m in catalog.models:
+        if m.name not in asked:
+            continue
+        targets, nowhere = asked[m.name]
+        loads: dict[str, float | None] = {}
+        unknown = dict(nowhere)
+        for t in targets:
+            answer = answers.get(t.replica, LoadUnknown("not asked"))
+            if isinstance(answer, LoadUnknown):
+                unknown[t.replica] = answer.reason
+                loads[t.replica] = None
+            else:
+                loads[t.replica] = answer.in_flight
+        for rid in nowhere:
+            loads[rid] = None
+        before = kept.get(m.name) or initial_state(m)
+        after = decide(m.autoscale, m.scale, before.current, loads, now, before, unknown)
+        for rid, why in sorted(new_unknowns(before, after).items(), key=lambda kv: replica_ordinal(m.name, kv[0]) or 0):
+            where = next((a.node for a in replicas[rid].nodes if a.rank == 0), "-") if rid in replicas else "-"
+            log(Decision(rid, where, METRICS_ACTION,
+                         f"load unknown, counted at target {m.autoscale.target:g}: {why}"))
+        if after.current != before.current:
+            log(Decision(m.name, "-", SCALE_ACTION, after.reason))
+        out[m.name] = after
+    return out
