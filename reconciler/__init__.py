@@ -33,8 +33,10 @@ The modules, top layer first; a module imports only from the layers below it
                         (backoff of failed starts, grace periods), kept between one-shot applies
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
                         frozen Catalog (build), the directory as a whole (load)
-    probe/              the node-side probe program (script), its pure parsers (parse) and GPU health's
-                        (health), asking the fleet and turning reports into an Inventory (collect)
+    probe/              the node-side probe program: one pass, the session, the payload (script), its
+                        pure parsers (parse) and GPU health's (health), the node's files and children
+                        (system), its GPUs (gpus) and everything else it reads (facts); asking the
+                        fleet and turning reports into an Inventory (collect)
     status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
                         YAML, atomic, only on change
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
