@@ -51,88 +51,105 @@ def gpus_from_nvml(pynvml):
     """GPUs, their compute processes and NVLink peers through NVML. Raises pynvml.NVMLError when NVML is unusable."""
     pynvml.nvmlInit()
     try:
-        count = pynvml.nvmlDeviceGetCount()
         handles, gpus, by_bus = [], [], {}
-        for i in range(count):
+        for i in range(pynvml.nvmlDeviceGetCount()):
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
             except pynvml.NVMLError as e:
-                # A GPU NVML counts but cannot open (fallen off the bus, needs a reset): unhealthy, not absent.
-                gpus.append({"index": i, "uuid": "", "name": "", "memory_total_mb": 0, "memory_used_mb": 0,
-                             "nvlink_peers": [], "processes": [], "bus_id": None, "error": str(e)[:200] or "Unknown Error"})
+                gpus.append(_unopenable_gpu(i, e))
                 continue
             handles.append(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            index = pynvml.nvmlDeviceGetIndex(h)
-            gpu = {
-                "index": index,
-                "uuid": _decode(pynvml.nvmlDeviceGetUUID(h)),
-                "name": _decode(pynvml.nvmlDeviceGetName(h)),
-                "memory_total_mb": int(mem.total) // 1048576,
-                "memory_used_mb": int(mem.used) // 1048576,
-                "nvlink_peers": [],
-                "processes": [],
-                "bus_id": None,
-            }
-            try:
-                bus = _decode(pynvml.nvmlDeviceGetPciInfo(h).busId)
-                by_bus[_bus_key(bus)] = index
-                gpu["bus_id"] = pci_bus_key(bus)
-            except (pynvml.NVMLError, ValueError):
-                pass
-            try:
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                    used = getattr(p, "usedGpuMemory", None)
-                    gpu["processes"].append(
-                        {"pid": int(p.pid), "name": _comm(p.pid), "used_mb": int(used) // 1048576 if used else 0}
-                    )
-            except pynvml.NVMLError:
-                pass
-            facts, remap, checks = health_from_nvml(nvml_health_answers(pynvml, h))
-            gpu.update(facts)
-            gpu["_checks"] = checks
-            if remap is not None:
-                gpu["_remap"] = remap
-            gpus.append(gpu)
+            gpus.append(_nvml_gpu(pynvml, h, by_bus))
         gpus_with_handles = [g for g in gpus if "_checks" in g]
-        behind_switch = False
-        max_links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
-        for gpu, h in zip(gpus_with_handles, handles):
-            peers = set()
-            for link in range(max_links):
-                try:
-                    if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
-                        continue
-                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
-                except pynvml.NVMLError:
-                    continue  # link not present on this GPU, or NVLink not supported at all
-                peer = by_bus.get(_bus_key(remote.busId))
-                if peer is None:
-                    behind_switch = True  # the far end is an NVSwitch, not a GPU
-                elif peer != gpu["index"]:
-                    peers.add(peer)
-            gpu["nvlink_peers"] = sorted(peers)
-        if behind_switch:
-            # NVSwitch systems: links end at switches, so ask NVML which pairs can talk over NVLink.
-            caps = getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", 3)
-            ok = getattr(pynvml, "NVML_P2P_STATUS_OK", 0)
-            for gpu, h in zip(gpus_with_handles, handles):
-                peers = set(gpu["nvlink_peers"])
-                for other, h2 in zip(gpus_with_handles, handles):
-                    if other is gpu:
-                        continue
-                    try:
-                        if pynvml.nvmlDeviceGetP2PStatus(h, h2, caps) == ok:
-                            peers.add(other["index"])
-                    except pynvml.NVMLError:
-                        pass
-                gpu["nvlink_peers"] = sorted(peers)
+        if _nvlink_peers(pynvml, gpus_with_handles, handles, by_bus):
+            _nvswitch_peers(pynvml, gpus_with_handles, handles)
         return gpus
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def _unopenable_gpu(index, error):
+    """A GPU NVML counts but cannot open (fallen off the bus, needs a reset): unhealthy, not absent."""
+    return {"index": index, "uuid": "", "name": "", "memory_total_mb": 0, "memory_used_mb": 0,
+            "nvlink_peers": [], "processes": [], "bus_id": None, "error": str(error)[:200] or "Unknown Error"}
+
+
+def _nvml_gpu(pynvml, h, by_bus):
+    """One opened GPU's facts, processes and health; its bus id is noted in `by_bus` (bus key -> index)."""
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+    index = pynvml.nvmlDeviceGetIndex(h)
+    gpu = {
+        "index": index,
+        "uuid": _decode(pynvml.nvmlDeviceGetUUID(h)),
+        "name": _decode(pynvml.nvmlDeviceGetName(h)),
+        "memory_total_mb": int(mem.total) // 1048576,
+        "memory_used_mb": int(mem.used) // 1048576,
+        "nvlink_peers": [],
+        "processes": [],
+        "bus_id": None,
+    }
+    try:
+        bus = _decode(pynvml.nvmlDeviceGetPciInfo(h).busId)
+        by_bus[_bus_key(bus)] = index
+        gpu["bus_id"] = pci_bus_key(bus)
+    except (pynvml.NVMLError, ValueError):
+        pass
+    try:
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            used = getattr(p, "usedGpuMemory", None)
+            gpu["processes"].append(
+                {"pid": int(p.pid), "name": _comm(p.pid), "used_mb": int(used) // 1048576 if used else 0}
+            )
+    except pynvml.NVMLError:
+        pass
+    facts, remap, checks = health_from_nvml(nvml_health_answers(pynvml, h))
+    gpu.update(facts)
+    gpu["_checks"] = checks
+    if remap is not None:
+        gpu["_remap"] = remap
+    return gpu
+
+
+def _nvlink_peers(pynvml, gpus, handles, by_bus):
+    """Each GPU's NVLink peers from its links' far ends; True when a link ends at an NVSwitch."""
+    behind_switch = False
+    max_links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
+    for gpu, h in zip(gpus, handles):
+        peers = set()
+        for link in range(max_links):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
+            except pynvml.NVMLError:
+                continue  # link not present on this GPU, or NVLink not supported at all
+            peer = by_bus.get(_bus_key(remote.busId))
+            if peer is None:
+                behind_switch = True  # the far end is an NVSwitch, not a GPU
+            elif peer != gpu["index"]:
+                peers.add(peer)
+        gpu["nvlink_peers"] = sorted(peers)
+    return behind_switch
+
+
+def _nvswitch_peers(pynvml, gpus, handles):
+    """NVSwitch systems: links end at switches, so ask NVML which pairs can talk over NVLink."""
+    caps = getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", 3)
+    ok = getattr(pynvml, "NVML_P2P_STATUS_OK", 0)
+    for gpu, h in zip(gpus, handles):
+        peers = set(gpu["nvlink_peers"])
+        for other, h2 in zip(gpus, handles):
+            if other is gpu:
+                continue
+            try:
+                if pynvml.nvmlDeviceGetP2PStatus(h, h2, caps) == ok:
+                    peers.add(other["index"])
+            except pynvml.NVMLError:
+                pass
+        gpu["nvlink_peers"] = sorted(peers)
 
 
 def nvml_health_answers(pynvml, h):
