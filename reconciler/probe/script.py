@@ -75,40 +75,52 @@ def collect(args, cache=None):
     report = {"probe_version": PROBE_VERSION, "python": "%d.%d.%d" % sys.version_info[:3], "warnings": warnings}
 
     # Slow children first, so they run while this process reads files.
-    held = cache.get("sglang") if cache is not None else None
-    sglang_fresh = held is not None and _now() - held[0] < SGLANG_RECHECK_S
-    sglang = None if sglang_fresh else start_sglang_check()
+    sglang_held = _held_while_fresh(cache, "sglang", lambda: SGLANG_RECHECK_S)
+    sglang = None if sglang_held is not None else start_sglang_check()
     health = args.get("gpu_health", True) is not False
     # In a session, the kernel log and the remapped rows are read again at most every
     # HEALTH_RECHECK_S (ECC counts and device errors, in the GPU query, every pass).
-    slow = cache.get("slow_health") if cache is not None else None
-    slow_fresh = slow is not None and _now() - slow[0] < float(args.get("health_recheck_s", HEALTH_RECHECK_S))
-    dmesg = start_dmesg() if health and not slow_fresh else None
+    slow_held = _held_while_fresh(cache, "slow_health", lambda: float(args.get("health_recheck_s", HEALTH_RECHECK_S)))
+    dmesg = start_dmesg() if health and slow_held is None else None
     gpus = gpus_from_pynvml(report, warnings)
-    smi = start_nvidia_smi(args, cache, warnings, health, health and not slow_fresh) if gpus is None else None
+    smi = start_nvidia_smi(args, cache, warnings, health, health and slow_held is None) if gpus is None else None
 
     host_facts(report, args, model_dirs, warnings)
-    engines = engines_on_path()
-    llama_cpp = llama_cpp_binaries()
-    report["llama_cpp"] = llama_cpp
-    if llama_cpp["server"] or llama_cpp["rpc_server"]:
-        engines["llama.cpp"] = ""
+    engines = engines_with_llama_cpp(report)
     records = replica_records(args.get("state_dir") or "~/.local/state/llm-reconciler", warnings)
-    owner = args.get("owner")
     report["replicas"] = records
     report["ports_in_use"] = listening_ports(warnings)
 
     gpus = finish_gpus(report, gpus, smi, warnings)
     if health:
-        gpus = gpu_health(report, gpus, smi, dmesg, float(args.get("dmesg_timeout_s", 5)), warnings,
-                          cache, slow if slow_fresh else None)
-    # Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign.
-    exclude_managed(gpus, [r for r in records if owner is None or r.get("owner") in (None, owner)])
+        gpus = gpu_health(report, gpus, smi, dmesg, float(args.get("dmesg_timeout_s", 5)), warnings, cache, slow_held)
+    exclude_managed(gpus, records_of_owner(records, args.get("owner")))
     report["gpus"] = gpus
-    if sglang_installed(args, cache, held if sglang_fresh else None, sglang, warnings):
+    if sglang_installed(args, cache, sglang_held, sglang, warnings):
         add_sglang(engines, warnings)
     report["engines"] = engines
     return report
+
+
+def _held_while_fresh(cache, key, max_age_s):
+    """The session's answer under `key` while younger than max_age_s() seconds, else None."""
+    held = cache.get(key) if cache is not None else None
+    return held if held is not None and _now() - held[0] < max_age_s() else None
+
+
+def engines_with_llama_cpp(report):
+    """The engines installed here; llama.cpp's binaries are reported as `llama_cpp` and count as one."""
+    engines = engines_on_path()
+    llama_cpp = llama_cpp_binaries()
+    report["llama_cpp"] = llama_cpp
+    if llama_cpp["server"] or llama_cpp["rpc_server"]:
+        engines["llama.cpp"] = ""
+    return engines
+
+
+def records_of_owner(records, owner):
+    """Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign."""
+    return [r for r in records if owner is None or r.get("owner") in (None, owner)]
 
 
 def start_dmesg():
