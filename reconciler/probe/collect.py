@@ -463,15 +463,9 @@ class FleetProber:
         """One pass's probe. interrupt(): whether other work waits (the daemon has a commit to
         apply), so that a node slow to answer is not waited on past STRAGGLER_S."""
         src = None if sources is None else sorted(set(sources))
+        running, down = self._forget_nodes_not_in(fleet)
         jobs: dict[str, _InFlight] = {}
         suspects: set[str] = set()
-        with self._lock:
-            for gone in set(self._inflight) - {n.id for n in fleet.nodes}:
-                del self._inflight[gone]
-            for gone in set(self._down) - {n.id for n in fleet.nodes}:
-                del self._down[gone]
-            running = dict(self._inflight)
-            down = set(self._down)
         for spec in fleet.nodes:
             job = running.get(spec.id)
             if job is not None and job.spec == spec:
@@ -481,14 +475,29 @@ class FleetProber:
                 if spec.id in down:
                     suspects.add(spec.id)
             jobs[spec.id] = job
-        # Wait for the nodes that answered last time, each within its own deadlines (the margin
-        # covers a reconnect within them); when other work is waiting (a commit arrived), stop
-        # waiting on a node whose probe has run past STRAGGLER_S: it is reported as not answering
-        # (its probe goes on) instead of holding the commit back until its deadline.
-        # One node at a time, in fleet order: a node that has answered costs one check, so waiting
-        # on 4,000 nodes does not rescan all of them every tick (that scan took the GIL from the
-        # event loop thread parsing their answers).
-        waiting = deque(spec for spec in fleet.nodes if spec.id not in suspects)
+        self._wait_for_answers([spec for spec in fleet.nodes if spec.id not in suspects], jobs, interrupt)
+        results = [self._pass_result(spec, jobs[spec.id]) for spec in fleet.nodes]
+        return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
+
+    def _forget_nodes_not_in(self, fleet: Fleet) -> tuple[dict[str, _InFlight], set[str]]:
+        """Drop the probes and down-records of nodes that left the fleet; (probes running, nodes down)."""
+        with self._lock:
+            for gone in set(self._inflight) - {n.id for n in fleet.nodes}:
+                del self._inflight[gone]
+            for gone in set(self._down) - {n.id for n in fleet.nodes}:
+                del self._down[gone]
+            return dict(self._inflight), set(self._down)
+
+    def _wait_for_answers(self, specs: list[NodeSpec], jobs: dict[str, _InFlight], interrupt: Callable[[], bool] | None) -> None:
+        """Wait for the nodes that answered last time, each within its own deadlines (the margin
+        covers a reconnect within them); when other work is waiting (a commit arrived), stop
+        waiting on a node whose probe has run past STRAGGLER_S: it is reported as not answering
+        (its probe goes on) instead of holding the commit back until its deadline.
+
+        One node at a time, in fleet order: a node that has answered costs one check, so waiting
+        on 4,000 nodes does not rescan all of them every tick (that scan took the GIL from the
+        event loop thread parsing their answers)."""
+        waiting = deque(specs)
         while waiting:
             spec = waiting[0]
             job = jobs[spec.id]
@@ -500,20 +509,18 @@ class FleetProber:
                 waiting.popleft()
             else:
                 job.done.wait(min(0.05, limit - ran))
-        results = []
-        for spec in fleet.nodes:
-            job = jobs[spec.id]
-            if job.done.is_set() and job.result is not None:
-                results.append(job.result)
-                continue
-            with self._lock:
-                since, reason = self._down.get(spec.id, (None, ""))
-            held = self._last_failure.get(spec.id, TEMPORARY)
-            waited = self._clock() - job.started
-            # Its last reason as it was: a reason that counted seconds would rewrite status/nodes.yaml every pass.
-            why = reason or "no answer yet (its probe is still running)"
-            results.append(NodeProbe(unreachable(spec, why, held), (), False, waited, ended=False))
-        return FleetProbe(Inventory(tuple(r.node for r in results)), tuple(results))
+
+    def _pass_result(self, spec: NodeSpec, job: _InFlight) -> NodeProbe:
+        """The node's probe where it ended; else the node as not answering, by its last reason."""
+        if job.done.is_set() and job.result is not None:
+            return job.result
+        with self._lock:
+            since, reason = self._down.get(spec.id, (None, ""))
+        held = self._last_failure.get(spec.id, TEMPORARY)
+        waited = self._clock() - job.started
+        # Its last reason as it was: a reason that counted seconds would rewrite status/nodes.yaml every pass.
+        why = reason or "no answer yet (its probe is still running)"
+        return NodeProbe(unreachable(spec, why, held), (), False, waited, ended=False)
 
 
 # --------------------------------------------------------------------------
