@@ -35,8 +35,9 @@ The modules, top layer first; a module imports only from the layers below it
                         frozen Catalog (build), the directory as a whole (load)
     probe/              the node-side probe program: one pass, the session, the payload (script), its
                         pure parsers (parse) and GPU health's (health), the node's files and children
-                        (system), its GPUs (gpus) and everything else it reads (facts); asking the
-                        fleet and turning reports into an Inventory (collect)
+                        (system), its GPUs (gpus) and everything else it reads (facts); asking a
+                        node or the fleet (collect), the daemon's prober of the fleet (prober), and
+                        a node's report read into an ObservedNode (report)
     status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
                         YAML, atomic, only on change
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
