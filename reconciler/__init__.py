@@ -56,9 +56,10 @@ The modules, top layer first; a module imports only from the layers below it
                         free capacity (capacity); render: the exact argv of each rank
     engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
                         their option tables (flags, parsers/*.json)
-    inventory,          the snapshot document <-> Inventory; transports (argv in, bytes out);
-    transport,          snapshot arithmetic (pure); Slurm's text outputs parsed (pure)
-    snapshot, slurm
+    inventory/,         the snapshot: its file and document read into an Inventory (reading), an
+                        Inventory written as a document (writing), a document checked (validation);
+    transport,          transports (argv in, bytes out); snapshot arithmetic (pure); Slurm's text
+    snapshot, slurm     outputs parsed (pure)
     model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
     schemas, constants
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with
