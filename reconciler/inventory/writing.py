@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from reconciler.model import Inventory, ObservedNode
+from reconciler.model import Gpu, Inventory, ObservedNode, RunningRank
 
 GIB = 1 << 30
 
@@ -36,63 +36,77 @@ def node_to_document(n: ObservedNode) -> dict:
     # A managed rank reserves its GPUs whole: beside memory_used_mb (the driver's figure), VRAM used
     # on a GPU no rank of ours holds, with no process listed, is held by nobody (SPEC section 9).
     reserved = {i for r in n.replicas if r.alive for i in r.gpus}
-    for g in sorted(n.gpus, key=lambda g: g.index):
-        gd: dict[str, Any] = {
-            "index": g.index,
-            "uuid": g.uuid,
-            "name": g.name,
-            "class": g.gpu_class,
-            "memory_total_mb": g.memory_total_mb,
-            "memory_used_mb": g.memory_used_mb,
-            "allocated_mb": g.memory_total_mb if g.index in reserved else 0,
-            "nvlink_peers": sorted(g.nvlink_peers),
-        }
-        if g.processes:
-            gd["processes"] = [{"pid": p.pid, "name": p.name, "used_mb": p.used_mb} for p in sorted(g.processes, key=lambda p: p.pid)]
-        if g.held_by:
-            gd["held_by"] = g.held_by
-        gd["health"] = str(g.health)
-        if g.health_reason:
-            gd["health_reason"] = g.health_reason
-        if g.xid_info:
-            gd["xid_info"] = list(g.xid_info)
-        if g.quarantined is not None:
-            q = g.quarantined
-            gd["quarantined"] = {"reason": q.reason, "until": utc_text(q.until)} | ({"uuid": q.uuid} if q.uuid else {})
-        doc["gpus"].append(gd)
-    for r in sorted(n.replicas, key=lambda r: (r.id, r.rank)):
-        rd: dict[str, Any] = {
-            "id": r.id,
-            "model": r.model,
-            "profile": r.profile,
-            "rank": r.rank,
-            "nnodes": r.nnodes,
-            "gpus": list(r.gpus),
-            "port": r.port,
-            "spec_hash": r.spec_hash,
-        }
-        if r.pid is not None:
-            rd["pid"] = r.pid
-        if not r.alive:
-            rd["alive"] = False
-        if r.slurm_job:
-            rd["slurm_job"] = r.slurm_job
-        if r.waiting:
-            rd["waiting"] = r.waiting
-        if r.revision is not None:
-            rd["revision"] = r.revision
-        doc["replicas"].append(rd)
-    if n.ports_in_use:
-        doc["ports_in_use"] = sorted(set(n.ports_in_use))
-    if n.cpu_count:
-        doc["cpu_count"] = n.cpu_count
-    if n.health_checks is not None:
-        doc["health_checks"] = {k: str(v) for k, v in sorted(n.health_checks.items())}
-    if n.llama_cpp is not None and (n.llama_cpp.server or n.llama_cpp.rpc_server):
-        doc["llama_cpp"] = {"server": n.llama_cpp.server, "rpc_server": n.llama_cpp.rpc_server}
+    doc["gpus"] = [_gpu_to_document(g, g.index in reserved) for g in sorted(n.gpus, key=lambda g: g.index)]
+    doc["replicas"] = [_rank_to_document(r) for r in sorted(n.replicas, key=lambda r: (r.id, r.rank))]
+    doc.update(_node_extras(n))
     if n.failure:  # right after the reason it qualifies
         doc = {k: doc[k] for k in ("id", "state", "reason")} | {"failure": n.failure} | doc
     return doc
+
+
+def _gpu_to_document(g: Gpu, reserved: bool) -> dict[str, Any]:
+    """One GPU; `reserved`: a live rank of ours holds it, so all of its memory counts allocated."""
+    gd: dict[str, Any] = {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "class": g.gpu_class,
+        "memory_total_mb": g.memory_total_mb,
+        "memory_used_mb": g.memory_used_mb,
+        "allocated_mb": g.memory_total_mb if reserved else 0,
+        "nvlink_peers": sorted(g.nvlink_peers),
+    }
+    if g.processes:
+        gd["processes"] = [{"pid": p.pid, "name": p.name, "used_mb": p.used_mb} for p in sorted(g.processes, key=lambda p: p.pid)]
+    if g.held_by:
+        gd["held_by"] = g.held_by
+    gd["health"] = str(g.health)
+    if g.health_reason:
+        gd["health_reason"] = g.health_reason
+    if g.xid_info:
+        gd["xid_info"] = list(g.xid_info)
+    if g.quarantined is not None:
+        q = g.quarantined
+        gd["quarantined"] = {"reason": q.reason, "until": utc_text(q.until)} | ({"uuid": q.uuid} if q.uuid else {})
+    return gd
+
+
+def _rank_to_document(r: RunningRank) -> dict[str, Any]:
+    rd: dict[str, Any] = {
+        "id": r.id,
+        "model": r.model,
+        "profile": r.profile,
+        "rank": r.rank,
+        "nnodes": r.nnodes,
+        "gpus": list(r.gpus),
+        "port": r.port,
+        "spec_hash": r.spec_hash,
+    }
+    if r.pid is not None:
+        rd["pid"] = r.pid
+    if not r.alive:
+        rd["alive"] = False
+    if r.slurm_job:
+        rd["slurm_job"] = r.slurm_job
+    if r.waiting:
+        rd["waiting"] = r.waiting
+    if r.revision is not None:
+        rd["revision"] = r.revision
+    return rd
+
+
+def _node_extras(n: ObservedNode) -> dict[str, Any]:
+    """The node's fields written only where they say something, in the order they follow the replicas."""
+    extras: dict[str, Any] = {}
+    if n.ports_in_use:
+        extras["ports_in_use"] = sorted(set(n.ports_in_use))
+    if n.cpu_count:
+        extras["cpu_count"] = n.cpu_count
+    if n.health_checks is not None:
+        extras["health_checks"] = {k: str(v) for k, v in sorted(n.health_checks.items())}
+    if n.llama_cpp is not None and (n.llama_cpp.server or n.llama_cpp.rpc_server):
+        extras["llama_cpp"] = {"server": n.llama_cpp.server, "rpc_server": n.llama_cpp.rpc_server}
+    return extras
 
 
 def _round_down_gib(n: int) -> int:
