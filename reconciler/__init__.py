@@ -53,8 +53,9 @@ The modules, top layer first; a module imports only from the layers below it
     plan                desired x observed -> ordered actions (pure)
     rollout             how a spec change rolls out: surge or in place, one at a time (pure)
     placement/, render  where replicas go (pure, every rejection kept): the Placer (placer) over the
-                        explanations (summary, unfittable, rejections), the filters (rules) and the
-                        free capacity (capacity); render: the exact argv of each rank
+                        explanations (summary, unfittable, rejections), its candidate indexes
+                        (indexes), the filters (rules) and the free capacity (capacity); render: the
+                        exact argv of each rank
     engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
                         their option tables (flags, parsers/*.json)
     inventory/,         the snapshot: its file and document read into an Inventory (reading), an
