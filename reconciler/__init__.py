@@ -35,12 +35,16 @@ The modules, top layer first; a module imports only from the layers below it
                         (backoff of failed starts, grace periods), kept between one-shot applies
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
                         frozen Catalog (build), the directory as a whole (load)
-    probe/              the node-side probe program (script), its pure parsers (parse) and GPU health's
-                        (health), asking the fleet and turning reports into an Inventory (collect)
+    probe/              the node-side probe program: one pass, the session, the payload (script), its
+                        pure parsers (parse) and GPU health's (health), the node's files and children
+                        (system), its GPUs (gpus) and everything else it reads (facts); asking a
+                        node or the fleet (collect), the daemon's prober of the fleet (prober), and
+                        a node's report read into an ObservedNode (report)
     status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
                         YAML, atomic, only on change
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
-                        (node_agent, stdlib only, runs on the node) over any transport (ssh_launcher),
+                        (node_agent, stdlib only, runs on the node, with its /proc facts in agent_proc
+                        and its records and logs in agent_files) over any transport (ssh_launcher),
                         or Slurm jobs (slurm_launcher)
     fetch/              copying weights to a node that lacks them (agent runs on the node)
     ssh/                asyncssh in one event loop (loop): connecting (connect), a node's transport
@@ -51,14 +55,16 @@ The modules, top layer first; a module imports only from the layers below it
     plan                desired x observed -> ordered actions (pure)
     rollout             how a spec change rolls out: surge or in place, one at a time (pure)
     placement/, render  where replicas go (pure, every rejection kept): the Placer (placer) over the
-                        explanations (summary, unfittable, rejections), the filters (rules) and the
-                        free capacity (capacity); render: the exact argv of each rank
+                        explanations (summary, unfittable, rejections), its candidate indexes
+                        (indexes), the filters (rules) and the free capacity (capacity); render: the
+                        exact argv of each rank
     engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
                         their option tables (flags, parsers/*.json)
-    inventory,          the snapshot document <-> Inventory; transports (argv in, bytes out);
-    transport,          snapshot arithmetic (pure); Slurm's text outputs parsed (pure); the count the
-    snapshot, slurm,    load wants inside the range git holds, and its status block (pure)
-    autoscale
+    inventory/,         the snapshot: its file and document read into an Inventory (reading), an
+                        Inventory written as a document (writing), a document checked (validation);
+    transport,          transports (argv in, bytes out); snapshot arithmetic (pure); Slurm's text
+    snapshot, slurm,    outputs parsed (pure); the count the load wants inside the range git holds,
+    autoscale           and its status block (pure)
     model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
     schemas, constants
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with

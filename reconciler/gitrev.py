@@ -261,26 +261,39 @@ class GitCatalog:
         if upstream is None:
             return PullOutcome("no-upstream", None, f"branch {branch} has no upstream: nothing to pull")
         before_upstream = self._rev(upstream)
-        remote = git(self.root, "config", "--get", f"branch.{branch}.remote", check=False).stdout.strip() or "origin"
-        fetch = git(self.root, "fetch", "--quiet", "--no-tags", remote, check=False, timeout=timeout)
-        if fetch.returncode != 0:
-            msg = fetch.stderr.strip().splitlines()[-1:] or ["unknown error"]
-            return PullOutcome("fetch-failed", upstream, f"git fetch {remote} failed: {msg[0]}")
+        failed = self._fetch(branch, upstream, timeout)
+        if failed is not None:
+            return failed
         head, up = self.head(), self._rev(upstream)
         if up is None:
             return PullOutcome("no-upstream", upstream, f"upstream {upstream} has no commits")
         if head == up:
             return PullOutcome("up-to-date", upstream, "", head, head)
         if head is None or self._is_ancestor(head, up):
-            proc = git(self.root, "merge", "--ff-only", "--quiet", up, check=False)
-            if proc.returncode != 0:
-                why = (proc.stderr.strip().splitlines() or ["merge failed"])[0]
-                return PullOutcome("refused", upstream, f"cannot fast-forward to {upstream} {up[:12]}: {why}", head, head)
-            return PullOutcome("fast-forwarded", upstream, f"fast-forwarded {_short(head)}..{up[:12]}", head, up)
+            return self._fast_forward(upstream, head, up)
         if self._is_ancestor(up, head):
             return PullOutcome("ahead", upstream, f"{branch} is ahead of {upstream}", head, head)
-        # Diverged: upstream was rewritten, or both sides moved (someone, or our status
-        # commits, committed here). What would be lost by following upstream?
+        return self._follow_rewrite(branch, upstream, before_upstream, head, up)
+
+    def _fetch(self, branch: str, upstream: str, timeout: float) -> PullOutcome | None:
+        """Fetch the branch's remote; None when that worked, else the outcome that says why not."""
+        remote = git(self.root, "config", "--get", f"branch.{branch}.remote", check=False).stdout.strip() or "origin"
+        fetch = git(self.root, "fetch", "--quiet", "--no-tags", remote, check=False, timeout=timeout)
+        if fetch.returncode != 0:
+            msg = fetch.stderr.strip().splitlines()[-1:] or ["unknown error"]
+            return PullOutcome("fetch-failed", upstream, f"git fetch {remote} failed: {msg[0]}")
+        return None
+
+    def _fast_forward(self, upstream: str, head: str | None, up: str) -> PullOutcome:
+        proc = git(self.root, "merge", "--ff-only", "--quiet", up, check=False)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or ["merge failed"])[0]
+            return PullOutcome("refused", upstream, f"cannot fast-forward to {upstream} {up[:12]}: {why}", head, head)
+        return PullOutcome("fast-forwarded", upstream, f"fast-forwarded {_short(head)}..{up[:12]}", head, up)
+
+    def _follow_rewrite(self, branch: str, upstream: str, before_upstream: str | None, head: str, up: str) -> PullOutcome:
+        """Diverged: upstream was rewritten, or both sides moved (someone, or our status commits,
+        committed here). Follow upstream only where what would be lost is ours to lose."""
         rewritten = before_upstream is not None and not self._is_ancestor(before_upstream, up)
         how = f"{upstream} was rewritten (force-push)" if rewritten else f"{branch} and {upstream} have diverged"
         rev_list = ["rev-list", head, f"^{up}"] + ([f"^{before_upstream}"] if before_upstream else [])

@@ -55,29 +55,32 @@ def inventory_after(
     stopped_on: dict[str, list[tuple[str, int | None]]] = {}
     for n, rid, rank in stopped:
         stopped_on.setdefault(n, []).append((rid, rank))
-    nodes = []
-    for node in inventory.nodes:
-        gone = stopped_on.get(node.id, ())
-        here = started_on.get(node.id, ())
-        keep = tuple(
-            r for r in node.replicas if not any(rid == r.id and (rank is None or rank == r.rank) for rid, rank in gone)
+    return Inventory(tuple(
+        _node_after(node, started_on.get(node.id, ()), stopped_on.get(node.id, ()), pids, set(taken_ports.get(node.id, ())))
+        for node in inventory.nodes
+    ))
+
+
+def _node_after(node: ObservedNode, here: Sequence[RankLaunch], gone: Sequence[tuple[str, int | None]],
+                pids: Mapping[RankKey, int], taken: set[int]) -> ObservedNode:
+    """One node as the pass left it: its stopped ranks gone, its started ones in, their ports."""
+    keep = tuple(
+        r for r in node.replicas if not any(rid == r.id and (rank is None or rank == r.rank) for rid, rank in gone)
+    )
+    new = tuple(
+        RunningRank(
+            id=l.replica, model=l.model, profile=l.profile, rank=l.rank, gpus=tuple(l.gpus), port=l.port,
+            spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)), revision=l.revision,
         )
-        new = tuple(
-            RunningRank(
-                id=l.replica, model=l.model, profile=l.profile, rank=l.rank, gpus=tuple(l.gpus), port=l.port,
-                spec_hash=l.spec_hash, nnodes=l.nnodes, pid=pids.get((l.node, l.replica, l.rank)), revision=l.revision,
-            )
-            for l in here
-            if not any(r.id == l.replica and r.rank == l.rank for r in keep)
-        )
-        taken = set(taken_ports.get(node.id, ()))
-        if len(keep) != len(node.replicas) or new or taken - set(node.ports_in_use):
-            # A stopped engine's port is free again (unless a kept rank shares it); a started one's is taken.
-            freed = {r.port for r in node.replicas if r not in keep} - {r.port for r in keep}
-            ports = (set(node.ports_in_use) - freed) | {l.port for l in here} | taken
-            node = replace(node, replicas=keep + new, ports_in_use=tuple(sorted(ports)))
-        nodes.append(node)
-    return Inventory(tuple(nodes))
+        for l in here
+        if not any(r.id == l.replica and r.rank == l.rank for r in keep)
+    )
+    if len(keep) == len(node.replicas) and not new and not taken - set(node.ports_in_use):
+        return node
+    # A stopped engine's port is free again (unless a kept rank shares it); a started one's is taken.
+    freed = {r.port for r in node.replicas if r not in keep} - {r.port for r in keep}
+    ports = (set(node.ports_in_use) - freed) | {l.port for l in here} | taken
+    return replace(node, replicas=keep + new, ports_in_use=tuple(sorted(ports)))
 
 
 def gpu_problems(launch: RankLaunch, node: ObservedNode | None, *, mostly_used: float = MOSTLY_USED) -> list[str]:

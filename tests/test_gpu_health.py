@@ -324,6 +324,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from reconciler.probe import script  # noqa: E402
+from reconciler.probe import gpus as probe_gpus  # noqa: E402
 
 
 def _child(code: str) -> subprocess.Popen:
@@ -396,7 +397,7 @@ class HealthNvml(FakeNvml):
 def test_nvml_answers_give_each_gpu_its_verdict():
     buses = [f"00000000:{b:02X}:00.0" for b in (0x18, 0x2A, 0x3A, 0x5D)]
     nvml = HealthNvml(gpus=[("NVIDIA H100 80GB HBM3", 81559, 0, b) for b in buses], links={})
-    gpus = script.gpus_from_nvml(nvml)
+    gpus = probe_gpus.gpus_from_nvml(nvml)
     out, checks, _ = assess(gpus, xid_events=[], xid_state="ok", nvml_checks=True)
     said = {g["index"]: (g["health"], g.get("health_reason", "")) for g in out}
     assert said == {

@@ -28,7 +28,7 @@ from reconciler.model import (
     Profile,
 )
 from reconciler.placement import Placer, place, summarize
-from reconciler.probe.script import llama_cpp_binaries
+from reconciler.probe.facts import llama_cpp_binaries
 from reconciler.render import render_replica
 from tests import builders as b
 

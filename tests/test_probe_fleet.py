@@ -243,13 +243,13 @@ def test_a_pass_over_open_probe_sessions_starts_no_thread_per_node(fleet, monkey
     import time
 
     from reconciler.probe import FleetProber
-    from reconciler.probe import collect
+    from reconciler.probe import prober as fleet_prober
 
     names = [f"warm{i}" for i in range(3)]
     for name in names:
         fleet.add_node(name)
     spec = fleet.fleet_spec(names)
-    monkeypatch.setattr(collect, "WORKER_IDLE_S", 0.05)  # the first pass's workers end before the second
+    monkeypatch.setattr(fleet_prober, "WORKER_IDLE_S", 0.05)  # the first pass's workers end before the second
     prober = FleetProber()
     starts = []
     real_start = threading.Thread.start

@@ -14,6 +14,8 @@ import pytest
 from reconciler.model import NodeSpec, frozen_map
 from reconciler.probe import observed_from_report
 from reconciler.probe import script
+from reconciler.probe import facts
+from reconciler.probe import gpus as probe_gpus
 from reconciler.probe.parse import (
     ParseError,
     fabric_name_for_prefix,
@@ -229,7 +231,7 @@ def test_nvml_nvlink_peers_from_remote_pci_bus_ids_of_bridged_pairs():
               ("NVIDIA A100 80GB PCIe", 81920, 0, "00000000:CA:00.0")],
         links={0: {0: "0000:65:00.0", 1: "0000:65:00.0"}, 1: {0: "00000000:17:00.0"}},
     )
-    gpus = script.gpus_from_nvml(nvml)
+    gpus = probe_gpus.gpus_from_nvml(nvml)
     assert [g["nvlink_peers"] for g in gpus] == [[1], [0], []]
     assert gpus[0]["uuid"] == "GPU-00000000" and gpus[0]["memory_total_mb"] == 81920
     assert gpus[0]["processes"][0]["pid"] == os.getpid() and gpus[0]["processes"][0]["used_mb"] == 512
@@ -244,7 +246,7 @@ def test_nvml_links_ending_at_nvswitches_fall_back_to_p2p_status():
         links={h: {0: switch, 1: switch} for h in range(4)},
         p2p={(0, 1), (0, 2), (1, 2)},  # GPU 3's NVLink is down
     )
-    assert [g["nvlink_peers"] for g in script.gpus_from_nvml(nvml)] == [[1, 2], [0, 2], [0, 1], []]
+    assert [g["nvlink_peers"] for g in probe_gpus.gpus_from_nvml(nvml)] == [[1, 2], [0, 2], [0, 1], []]
 
 
 # --------------------------------------------------------------------------
@@ -268,7 +270,7 @@ def test_infiniband_tree_gives_state_link_layer_and_subnet_prefix_per_port(tmp_p
     make_port(tmp_path, "mlx5_2", 1, "4: ACTIVE", "Ethernet", "fe80:0000:0000:0000:ba3f:d2ff:fe01:0203")
     (tmp_path / "mlx5_3" / "ports" / "1").mkdir(parents=True)  # a port without a state file
     warnings: list[str] = []
-    ports = script.infiniband(warnings, root=str(tmp_path))
+    ports = facts.infiniband(warnings, root=str(tmp_path))
     assert ports == [
         {"hca": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "InfiniBand", "subnet_prefix": "fec0:0000:0000:0001"},
         {"hca": "mlx5_1", "port": 1, "state": "DOWN", "link_layer": "InfiniBand", "subnet_prefix": "fe80:0000:0000:0000"},
@@ -278,7 +280,7 @@ def test_infiniband_tree_gives_state_link_layer_and_subnet_prefix_per_port(tmp_p
 
 
 def test_a_node_without_infiniband_reports_none_not_an_empty_list(tmp_path):
-    assert script.infiniband([], root=str(tmp_path / "absent")) is None
+    assert facts.infiniband([], root=str(tmp_path / "absent")) is None
 
 
 def test_ib_port_with_an_unreadable_gid_is_an_error():
@@ -357,14 +359,14 @@ def write_record(state_dir: Path, rid: str, rank: int, **fields) -> None:
 
 
 def test_records_are_alive_only_when_pid_and_start_time_both_match(tmp_path, process_group):
-    st = script.proc_stat(process_group.pid)
+    st = facts.proc_stat(process_group.pid)
     write_record(tmp_path, "m-0", 0, pid=process_group.pid, pgid=process_group.pid, start_time=st["start_time"])
     write_record(tmp_path, "m-1", 0, pid=process_group.pid, pgid=process_group.pid, start_time=st["start_time"] - 1)  # pid reused
     write_record(tmp_path, "m-2", 0, pid=2**22 + 17, pgid=2**22 + 17, start_time=1)  # gone
     (tmp_path / "replicas" / "junk.json").write_text("{not json")
     (tmp_path / "replicas" / "other.json").write_text(json.dumps({"id": "x", "managed_by": "someone-else"}))
     warnings: list[str] = []
-    records = script.replica_records(str(tmp_path), warnings)
+    records = facts.replica_records(str(tmp_path), warnings)
     assert {r["id"]: r["alive"] for r in records} == {"m-0": True, "m-1": False, "m-2": False}
     assert len(warnings) == 1 and "junk.json" in warnings[0]
 
@@ -374,7 +376,7 @@ def test_gpu_processes_of_a_managed_replicas_group_are_not_foreign(process_group
     records = [{"id": "m-0", "pid": process_group.pid, "pgid": process_group.pid, "alive": True}]
     gpus = [{"index": 0, "processes": [{"pid": child, "name": "sleep", "used_mb": 10},
                                        {"pid": os.getpid(), "name": "pytest", "used_mb": 20}]}]
-    script.exclude_managed(gpus, records)
+    facts.exclude_managed(gpus, records)
     assert [p["pid"] for p in gpus[0]["processes"]] == [os.getpid()]
 
 
@@ -385,13 +387,13 @@ def test_sources_present_by_path_under_a_model_dir_or_by_hub_layout(tmp_path):
     (models / "models--Qwen--Qwen2.5-7B").mkdir(parents=True)
     (tmp_path / "elsewhere").mkdir()
     dirs = [str(models)]
-    assert script.source_present(str(models / "llama-3-8b"), dirs)
-    assert script.source_present("meta-llama/Llama-3.1-8B", dirs)
-    assert script.source_present("Qwen/Qwen2.5-7B", dirs)
-    assert not script.source_present(str(tmp_path / "elsewhere"), dirs)  # exists, but not under a model dir
-    assert not script.source_present(str(models / "missing"), dirs)
-    assert not script.source_present("org/absent", dirs)
-    assert not script.source_present("relative/../../etc", dirs)
+    assert facts.source_present(str(models / "llama-3-8b"), dirs)
+    assert facts.source_present("meta-llama/Llama-3.1-8B", dirs)
+    assert facts.source_present("Qwen/Qwen2.5-7B", dirs)
+    assert not facts.source_present(str(tmp_path / "elsewhere"), dirs)  # exists, but not under a model dir
+    assert not facts.source_present(str(models / "missing"), dirs)
+    assert not facts.source_present("org/absent", dirs)
+    assert not facts.source_present("relative/../../etc", dirs)
 
 
 def test_the_script_runs_standalone_from_its_payload_and_prints_one_json_document(tmp_path):
@@ -487,11 +489,11 @@ def test_listening_ports_through_sock_diag_see_a_real_listener():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert port in script.listening_ports_netlink()
-        assert port in script.listening_ports([])
+        assert port in facts.listening_ports_netlink()
+        assert port in facts.listening_ports([])
     with socket.socket() as s:  # bound but not listening: not a port in use for serving
         s.bind(("127.0.0.1", 0))
-        assert s.getsockname()[1] not in script.listening_ports_netlink()
+        assert s.getsockname()[1] not in facts.listening_ports_netlink()
 
 
 def test_a_session_answers_a_report_per_request_and_imports_sglang_once_per_recheck_window(tmp_path):

@@ -76,53 +76,65 @@ def scale_lines(catalog, states) -> list[tuple[str, str, str]]:
 
 
 def render_text(pl: Plan, show_all: bool = False, scaling=()) -> str:
-    rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
-    for a in pl.actions:
-        profile = a.placement.profile if a.placement is not None else "-"
-        rows.append((a.action, a.replica, profile, where_text(a.placement), a.reason))
     out = []
     if pl.revision:
         out.append(f"revision {pl.revision}")
-    if len(rows) > 1:
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        for r in rows:
-            out.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:4])) + "  " + r[4])
-    elif pl.unplaced or pl.waiting:  # no action, yet not every replica runs where it should
-        held = [f"{len(pl.unplaced)} replica{'s' * (len(pl.unplaced) != 1)} cannot be placed"] if pl.unplaced else []
-        held += [f"{len(pl.waiting)} waiting"] if pl.waiting else []
-        out.append(f"no action to take: {', '.join(held)} (below)")
-    else:
-        out.append("nothing to do: every replica runs where it should")
+    out += _actions_text(pl)
     if pl.unplaced:
-        out.append("")
-        out.append("unplaced:")
-        same = same_rejections(pl)
-        for o in pl.unplaced:
-            if o.rejections_same_as:
-                continue
-            others = same.get(o.replica, [])
-            more = f" (and {len(others)} more replica{'s' if len(others) != 1 else ''} of {o.model}: " \
-                   f"{span(others)}, same rejections)" if others else ""
-            out.append(f"  {o.replica}{more}:")
-            for line in summarize(o.rejections, o.nodes_considered, show_all):
-                out.append(f"    {line}")
+        out += _unplaced_text(pl, show_all)
     if pl.waiting:
         out.append("")
         out.append("waiting:")
         for w in pl.waiting:
             out.append(f"  {w.replica}: {w.reason}")
-    counts = {}
-    for a in pl.actions:
-        counts[a.action] = counts.get(a.action, 0) + 1
     if scaling:
         out.append("")
         out.append("autoscaled (replicas min-max, the count in force from status/):")
         for name, counts_text, why in scaling:
             out.append(f"  {name}: {counts_text}: {why}")
-    summary = ", ".join(f"{counts.get(k, 0)} to {k}" for k in ("start", "stop", "replace", "restart"))
     out.append("")
-    out.append(f"{summary}; {len(pl.unplaced)} unplaced")
+    out.append(_totals_text(pl))
     return "\n".join(out) + "\n"
+
+
+def _actions_text(pl: Plan) -> list[str]:
+    """The actions as a table, or one line saying why there is none."""
+    rows = [("ACTION", "REPLICA", "PROFILE", "NODES", "REASON")]
+    for a in pl.actions:
+        profile = a.placement.profile if a.placement is not None else "-"
+        rows.append((a.action, a.replica, profile, where_text(a.placement), a.reason))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:4])) + "  " + r[4] for r in rows]
+    if pl.unplaced or pl.waiting:  # no action, yet not every replica runs where it should
+        held = [f"{len(pl.unplaced)} replica{'s' * (len(pl.unplaced) != 1)} cannot be placed"] if pl.unplaced else []
+        held += [f"{len(pl.waiting)} waiting"] if pl.waiting else []
+        return [f"no action to take: {', '.join(held)} (below)"]
+    return ["nothing to do: every replica runs where it should"]
+
+
+def _unplaced_text(pl: Plan, show_all: bool) -> list[str]:
+    """Each unplaced replica's rejections, summarized; replicas rejected alike said once."""
+    out = ["", "unplaced:"]
+    same = same_rejections(pl)
+    for o in pl.unplaced:
+        if o.rejections_same_as:
+            continue
+        others = same.get(o.replica, [])
+        more = f" (and {len(others)} more replica{'s' if len(others) != 1 else ''} of {o.model}: " \
+               f"{span(others)}, same rejections)" if others else ""
+        out.append(f"  {o.replica}{more}:")
+        for line in summarize(o.rejections, o.nodes_considered, show_all):
+            out.append(f"    {line}")
+    return out
+
+
+def _totals_text(pl: Plan) -> str:
+    counts = {}
+    for a in pl.actions:
+        counts[a.action] = counts.get(a.action, 0) + 1
+    summary = ", ".join(f"{counts.get(k, 0)} to {k}" for k in ("start", "stop", "replace", "restart"))
+    return f"{summary}; {len(pl.unplaced)} unplaced"
 
 
 def planned(catalog, inventory, *, now: float, explain=()) -> Plan:

@@ -73,35 +73,49 @@ class OptionTable:
         if token in self.by_string:
             return Resolved(self.by_string[token], token)
         if self.exact_only:
-            name, sep, value = token.partition("=") if self.equals_value else (token, "", "")
-            if sep and name in self.by_string:
-                return Resolved(self.by_string[name], name, value=value)
-            return Resolved(None, name)
+            return self._resolve_exact(token)
         # argparse (_parse_optional / _get_option_tuples), the same on Python 3.10-3.13
         # for what a profile can write.
         name, sep, value = token.partition("=")
         if sep and name in self.by_string:
             return Resolved(self.by_string[name], name, value=value)
-        matches: dict[str, tuple[str, str | None]] = {}
         if token.startswith("--"):
-            if self.allow_abbrev:
-                for s, canonical in self.by_string.items():
-                    if s.startswith(name):
-                        matches.setdefault(canonical, (s, value if sep else None))
+            matches = self._long_matches(name, value if sep else None)
         else:
-            # `-n4` is `-n 4`; `-as` may abbreviate a single-dash long option like `-asc`.
-            short, attached = token[:2], token[2:]
-            for s, canonical in self.by_string.items():
-                if s == short:
-                    matches.setdefault(canonical, (s, attached))
-                elif self.allow_abbrev and s.startswith(token) and not s.startswith("--"):
-                    matches.setdefault(canonical, (s, None))
+            matches = self._short_matches(token)
         if len(matches) == 1:
             (canonical, (spelling, attached_value)), = matches.items()
             return Resolved(canonical, spelling, value=attached_value)
         if len(matches) > 1:
             return Resolved(None, name, ambiguous=tuple(sorted(s for s, _ in matches.values())))
         return Resolved(None, name)
+
+    def _resolve_exact(self, token: str) -> Resolved:
+        """A parser of exact names only (llama.cpp): `--x=v` where it reads `=value`, else no option."""
+        name, sep, value = token.partition("=") if self.equals_value else (token, "", "")
+        if sep and name in self.by_string:
+            return Resolved(self.by_string[name], name, value=value)
+        return Resolved(None, name)
+
+    def _long_matches(self, name: str, value: str | None) -> dict[str, tuple[str, str | None]]:
+        """Canonical name -> (spelling, value) of each option a `--name` abbreviates, where abbreviations are allowed."""
+        matches: dict[str, tuple[str, str | None]] = {}
+        if self.allow_abbrev:
+            for s, canonical in self.by_string.items():
+                if s.startswith(name):
+                    matches.setdefault(canonical, (s, value))
+        return matches
+
+    def _short_matches(self, token: str) -> dict[str, tuple[str, str | None]]:
+        """`-n4` is `-n 4`; `-as` may abbreviate a single-dash long option like `-asc`."""
+        matches: dict[str, tuple[str, str | None]] = {}
+        short, attached = token[:2], token[2:]
+        for s, canonical in self.by_string.items():
+            if s == short:
+                matches.setdefault(canonical, (s, attached))
+            elif self.allow_abbrev and s.startswith(token) and not s.startswith("--"):
+                matches.setdefault(canonical, (s, None))
+        return matches
 
 
 def _is_negative_number(token: str) -> bool:

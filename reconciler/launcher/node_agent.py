@@ -1,9 +1,10 @@
 """The node-side lifecycle agent: start, stop and inspect managed engine ranks.
 
 This file is sent, as text, on the stdin of `python3 -I -S -` on a node
-(through any Transport), and runs there. It must stay self-contained: stdlib
-only, nothing imported from `reconciler`, Python 3.8+ (nodes run whatever
-their distribution ships).
+(through any Transport), and runs there, after the text of agent_proc.py (its
+/proc facts) and agent_files.py (its records and logs): ssh_launcher.AGENT_MODULES.
+The program must stay self-contained: stdlib only, nothing imported from
+`reconciler` on the node, Python 3.8+ (nodes run whatever their distribution ships).
 
 The request is ONE JSON document, base64-encoded into a first line
 `REQUEST_B64 = "..."` that the sender puts before this text (base64 cannot
@@ -24,7 +25,6 @@ taken for the engine, or, worse, signalled in its place.
 """
 
 import binascii
-import errno
 import fcntl
 import json
 import os
@@ -32,226 +32,40 @@ import signal
 import sys
 import time
 
+if "proc_stat" not in globals():
+    # Not on a node (this file run or read by itself): there, the text of agent_proc.py and
+    # agent_files.py precedes this one and has defined these names already.
+    from reconciler.launcher.agent_proc import (  # noqa: F401
+        group_members,
+        holds_socket,
+        listening_inodes,
+        port_problem,
+        proc_stat,
+        rank_alive,
+        running,
+    )
+    from reconciler.launcher.agent_files import (  # noqa: F401
+        MANAGED_BY,
+        START_MARK,
+        TAIL_BYTES,
+        appended,
+        is_mine,
+        lines_of_task,
+        owner_of,
+        read_record,
+        record_name,
+        records,
+        state_paths,
+        tail,
+        task_of_rank,
+        write_atomically,
+    )
+
 # socket and subprocess are imported where used: only `start` needs them, and on a
 # cold interpreter they cost a third of a status call (base64 likewise: binascii is enough).
 
-MANAGED_BY = "llm-reconciler"
 PERMANENT = "permanent"  # a refusal no retry mends until the node changes (errors.PERMANENT)
-TAIL_BYTES = 256 * 1024
-START_MARK = "--- llm-reconciler: starting "  # the line written before each start
 LOG_ROTATE_BYTES = 64 * 1024 * 1024
-
-
-# ---------------------------------------------------------------- /proc facts
-
-
-def proc_stat(pid):
-    """(state, pgrp, session, start_time) of pid, or None when there is no such process."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after the LAST ')'.
-    rest = text[text.rindex(")") + 2:].split()
-    # rest[0] is field 3 (state); field n is rest[n - 3].
-    return rest[0], int(rest[2]), int(rest[3]), int(rest[19])
-
-
-def running(stat):
-    # A zombie has exited; it only waits for its parent to read its status.
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
-def rank_alive(record):
-    pid = record.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    stat = proc_stat(pid)
-    return running(stat) and stat[3] == record.get("start_time")
-
-
-def group_members(pgid):
-    """Live pids in process group or session `pgid` (an engine's workers stay in both)."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        stat = proc_stat(int(name))
-        if running(stat) and (stat[1] == pgid or stat[2] == pgid):
-            members.append(int(name))
-    return sorted(members)
-
-
-def listening_inodes(port):
-    """Socket inodes LISTENing on `port` (any address), from /proc/net/tcp and tcp6."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.readlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) < 10 or cols[3] != "0A":  # 0A: TCP_LISTEN
-                continue
-            if int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    return inodes
-
-
-def holds_socket(pid, wanted):
-    """Whether process `pid` has an fd open on one of these `socket:[inode]` links."""
-    fd_dir = "/proc/%d/fd" % pid
-    try:
-        fds = os.listdir(fd_dir)
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(fd_dir + "/" + fd) in wanted:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def socket_holders(inodes):
-    """(pid, command name) of processes holding any of these socket inodes, where /proc lets us see."""
-    wanted = {"socket:[%s]" % i for i in inodes}
-    if not wanted:
-        return []
-    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    return sorted((pid, read_comm(pid)) for pid in pids if holds_socket(pid, wanted))
-
-
-def read_comm(pid):
-    try:
-        with open("/proc/%d/comm" % pid) as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def port_problem(port):
-    """None when `port` is free to serve on, else a sentence naming the port and its holder."""
-    import socket
-    taken = False
-    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # no IPv6 on this node
-        try:
-            # Engines set SO_REUSEADDR too: a TIME_WAIT left by a stopped engine is no conflict.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                taken = True
-        finally:
-            s.close()
-    inodes = listening_inodes(port)
-    if not taken and not inodes:
-        return None
-    holders = socket_holders(inodes)
-    if holders:
-        who = ", ".join("pid %d (%s)" % h for h in holders)
-        return "port %d is in use by %s" % (port, who)
-    return "port %d is in use" % port
-
-
-# ---------------------------------------------------------------- records
-
-
-def state_paths(state_dir):
-    root = os.path.expanduser(state_dir)
-    return root, os.path.join(root, "replicas"), os.path.join(root, "logs")
-
-
-_OWNER_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def owner_of(req):
-    """The catalog this request acts for (fleet.yaml `owner:`, or derived), or None (one with no owner)."""
-    owner = req.get("owner")
-    if isinstance(owner, str) and owner and set(owner) <= _OWNER_CHARS:
-        return owner
-    return None
-
-
-def record_name(replica, rank, owner=None):
-    # The owner is part of the name: two catalogs sharing a node may both have a replica `llama-0`.
-    base = "%s.rank%d" % (replica, rank)
-    return "%s.%s" % (owner, base) if owner else base
-
-
-def is_mine(rec, owner):
-    """Another owner's records are never stopped, adopted or reported as ours. A record with no
-    owner predates ownership: it belongs to whichever catalog runs that replica."""
-    return owner is None or rec.get("owner") in (None, owner)
-
-
-def read_record(path):
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("managed_by") != MANAGED_BY:
-        return None
-    return rec
-
-
-def write_atomically(path, data):
-    # Atomic (rename), not durable (no fsync): a record only has to outlive the
-    # reconciler, not the machine; after a power loss its engine is gone too, and
-    # an unreadable record is skipped like a missing one.
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def records(records_dir, replica=None, owner=None):
-    """(path, record) of every readable record of `owner`, optionally of one replica, in name order."""
-    try:
-        names = sorted(os.listdir(records_dir))
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(records_dir, name)
-        rec = read_record(path)
-        if rec is None or (replica is not None and rec.get("id") != replica) or not is_mine(rec, owner):
-            continue
-        found.append((path, rec))
-    return found
-
-
-def tail(path, lines):
-    if lines <= 0:
-        return []
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return []
-    text = data.decode("utf-8", "replace").splitlines()
-    # The log is appended across starts: only the latest run's lines say why it is in the state it is.
-    for i in range(len(text) - 1, -1, -1):
-        if text[i].startswith(START_MARK):
-            text = text[i + 1:]
-            break
-    return text[-lines:]
 
 
 # ---------------------------------------------------------------- operations
@@ -538,20 +352,6 @@ def op_status(req):
     return {"ok": True, "ranks": ranks}
 
 
-def appended(path, size, offset):
-    """(the whole lines written since byte `offset`, where the next read starts)."""
-    start = int(offset)
-    if start > size:
-        start = 0  # rotated (or truncated) since the last call: the new file from its start
-    start = max(start, size - TAIL_BYTES)  # far behind: the recent part, not megabytes at once
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(size - start)
-    # Only whole lines: a line still being written comes whole with the next call.
-    end = data.rfind(b"\n") + 1
-    return data[:end].decode("utf-8", "replace").splitlines(), start + end
-
-
 def op_logs(req):
     """A rank's log: its last `lines` lines (of the latest run), or with `offset` what was
     appended since that byte offset (`reconciler logs --follow` polls with it)."""
@@ -568,43 +368,6 @@ def op_logs(req):
         return {"ok": True, "log": path, "exists": True, "lines": tail(path, int(req.get("lines", 50))), "offset": size}
     lines, offset = appended(path, size, offset)
     return {"ok": True, "log": path, "exists": True, "offset": offset, "lines": lines}
-
-
-# A Slurm job's output (launcher: slurm): one file for every rank, each line labelled with its
-# Slurm task number by `srun --label` ("0: ..."); the step runner's first line of each task
-# names the rank that task is ("0: --- llm-reconciler: starting rank 1 of m-0 on s2").
-STEP_START = START_MARK + "rank "
-
-
-def labelled(line):
-    """(task, text) of a line `srun --label` wrote, or (None, line) for srun's and slurmstepd's own."""
-    label, sep, text = line.partition(": ")
-    if sep and label.strip().isdigit():
-        return label.strip(), text
-    return None, line
-
-
-def task_of_rank(path, rank):
-    """The Slurm task that runs `rank`, from the step runner's start lines; None before it wrote one."""
-    with open(path, "rb") as f:
-        head = f.read(TAIL_BYTES)
-    for line in head.decode("utf-8", "replace").splitlines():
-        task, text = labelled(line)
-        if task is not None and text.startswith(STEP_START) and text[len(STEP_START):].split(" ")[0] == str(rank):
-            return task
-    return None
-
-
-def lines_of_task(lines, task):
-    """One rank's lines, unlabelled; the job's own lines (srun, slurmstepd: why it ended) belong to every rank."""
-    out = []
-    for line in lines:
-        label, text = labelled(line)
-        if label is None:
-            out.append(line)
-        elif label == task and not text.startswith(STEP_START):
-            out.append(text)
-    return out
 
 
 def op_output(req):

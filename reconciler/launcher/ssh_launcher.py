@@ -19,9 +19,15 @@ DEFAULT_COMMAND_TIMEOUT_S = SshSettings.command_timeout_s
 LOG_LINES_ON_FAILURE = 16  # of a rank that exited at once: enough to reach an error above a usage text
 
 
+# The node agent's modules, in the order its text carries them: each only uses names defined above it.
+AGENT_MODULES = ("agent_proc.py", "agent_files.py", "node_agent.py")
+
+
 @lru_cache(maxsize=1)
 def agent_source() -> bytes:
-    return (Path(__file__).with_name("node_agent.py")).read_bytes()
+    """The node agent's program: its modules' text, one after the other (see node_agent.py)."""
+    here = Path(__file__).parent
+    return b"\n\n".join((here / name).read_bytes() for name in AGENT_MODULES)
 
 
 def agent_stdin(request: dict) -> bytes:

@@ -33,7 +33,8 @@ The modules, top first (each imports only from those below it; .importlinter hol
     placer, summary,   the Placer: indexes, bookkeeping, choosing, committing, place();
     unfittable         rejections as one line per profile, nodes grouped by kind;
                        models that can never fit this fleet (validate --inventory)
-    rejections         every node weighed for a profile and why it was discarded
+    rejections,        every node weighed for a profile and why it was discarded; the nodes that
+    indexes            pass a profile's static filters, bucketed by free GPUs and kept current
     rules              why a node cannot take a profile: pure filters returning typed Reasons
     capacity           each node's working state in a pass; nodes bucketed by free GPUs
 

@@ -1,7 +1,8 @@
 """The Placer: which nodes and GPUs each replica runs on, or every reason it cannot run anywhere.
 
-Holds the working state of one pass (capacity.NodeCapacity per node, capacity.LevelIndex per
-filter), applies the filters of rules.py, and commits placements against it. See the package
+Holds the working state of one pass (capacity.NodeCapacity per node, searched through the
+candidate indexes of indexes.py), applies the filters of rules.py, and commits placements
+against it. See the package
 docstring for the rules it keeps and how it stays fast at fleet scale.
 """
 
@@ -18,26 +19,18 @@ from reconciler.model import (
     Model,
     Placement,
     Profile,
-    Reason,
     Rejection,
 )
-from reconciler.placement.capacity import MAX_PORT, LevelIndex, NodeCapacity, pick_gpus
+from reconciler.placement.capacity import MAX_PORT, NodeCapacity, pick_gpus
+from reconciler.placement.indexes import CandidateIndexes
 from reconciler.placement.rejections import rejections_for
 from reconciler.placement.rules import (
     LLAMA_CPP,
     assign_llama_roles,
-    base_key,
     rank_reason,
-    static_key,
     weights_on_every_node,
-    weights_reason,
-    without_disk,
-    disk_reason,
-    node_rules_profile,
     dynamic_reason,
-    has_room,
     pool_name,
-    static_reason,
 )
 
 # First rendezvous port tried on a multi-node replica's head (torch.distributed's customary default).
@@ -138,7 +131,7 @@ def _in_place_assignments(nodes: list[NodeCapacity], old: Placement, profile: Pr
 # --------------------------------------------------------------------------
 
 
-class Placer:
+class Placer(CandidateIndexes):
     """Placement state for one pass: holds what runs, places what is missing.
 
     Stateful so that the plan can try a replacement with the old copy still
@@ -149,147 +142,9 @@ class Placer:
 
     def __init__(self, fleet: Fleet, inventory: Inventory, models: Iterable[Model] = ()):
         self.models = {m.name: m for m in models}
-        specs = sorted(fleet.nodes, key=lambda n: n.id)
-        self.nodes = [NodeCapacity(i, spec, inventory.node(spec.id)) for i, spec in enumerate(specs)]
-        self.by_id = {n.id: n for n in self.nodes}
-        self.fabric_names = sorted({f for n in self.nodes for f in n.fabrics})
-        self.launchers = sorted({n.launcher for n in self.nodes}) or ["ssh"]
-        self._static_reasons: dict[tuple, list[Reason | None]] = {}
-        self._indexes: dict[tuple, LevelIndex] = {}
-        # Lookups by object identity: a profile's filters are hashed once, not once per replica.
-        self._index_by_profile: dict[tuple, LevelIndex] = {}
-        self._keepalive: list = []  # keeps the ids above from being reused while this placer lives
-        self._derived: dict[tuple, Profile] = {}
-        # node idx -> the indexes it belongs to, so a change of level updates each of them
-        self._node_indexes: list[list[LevelIndex]] = [[] for _ in self.nodes]
-        holders: dict[str, list[int]] = {}
-        for n in self.nodes:
-            for w in n.weights or ():
-                holders.setdefault(w, []).append(n.idx)
-        self._holders = holders
-        # Nodes whose weights were never looked at: a path source without fetch may be there (SPEC section 7).
-        self._weights_unknown = [n.idx for n in self.nodes if n.weights is None]
-
-    # ---- static filters -------------------------------------------------
-
-    def _node_rules_profile(self, profile: Profile) -> Profile:
-        """node_rules_profile, one object per profile: the index caches below are keyed by identity."""
-        ruled = node_rules_profile(profile)
-        if ruled is profile:
-            return profile
-        key = ("node-rules", id(profile))
-        cached = self._derived.get(key)
-        if cached is None:
-            cached = self._derived[key] = ruled
-            self._keepalive.append(profile)
-        return cached
-
-    def _base_list(self, profile: Profile) -> list[Reason | None]:
-        """Per node (by index): why it can never take a profile like this one (state, labels, engine, memory)."""
-        key = base_key(profile)
-        base = self._static_reasons.get(key)
-        if base is None:
-            plain = without_disk(profile)
-            base = [static_reason(n, None, plain) for n in self.nodes]
-            self._static_reasons[key] = base
-        return base
-
-    def _static_list(self, model: Model, profile: Profile) -> list[Reason | None]:
-        """Per node (by index), why it can never take this profile in this pass, or None; disk included."""
-        # A llama.cpp replica's workers never read the weights: only its head must hold them, or
-        # have room for them (head_reason).
-        profile = self._node_rules_profile(profile)
-        base = self._base_list(profile)
-        needs_weights = weights_on_every_node(model, profile)
-        if not profile.min_disk_gb and not needs_weights:
-            return base
-        key = static_key(model, profile) + ((model.source,) if needs_weights else ())
-        lst = self._static_reasons.get(key)
-        if lst is None:
-            lst = [r if r is not None else ((weights_reason(n, model) if needs_weights else None) or
-                                            (disk_reason(n, model, profile) if profile.min_disk_gb else None))
-                   for r, n in zip(base, self.nodes)]
-            self._static_reasons[key] = lst
-        return lst
-
-    def _candidates(self, model: Model, profile: Profile, fabric: str | None) -> tuple[LevelIndex | None, LevelIndex]:
-        """The indexes a replica is searched in, preferred first: the nodes holding the weights, then
-        every eligible node (or, for weights that cannot be fetched, those never probed for them)."""
-        holders = self._index(model, profile, fabric, model.source) if model.source in self._holders else None
-        if weights_on_every_node(model, profile):
-            return holders, self._index(model, profile, fabric, ("unprobed",))
-        return holders, self._index(model, profile, fabric, None)
-
-    def _index(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> LevelIndex:
-        fast = (id(profile), fabric, holders_of)
-        idx = self._index_by_profile.get(fast)
-        if idx is not None:
-            return idx
-        idx = self._index_slow(model, profile, fabric, holders_of)
-        self._index_by_profile[fast] = idx
-        self._keepalive.append(profile)
-        return idx
-
-    def _index_slow(self, model: Model, profile: Profile, fabric: str | None, holders_of: str | None) -> LevelIndex:
-        if not profile.min_disk_gb:
-            key = (base_key(profile), profile.gpu_class, fabric, holders_of)
-            idx = self._indexes.get(key)
-            if idx is None:
-                static = self._base_list(profile)
-                if holders_of is None:
-                    pool = range(len(self.nodes))
-                elif isinstance(holders_of, tuple):  # ("unprobed",): never probed for weights; holders come apart
-                    pool = self._weights_unknown
-                else:
-                    pool = self._holders.get(holders_of, ())
-                idx = self._indexes[key] = self._build_index(profile, fabric, (i for i in pool if static[i] is None))
-            return idx
-        # A profile that needs disk gets an index of the nodes with room, drawn from the members of
-        # the disk-blind one: a node without room is never scanned, instead of being passed over
-        # again by every replica. A node holding the weights needs no room for them, and holders
-        # are always searched apart (first): their index needs no disk filter, and every other index
-        # asks for room only, so it is shared by every model of this shape, whatever its weights
-        # (an index per source cost a walk of the fleet per model of a fleet-wide update).
-        if isinstance(holders_of, str):
-            return self._index_slow(model, without_disk(profile), fabric, holders_of)
-        key = (base_key(profile), profile.min_disk_gb, profile.gpu_class, fabric, holders_of)
-        idx = self._indexes.get(key)
-        if idx is None:
-            blind = self._index_slow(model, without_disk(profile), fabric, holders_of)
-            nodes = self.nodes
-            fits = sorted(i for i in blind.members if has_room(nodes[i], profile))
-            idx = self._indexes[key] = self._build_index(profile, fabric, fits)
-        return idx
-
-    def _build_index(self, profile: Profile, fabric: str | None, candidates: Iterable[int]) -> LevelIndex:
-        """The candidates (node indices) that have the profile's GPU class and, if given, adapters on the fabric."""
-        idx = LevelIndex(profile.gpu_class)
-        for i in candidates:
-            n = self.nodes[i]
-            if fabric is not None and not n.fabrics.get(fabric):
-                continue
-            if profile.gpu_class is not None and profile.gpu_class not in n.total:
-                continue
-            idx.add(i, n.level(profile.gpu_class))
-            self._node_indexes[i].append(idx)
-        return idx
+        super().__init__(fleet, inventory)
 
     # ---- resource bookkeeping --------------------------------------------
-
-    def _levels(self, n: NodeCapacity, gpus: Iterable[int]) -> dict[str | None, int]:
-        """The levels a change to these GPUs (and to the rank count) can move."""
-        levels: dict[str | None, int] = {None: n.ranks}
-        for g in gpus:
-            cls = n.gpu_class.get(g)
-            if cls is not None and cls not in levels:
-                levels[cls] = n.level(cls)
-        return levels
-
-    def _relevel(self, n: NodeCapacity, before: dict[str | None, int]) -> None:
-        for ix in self._node_indexes[n.idx]:
-            old = before.get(ix.gpu_class, -1)
-            if old != -1:
-                ix.move(n.idx, old, n.level(ix.gpu_class))
 
     def hold(self, placement: Placement) -> None:
         """Count a running (or just placed) replica's GPUs, ports and presence against its nodes."""

@@ -10,14 +10,14 @@ override). A node that cannot be reached, or whose probe fails, is reported
 
 from reconciler.probe.collect import (
     FleetProbe,
-    FleetProber,
     NodeProbe,
-    observed_from_report,
     probe_command,
     probe_fleet,
     probe_fleet_report,
     probe_node,
 )
+from reconciler.probe.prober import FleetProber
+from reconciler.probe.report import observed_from_report
 
 __all__ = [
     "FleetProbe",

@@ -163,25 +163,41 @@ def judge_gpu(gpu, remap=None, xids=(), checks=None):
     if gpu.get("error"):
         reasons.append("the driver cannot answer for it: %s" % gpu["error"])
     if checks.get("xid", CHECK_OK) == CHECK_OK:
-        fatal = [e for e in xids if e["xid"] in FATAL_XIDS]
-        if fatal:
-            reasons.append(_xid_text(fatal[-1]))
+        reasons += _xid_reasons(xids)
     if checks.get("ecc", CHECK_OK) == CHECK_OK:
-        ecc = gpu.get("ecc_uncorrected")
-        if isinstance(ecc, int) and ecc > 0:
-            reasons.append("%d uncorrected ECC error%s" % (ecc, "" if ecc == 1 else "s"))
+        reasons += _ecc_reasons(gpu)
     if checks.get("remap", CHECK_OK) == CHECK_OK:
-        if remap and remap.get("error") and not gpu.get("error"):
-            reasons.append("the driver cannot answer for it: %s" % remap["error"])
-        if remap and remap.get("failure"):
-            reasons.append("row remap failed")
-        elif remap and remap.get("pending"):
-            reasons.append("row remap pending")
-        if gpu.get("retired_pending"):
-            reasons.append("page retirement pending")
+        reasons += _remap_reasons(gpu, remap)
     if not reasons:
         return OK, ""
     return UNHEALTHY, "; ".join(reasons)[:300]
+
+
+def _xid_reasons(xids):
+    """The newest fatal Xid, said; none where no Xid is fatal."""
+    fatal = [e for e in xids if e["xid"] in FATAL_XIDS]
+    return [_xid_text(fatal[-1])] if fatal else []
+
+
+def _ecc_reasons(gpu):
+    ecc = gpu.get("ecc_uncorrected")
+    if isinstance(ecc, int) and ecc > 0:
+        return ["%d uncorrected ECC error%s" % (ecc, "" if ecc == 1 else "s")]
+    return []
+
+
+def _remap_reasons(gpu, remap):
+    """What the remapped rows and the retired pages say against a GPU."""
+    reasons = []
+    if remap and remap.get("error") and not gpu.get("error"):
+        reasons.append("the driver cannot answer for it: %s" % remap["error"])
+    if remap and remap.get("failure"):
+        reasons.append("row remap failed")
+    elif remap and remap.get("pending"):
+        reasons.append("row remap pending")
+    if gpu.get("retired_pending"):
+        reasons.append("page retirement pending")
+    return reasons
 
 
 def ecc_check(gpus):
@@ -301,31 +317,46 @@ def assess(gpus, remap_rows=None, remap_state=CHECK_UNSUPPORTED, xid_events=None
     xid_events:  parse_xid_lines' answer (None: the kernel log was not read: see xid_state)
     proc_bus_ids: the names in /proc/driver/nvidia/gpus/
     nvml_checks: where NVML answered, each GPU's own check results (`_checks` on the GPU)."""
-    warnings = []
     out = [dict(g) for g in gpus] + lost_gpus(gpus, proc_bus_ids)
-    if nvml_checks is not None:
-        checks = {"ecc": merge_checks(g.get("_checks", {}).get("ecc", CHECK_UNSUPPORTED) for g in gpus),
-                  "remap": merge_checks(g.get("_checks", {}).get("remap", CHECK_UNSUPPORTED) for g in gpus)}
-    else:
-        checks = {"ecc": ecc_check(gpus), "remap": remap_state}
+    checks = _checks_run(gpus, remap_state, nvml_checks)
     checks["xid"] = xid_state if xid_events is None else CHECK_OK
     by_bus = xid_events_by_bus(xid_events or ())
-    known = set(g.get("bus_id") for g in out)
+    warnings = _xids_of_no_gpu(by_bus, out)
+    for g in out:
+        _judge_entry(g, remap_rows, by_bus, checks, nvml_checks)
+    return out, checks, warnings
+
+
+def _checks_run(gpus, remap_state, nvml_checks):
+    """The node's ecc and remap check results: NVML's per GPU merged, else nvidia-smi's."""
+    if nvml_checks is not None:
+        return {"ecc": merge_checks(g.get("_checks", {}).get("ecc", CHECK_UNSUPPORTED) for g in gpus),
+                "remap": merge_checks(g.get("_checks", {}).get("remap", CHECK_UNSUPPORTED) for g in gpus)}
+    return {"ecc": ecc_check(gpus), "remap": remap_state}
+
+
+def _xids_of_no_gpu(by_bus, gpus):
+    """A warning for each bus id with Xid events that no GPU of this node has."""
+    warnings = []
+    known = set(g.get("bus_id") for g in gpus)
     for bus in sorted(set(by_bus) - known):
         evs = by_bus[bus]
         warnings.append("the kernel log has %d Xid event%s for PCI %s, which no GPU of this node has (newest: %s)"
                         % (len(evs), "" if len(evs) == 1 else "s", bus, _xid_text(evs[-1])))
-    for g in out:
-        row = (remap_rows or {}).get(g.get("bus_id")) if g.get("bus_id") else None
-        if nvml_checks is not None and "_remap" in g:
-            row = g["_remap"]
-        evs = by_bus.get(g.get("bus_id"), []) if g.get("bus_id") else []
-        g["health"], reason = judge_gpu(g, row, evs, checks)
-        if reason:
-            g["health_reason"] = reason
-        info = [_xid_text(e) for e in evs if e["xid"] not in FATAL_XIDS]
-        if info:
-            g["xid_info"] = info[-3:]
-        for k in ("_checks", "_remap", "lost", "error", "ecc_uncorrected", "retired_pending"):
-            g.pop(k, None)
-    return out, checks, warnings
+    return warnings
+
+
+def _judge_entry(g, remap_rows, by_bus, checks, nvml_checks):
+    """One GPU entry judged in place: `health`, maybe `health_reason` and `xid_info`; the facts it was judged on dropped."""
+    row = (remap_rows or {}).get(g.get("bus_id")) if g.get("bus_id") else None
+    if nvml_checks is not None and "_remap" in g:
+        row = g["_remap"]
+    evs = by_bus.get(g.get("bus_id"), []) if g.get("bus_id") else []
+    g["health"], reason = judge_gpu(g, row, evs, checks)
+    if reason:
+        g["health_reason"] = reason
+    info = [_xid_text(e) for e in evs if e["xid"] not in FATAL_XIDS]
+    if info:
+        g["xid_info"] = info[-3:]
+    for k in ("_checks", "_remap", "lost", "error", "ecc_uncorrected", "retired_pending"):
+        g.pop(k, None)

@@ -176,41 +176,52 @@ def parse_gpu_csv(text: str) -> list[dict]:
             gpus.append({"index": gpus[-1]["index"] + 1 if gpus else 0, "uuid": "", "name": "", "memory_total_mb": 0,
                          "memory_used_mb": 0, "bus_id": lost[0], "error": lost[1]})
             continue
-        parts = [p.strip() for p in line.split(",")]
-        health = len(parts) >= 8
-        if len(parts) < 5 or len(parts) in (6, 7):
-            raise ParseError("nvidia-smi --query-gpu line %d has %d fields, expected 8 (or 5): %r" % (lineno, len(parts), line[:120]))
-        tail = 5 if health else 2  # fields after the name
-        # A name never holds a comma on any driver seen, but keep index/uuid first and the rest last regardless.
-        index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-tail])
-        total, used = parts[-tail], parts[-tail + 1]
-        if not index.isdigit():
-            raise ParseError("nvidia-smi --query-gpu line %d: index %r is not a number" % (lineno, index))
-        named = [("memory.total", total), ("memory.used", used)]
-        if health:
-            named += [("pci.bus_id", parts[-3]), ("ecc.errors.uncorrected.volatile.total", parts[-2]),
-                      ("retired_pages.pending", parts[-1])]
-        error = _device_error(named)
-        values = {k: ("" if v in DEVICE_ERROR_VALUES else v) for k, v in named}
-        total_mb = _int_or_none(values["memory.total"])
-        if total_mb is None and not error:
-            raise ParseError("nvidia-smi --query-gpu line %d: no memory.total for GPU %s" % (lineno, index))
-        gpu = {
-            "index": int(index),
-            "uuid": uuid,
-            "name": name,
-            "memory_total_mb": total_mb or 0,
-            "memory_used_mb": _int_or_none(values["memory.used"]) or 0,
-        }
-        if health:
-            bus = values["pci.bus_id"]
-            gpu["bus_id"] = pci_bus_key(bus) if bus and bus not in _NA else None
-            gpu["ecc_uncorrected"] = _int_or_none(values["ecc.errors.uncorrected.volatile.total"])
-            gpu["retired_pending"] = _yes_no(values["retired_pages.pending"])
-        if error:
-            gpu["error"] = error
-        gpus.append(gpu)
+        gpus.append(_gpu_csv_line(lineno, line))
     return gpus
+
+
+def _gpu_csv_fields(lineno: int, line: str) -> tuple:
+    """(index, uuid, name, [(field, value)] of the other fields, whether it is the 8-field form)."""
+    parts = [p.strip() for p in line.split(",")]
+    health = len(parts) >= 8
+    if len(parts) < 5 or len(parts) in (6, 7):
+        raise ParseError("nvidia-smi --query-gpu line %d has %d fields, expected 8 (or 5): %r" % (lineno, len(parts), line[:120]))
+    tail = 5 if health else 2  # fields after the name
+    # A name never holds a comma on any driver seen, but keep index/uuid first and the rest last regardless.
+    index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-tail])
+    total, used = parts[-tail], parts[-tail + 1]
+    if not index.isdigit():
+        raise ParseError("nvidia-smi --query-gpu line %d: index %r is not a number" % (lineno, index))
+    named = [("memory.total", total), ("memory.used", used)]
+    if health:
+        named += [("pci.bus_id", parts[-3]), ("ecc.errors.uncorrected.volatile.total", parts[-2]),
+                  ("retired_pages.pending", parts[-1])]
+    return index, uuid, name, named, health
+
+
+def _gpu_csv_line(lineno: int, line: str) -> dict:
+    """One GPU of the query's output, from a line that is not a device error line."""
+    index, uuid, name, named, health = _gpu_csv_fields(lineno, line)
+    error = _device_error(named)
+    values = {k: ("" if v in DEVICE_ERROR_VALUES else v) for k, v in named}
+    total_mb = _int_or_none(values["memory.total"])
+    if total_mb is None and not error:
+        raise ParseError("nvidia-smi --query-gpu line %d: no memory.total for GPU %s" % (lineno, index))
+    gpu = {
+        "index": int(index),
+        "uuid": uuid,
+        "name": name,
+        "memory_total_mb": total_mb or 0,
+        "memory_used_mb": _int_or_none(values["memory.used"]) or 0,
+    }
+    if health:
+        bus = values["pci.bus_id"]
+        gpu["bus_id"] = pci_bus_key(bus) if bus and bus not in _NA else None
+        gpu["ecc_uncorrected"] = _int_or_none(values["ecc.errors.uncorrected.volatile.total"])
+        gpu["retired_pending"] = _yes_no(values["retired_pages.pending"])
+    if error:
+        gpu["error"] = error
+    return gpu
 
 
 def parse_compute_apps_csv(text: str) -> list[dict]:
@@ -238,20 +249,8 @@ def parse_topo_matrix(text: str) -> dict[int, list[int]]:
     if "\x1b" in text:  # printed on a terminal: underline codes around the header
         text = _re(_ANSI).sub("", text)
     lines = [line.rstrip() for line in text.splitlines()]
-    header_at = None
-    for i, line in enumerate(lines):
-        tokens = line.split()
-        # The header starts with GPU0; so does GPU0's own row, whose next cell is "X" (itself).
-        if tokens[:1] == ["GPU0"] and tokens[1:2] != ["X"]:
-            header_at = i
-            break
-    if header_at is None:
-        raise ParseError("nvidia-smi topo -m: no header row naming GPU0")
-    columns = []
-    for token in lines[header_at].split():
-        if not _re(_DEVICE_COLUMN).match(token):
-            break
-        columns.append(token)
+    header_at = _topo_header_at(lines)
+    columns = _topo_columns(lines[header_at])
     gpu_columns = {j: int(c[3:]) for j, c in enumerate(columns) if c.startswith("GPU")}
     peers: dict[int, list[int]] = {}
     for line in lines[header_at + 1:]:
@@ -260,19 +259,42 @@ def parse_topo_matrix(text: str) -> dict[int, list[int]]:
             if peers:
                 break  # the legend follows the matrix after a blank line
             continue
-        label = tokens[0]
-        if not label.startswith("GPU"):
-            continue
-        if not label[3:].isdigit():
-            raise ParseError("nvidia-smi topo -m: unexpected row label %r" % label)
-        cells = tokens[1:1 + len(columns)]
-        if len(cells) < len(columns):
-            raise ParseError("nvidia-smi topo -m: row %s has %d cells, expected %d" % (label, len(cells), len(columns)))
-        index = int(label[3:])
-        peers[index] = sorted(gpu_columns[j] for j, cell in enumerate(cells) if j in gpu_columns and cell.startswith("NV"))
+        if tokens[0].startswith("GPU"):
+            index, row_peers = _topo_row(tokens, columns, gpu_columns)
+            peers[index] = row_peers
     if not peers and gpu_columns:
         raise ParseError("nvidia-smi topo -m: header names GPUs but no GPU rows follow")
     return peers
+
+
+def _topo_header_at(lines: list) -> int:
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        # The header starts with GPU0; so does GPU0's own row, whose next cell is "X" (itself).
+        if tokens[:1] == ["GPU0"] and tokens[1:2] != ["X"]:
+            return i
+    raise ParseError("nvidia-smi topo -m: no header row naming GPU0")
+
+
+def _topo_columns(header: str) -> list:
+    """The header's device columns (GPUs, NICs), up to the first that is none (CPU Affinity...)."""
+    columns = []
+    for token in header.split():
+        if not _re(_DEVICE_COLUMN).match(token):
+            break
+        columns.append(token)
+    return columns
+
+
+def _topo_row(tokens: list, columns: list, gpu_columns: dict) -> tuple:
+    """(GPU index, the GPUs it reaches over NVLink) of one `GPUn ...` row."""
+    label = tokens[0]
+    if not label[3:].isdigit():
+        raise ParseError("nvidia-smi topo -m: unexpected row label %r" % label)
+    cells = tokens[1:1 + len(columns)]
+    if len(cells) < len(columns):
+        raise ParseError("nvidia-smi topo -m: row %s has %d cells, expected %d" % (label, len(cells), len(columns)))
+    return int(label[3:]), sorted(gpu_columns[j] for j, cell in enumerate(cells) if j in gpu_columns and cell.startswith("NV"))
 
 
 # --------------------------------------------------------------------------
