@@ -320,7 +320,7 @@ def test_autoscale_and_gateway_files_show_when_the_status_has_them(tmp_path):
     doc["autoscale"] = {"current": 2, "wanted": 3, "metric_sum": 13, "reason": "requests 13 over 2 replicas > target 4",
                         "since": "2026-12-01T20:00:00Z"}
     path.write_text(dump_yaml(doc))
-    (root / "status" / "gateway").mkdir()
+    (root / "status" / "gateway").mkdir(exist_ok=True)  # plan --write-status writes it now
     (root / "status" / "gateway" / "litellm.yaml").write_text("model_list: []\n")
     client = TestClient(create_app(root))
     models = client.get("/models?model=qwen2.5-7b").text

@@ -58,7 +58,7 @@ INV = Inventory(nodes=(ObservedNode(id="g1", gpus=GPUS), ObservedNode(id="g2", g
 
 PROFILE_ARGS = {
     "vllm": [(), ("--max-model-len", "8192", "--gpu-memory-utilization", "0.9"), ("-tp", "4"),
-             ("--enable-prefix-caching",), ("--served-model-name", "a", "b"), ("--tensor_parallel_size=2",)],
+             ("--enable-prefix-caching",), ("--chat-template", "t.jinja"), ("--tensor_parallel_size=2",)],
     "sglang": [(), ("--mem-fraction-static", "0.8", "--context-length", "8192"), ("--tp", "4"),
                ("--enable-metrics",), ("--attention-backend", "fa3")],
 }
