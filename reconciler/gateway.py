@@ -8,34 +8,24 @@ then ordinal order, and are pure functions of the catalog and the pass's replica
 predicted status (`plan --write-status`) and an applied one read the same. They are written with
 the other status files, atomically and only when their content changes; a file someone edited is
 written over on the next pass, with one warning (the digests of what was written last are kept in
-status/gateway/.written, so a one-shot `apply` notices it too).
+status/gateway/.written, so a one-shot `apply` notices it too): status.write_pass writes them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from reconciler.model import Catalog, Model, replica_ordinal
 from reconciler.outcomes import ReplicaState
-from reconciler.plan import Plan
-from reconciler.status import dump_yaml, predicted_pass, status_dir, write_if_changed
 from reconciler.vocabulary import Phase
 
-GATEWAY_DIR = "gateway"
-LITELLM_FILE = "litellm.yaml"
-PROMETHEUS_FILE = "prometheus.json"
-DIGESTS_FILE = ".written"
 # LiteLLM's provider prefixes: vLLM has its own (hosted_vllm: its extra parameters pass through);
 # SGLang, llama-server and a command engine speak the OpenAI API as it is.
 LITELLM_PROVIDER = {"vllm": "hosted_vllm"}
 DEFAULT_PROVIDER = "openai"
 METRICS_PATH = "/metrics"  # vLLM, SGLang, and llama-server started with --metrics
-HEADER = ("# Written by llm-reconciler on every pass from the catalog and what is Ready (SPEC section 10).\n"
+LITELLM_HEADER = ("# Written by llm-reconciler on every pass from the catalog and what is Ready (SPEC section 10).\n"
           "# An edit here is written over on the next pass: change the catalog instead.\n")
 
 
@@ -94,54 +84,3 @@ def prometheus_targets(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -
         "labels": {"model": h.model.name, "replica": h.replica, "node": h.node, "engine": h.engine,
                    "__metrics_path__": METRICS_PATH},
     } for h in ready_heads(catalog, replicas)]
-
-
-def predicted_replicas(catalog: Catalog, plan: Plan) -> dict[str, ReplicaState]:
-    """The replica states a plan predicts (`plan --write-status`; status.predicted_pass)."""
-    return predicted_pass(catalog, plan).replicas
-
-
-def render_litellm(doc: dict) -> str:
-    return HEADER + dump_yaml(doc)
-
-
-def render_prometheus(groups: list[dict]) -> str:
-    return json.dumps(groups, indent=2) + "\n"
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def write_gateway_files(catalog_root: str | os.PathLike, catalog: Catalog,
-                        replicas: Mapping[str, ReplicaState]) -> tuple[list[Path], list[str]]:
-    """Write both files where their content changed; (paths written, one warning per file that had
-    been edited by hand since it was written). StatusWriteError when the file system refuses."""
-    directory = status_dir(catalog_root) / GATEWAY_DIR
-    texts = {
-        LITELLM_FILE: render_litellm(litellm_document(catalog, replicas)),
-        PROMETHEUS_FILE: render_prometheus(prometheus_targets(catalog, replicas)),
-    }
-    digests_path = directory / DIGESTS_FILE
-    try:
-        written_before = json.loads(digests_path.read_text())
-        if not isinstance(written_before, dict):
-            written_before = {}
-    except (OSError, ValueError):
-        written_before = {}
-    written, warnings = [], []
-    for name, text in texts.items():
-        path = directory / name
-        try:
-            on_disk = path.read_bytes()
-        except OSError:
-            on_disk = None
-        if on_disk is not None and on_disk != text.encode() and written_before.get(name) not in (None, _digest(on_disk)):
-            warnings.append(f"status/{GATEWAY_DIR}/{name} was edited by hand; written over from the catalog "
-                            "(change the catalog instead)")
-        if write_if_changed(path, text):
-            written.append(path)
-    digests = {name: _digest(text.encode()) for name, text in texts.items()}
-    if digests != written_before:
-        write_if_changed(digests_path, json.dumps(digests, indent=2, sort_keys=True) + "\n")
-    return written, warnings

@@ -39,7 +39,6 @@ from reconciler.engine_metrics import (
 )
 from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
-from reconciler.gateway import write_gateway_files
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember, with_quarantines
@@ -414,10 +413,5 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
 
 
 def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
-    """Write status/ for this pass from its PassResult (status.write_pass), and status/gateway/ (SPEC
-    section 10: each Ready replica's head; a file edited by hand is written over, with one warning
-    decision); the files whose content changed."""
-    written = write_pass(catalog, result)
-    gateway_written, warnings = write_gateway_files(catalog.root, catalog, result.replicas)
-    result.decisions += [Decision("-", "-", "warn", line) for line in warnings]
-    return [str(p) for p in written + gateway_written]
+    """Write status/ for this pass from its PassResult (status.write_pass); the files whose content changed."""
+    return [str(p) for p in write_pass(catalog, result)]

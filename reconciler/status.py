@@ -9,6 +9,8 @@ change a byte does not touch the file at all.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from enum import StrEnum
@@ -24,7 +26,8 @@ from reconciler.errors import Problem, StatusWriteError
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection, replica_ordinal
-from reconciler.outcomes import PassResult, ReplicaState
+from reconciler import gateway
+from reconciler.outcomes import Decision, PassResult, ReplicaState
 from reconciler.placement import port_windows, summarize
 from reconciler.plan import Plan, WaitKind
 from reconciler.vocabulary import ActionKind, FailureKind, Phase
@@ -408,8 +411,9 @@ def observed_revisions(inventory: Inventory) -> dict[str, str | None]:
 
 def write_pass(catalog: Catalog, result: PassResult, *, nodes: bool = True) -> list[Path]:
     """status/ for one pass, from its PassResult alone: status/models/<name>.yaml for every model (the
-    files of removed models removed), status/endpoints.yaml, and status/nodes.yaml when the pass has
-    an inventory and `nodes`. Returns the paths whose content changed.
+    files of removed models removed), status/endpoints.yaml, status/gateway/ (SPEC section 10), and
+    status/nodes.yaml when the pass has an inventory and `nodes`. Returns the paths whose content
+    changed; a gateway file edited by hand adds one `warn` decision to result.decisions.
 
     apply and the daemon hand it the pass they observed; `plan --write-status` the pass the plan
     predicts (predicted_pass), so a predicted status and an applied one have one shape."""
@@ -417,9 +421,64 @@ def write_pass(catalog: Catalog, result: PassResult, *, nodes: bool = True) -> l
     changed = write_model_files(root, catalog, result)
     if write_document(root / "endpoints.yaml", endpoints_document(catalog, result)):
         changed.append(root / "endpoints.yaml")
+    gateway_written, edited = write_gateway_files(catalog.root, catalog, result.replicas)
+    changed += gateway_written
+    result.decisions += [Decision("-", "-", "warn", line, ok=True) for line in edited]
     if nodes and result.inventory is not None:
         changed += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return changed
+
+
+GATEWAY_DIR = "gateway"
+LITELLM_FILE = "litellm.yaml"
+PROMETHEUS_FILE = "prometheus.json"
+DIGESTS_FILE = ".written"
+
+
+def render_litellm(doc: dict) -> str:
+    return gateway.LITELLM_HEADER + dump_yaml(doc)
+
+
+def render_prometheus(groups: list[dict]) -> str:
+    return json.dumps(groups, indent=2) + "\n"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_gateway_files(catalog_root: str | os.PathLike, catalog: Catalog,
+                        replicas: Mapping[str, ReplicaState]) -> tuple[list[Path], list[str]]:
+    """Write both files where their content changed; (paths written, one warning per file that had
+    been edited by hand since it was written). StatusWriteError when the file system refuses."""
+    directory = status_dir(catalog_root) / GATEWAY_DIR
+    texts = {
+        LITELLM_FILE: render_litellm(gateway.litellm_document(catalog, replicas)),
+        PROMETHEUS_FILE: render_prometheus(gateway.prometheus_targets(catalog, replicas)),
+    }
+    digests_path = directory / DIGESTS_FILE
+    try:
+        written_before = json.loads(digests_path.read_text())
+        if not isinstance(written_before, dict):
+            written_before = {}
+    except (OSError, ValueError):
+        written_before = {}
+    written, warnings = [], []
+    for name, text in texts.items():
+        path = directory / name
+        try:
+            on_disk = path.read_bytes()
+        except OSError:
+            on_disk = None
+        if on_disk is not None and on_disk != text.encode() and written_before.get(name) not in (None, _digest(on_disk)):
+            warnings.append(f"status/{GATEWAY_DIR}/{name} was edited by hand; written over from the catalog "
+                            "(change the catalog instead)")
+        if write_if_changed(path, text):
+            written.append(path)
+    digests = {name: _digest(text.encode()) for name, text in texts.items()}
+    if digests != written_before:
+        write_if_changed(digests_path, json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    return written, warnings
 
 
 def write_model_files(root: Path, catalog: Catalog, result: PassResult) -> list[Path]:

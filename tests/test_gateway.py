@@ -10,16 +10,16 @@ import os
 import pytest
 import yaml
 
-from reconciler.gateway import (
-    litellm_document,
-    predicted_replicas,
-    prometheus_targets,
-    write_gateway_files,
-)
+from reconciler.gateway import litellm_document, prometheus_targets
+from reconciler.status import predicted_pass, write_gateway_files
 from reconciler.model import Assignment, Catalog, Fleet, NodeSpec
 from reconciler.outcomes import ReplicaState
 from reconciler.vocabulary import Phase
 from tests.builders import model, profile
+
+def _predicted_replicas(catalog, plan):
+    return predicted_pass(catalog, plan).replicas
+
 
 FLEET = Fleet(nodes=(NodeSpec(id="n1", address="10.9.0.1", data_address="10.9.1.1"),
                      NodeSpec(id="n2", address="10.9.0.2", data_address="fd00::2")))
@@ -122,7 +122,7 @@ def test_plan_write_status_predicts_the_kept_replicas_as_ready(tmp_path):
                                                           rank("m-1", "m", "p", gpus=(1,), port=8124,
                                                                spec_hash=spec_hash(m, p))]))
     planned = plan_remembering(c, inv, now=1000.0, memory=PassMemory())
-    predicted = predicted_replicas(c, planned)
+    predicted = _predicted_replicas(c, planned)
     assert predicted["m-0"].phase == Phase.READY and predicted["m-1"].phase == Phase.DRAINING
     doc = litellm_document(c, predicted)
     assert [e["litellm_params"]["api_base"] for e in doc["model_list"]] == ["http://10.9.9.9:8123/v1"]

@@ -14,7 +14,6 @@ from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
-from reconciler.gateway import write_gateway_files
 from reconciler.autoscale import with_counts
 from reconciler.commands.plan_words import same_rejections, span, where_text
 from reconciler.status import counts_in_force, observed_revisions, predicted_pass, rejection_document, write_pass
@@ -172,10 +171,8 @@ def main(args) -> int:
         predicted = predicted_pass(catalog, pl, observed_revisions(inventory))
         predicted.autoscale = scaling  # the count in force, kept: a plan never moves it
         write_pass(catalog, predicted, nodes=False)
-        # status/gateway/ as the plan predicts it (SPEC section 10).
-        _, warnings = write_gateway_files(catalog.root, catalog, predicted.replicas)
-        for line in warnings:
-            print(f"reconciler: warning: {line}", file=sys.stderr)
+        for warning in predicted.decisions:  # a gateway file edited by hand
+            print(f"reconciler: warning: {warning.reason}", file=sys.stderr)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)
