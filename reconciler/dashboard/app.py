@@ -33,8 +33,14 @@ from starlette.staticfiles import StaticFiles
 
 from reconciler.commands._status_files import StatusUnreadable, catalog_status_from_documents
 from reconciler.commands.status import json_document, message_text, nodes_text
-from reconciler.dashboard import views
+from reconciler.dashboard.cells import GPU_USES
 from reconciler.dashboard.files import StatusFiles, StatusSnapshot
+from reconciler.dashboard.filters import Filters
+from reconciler.dashboard.fleet import fleet_view
+from reconciler.dashboard.index import Index, build_index
+from reconciler.dashboard.models import models_view
+from reconciler.dashboard.overview import overview as overview_of
+from reconciler.dashboard.rejections import rejection_groups
 from reconciler.vocabulary import NodeState, Phase
 
 log = logging.getLogger("reconciler.dashboard")
@@ -106,7 +112,7 @@ async def _plain(send, status: int, text: str, headers: list | None = None) -> N
 def _environment() -> Environment:
     env = Environment(loader=PackageLoader("reconciler.dashboard", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(Phase=Phase, NodeState=NodeState, GPU_USES=views.GPU_USES, nodes_text=nodes_text,
+    env.globals.update(Phase=Phase, NodeState=NodeState, GPU_USES=GPU_USES, nodes_text=nodes_text,
                        message_text=message_text, short=lambda r: (r or "")[:12])
     env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "never"
     env.filters["plural"] = lambda n, word: f"{n} {word}{'s' * (n != 1)}"
@@ -138,18 +144,18 @@ class Reader:
 
     def __init__(self, files: StatusFiles, live: bool = False):
         self.files, self.live = files, live
-        self._prepared: tuple[StatusSnapshot, views.Index] | None = None
+        self._prepared: tuple[StatusSnapshot, Index] | None = None
         self._refreshing = threading.Lock()  # one parse at a time: a request at start-up waits for the refresher's
 
-    def refresh(self) -> tuple[StatusSnapshot, views.Index]:
+    def refresh(self) -> tuple[StatusSnapshot, Index]:
         with self._refreshing, _no_cyclic_gc():
             snap = self.files.snapshot()
             previous = self._prepared[1] if self._prepared is not None else None
-            prepared = (snap, self.files.derived("index", snap, lambda s: views.build_index(s, previous)))
+            prepared = (snap, self.files.derived("index", snap, lambda s: build_index(s, previous)))
         self._prepared = prepared  # one reference: a request sees one snapshot and its index, never a mix
         return prepared
 
-    def current(self) -> tuple[StatusSnapshot, views.Index]:
+    def current(self) -> tuple[StatusSnapshot, Index]:
         prepared = self._prepared
         return prepared if self.live and prepared is not None else self.refresh()
 
@@ -176,30 +182,30 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
             return HTMLResponse(content, headers=headers)
         return HTMLResponse(env.get_template("layout.html").render(context | {"content": content}), headers=headers)
 
-    def filters(request: Request) -> views.Filters:
-        return views.Filters.from_query(request.query_params, request.query_params.getlist("label"))
+    def filters(request: Request) -> Filters:
+        return Filters.from_query(request.query_params, request.query_params.getlist("label"))
 
     def overview(request: Request) -> Response:
         snap, ix = reader.current()
-        o = files.derived("overview", snap, lambda s: views.overview(s, ix))
+        o = files.derived("overview", snap, lambda s: overview_of(s, ix))
         return page(request, "overview.html", "Overview", snap, o=o, ix=ix)
 
     def models(request: Request) -> Response:
         snap, ix = reader.current()
         f = filters(request)
-        return page(request, "models.html", "Models", snap, models=views.models_view(snap, ix, f), f=f, ix=ix)
+        return page(request, "models.html", "Models", snap, models=models_view(snap, ix, f), f=f, ix=ix)
 
     def fleet(request: Request) -> Response:
         snap, ix = reader.current()
         f = filters(request)
-        return page(request, "fleet.html", "Fleet", snap, fleet=views.fleet_view(ix, f), f=f, ix=ix)
+        return page(request, "fleet.html", "Fleet", snap, fleet=fleet_view(ix, f), f=f, ix=ix)
 
     def replica(request: Request) -> Response:
         snap, ix = reader.current()
         rep = ix.replicas.get(request.path_params["replica"])
         if rep is None:
             return PlainTextResponse("404 Not Found: no such replica in status/models/\n", status_code=404)
-        groups = views.rejection_groups(rep.doc, show_all=True)
+        groups = rejection_groups(rep.doc, show_all=True)
         shared = [r.id for r in ix.replicas.values() if r.doc.get("rejections_same_as") == rep.id]
         entry = yaml.safe_dump({k: v for k, v in rep.doc.items() if k != "rejections"}, sort_keys=False,
                                allow_unicode=True)  # the rejections are shown grouped above it
