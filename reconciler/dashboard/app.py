@@ -73,32 +73,50 @@ class Guard:
             return await self.app(scope, receive, send)
         if scope["type"] != "http":  # websockets: nothing here speaks them
             return
-        started = False
+        send_with_headers = _SendWithHeaders(send)
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            return await _plain(send_with_headers, *refusal)
+        await self._answer(scope, receive, send_with_headers)
 
-        async def send_with_headers(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
-                message = {**message, "headers": headers + SECURITY_HEADERS}
-            await send(message)
-
+    def _refusal(self, scope) -> tuple[int, str, list | None] | None:
+        """(status, text, headers) of the answer a request gets without reaching the app; None: it reaches it."""
         if scope["method"] not in ("GET", "HEAD"):
-            return await _plain(send_with_headers, 405, "405 Method Not Allowed: this dashboard is read-only; "
-                                "change the catalog through git\n", [(b"allow", b"GET, HEAD")])
+            return 405, ("405 Method Not Allowed: this dashboard is read-only; "
+                         "change the catalog through git\n"), [(b"allow", b"GET, HEAD")]
         if len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") > MAX_URL_BYTES:
-            return await _plain(send_with_headers, 414, "414 URI Too Long\n")
-        if self.hosts is not None:
-            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
-            if host not in self.hosts:
-                return await _plain(send_with_headers, 421, "421 Misdirected Request: this dashboard answers "
-                                    "to its loopback address only\n")
+            return 414, "414 URI Too Long\n", None
+        if self.hosts is not None and _host(scope) not in self.hosts:
+            return 421, "421 Misdirected Request: this dashboard answers to its loopback address only\n", None
+        return None
+
+    async def _answer(self, scope, receive, send: "_SendWithHeaders") -> None:
         try:
-            await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive, send)
         except Exception:  # noqa: BLE001 - the reader gets one plain line; the log gets the traceback
             log.exception("dashboard: error answering %s", scope.get("path"))
-            if not started:
-                await _plain(send_with_headers, 500, "500 Internal Server Error\n")
+            if not send.started:
+                await _plain(send, 500, "500 Internal Server Error\n")
+
+
+def _host(scope) -> str:
+    return dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+
+
+class _SendWithHeaders:
+    """An ASGI send that puts SECURITY_HEADERS on every response (in place of any the app set) and
+    knows whether a response has started."""
+
+    def __init__(self, send):
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message):
+        if message["type"] == "http.response.start":
+            self.started = True
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
+            message = {**message, "headers": headers + SECURITY_HEADERS}
+        await self.send(message)
 
 
 async def _plain(send, status: int, text: str, headers: list | None = None) -> None:
