@@ -19,9 +19,12 @@ The modules, top layer first; a module imports only from the layers below it
                         run, engine_check, dashboard); plan_words and plan_markdown put a plan in words and
                         in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
     dashboard/          status/ as read-only web pages, beside the commands whose builders it reuses (the
-                        `status` JSON, `plan`'s rejection groups): files (status/ read, cached, last good kept),
-                        views (what each page shows, pure), app (Starlette routes, the read-only guard,
-                        templates/, static/), server (uvicorn on a thread or in the foreground)
+                        `status` JSON, `plan`'s rejection groups): files (status/ read, cached, last good kept);
+                        what each page shows, pure: the snapshot cross-referenced (index) over the fleet
+                        grid's GPU cells (cells) and an unplaced replica's rejections grouped (rejections),
+                        the pages over it (overview, models, fleet) and what the URL narrows them to
+                        (filters); app (Starlette routes, the read-only guard, templates/, static/), server
+                        (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
                         (watch), the lock (lock), the log (events), metrics from a pass (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred

@@ -27,7 +27,7 @@ from reconciler.commands._status_files import read_catalog_status  # noqa: E402
 from reconciler.commands.status import json_document  # noqa: E402
 from reconciler.dashboard.app import create_app  # noqa: E402
 from reconciler.dashboard.server import DashboardServer, parse_address  # noqa: E402
-from reconciler.dashboard.views import GpuUse, gpu_cell  # noqa: E402
+from reconciler.dashboard.cells import GpuUse, gpu_cell  # noqa: E402
 from reconciler.errors import UsageError  # noqa: E402
 from reconciler.status import dump_yaml  # noqa: E402
 

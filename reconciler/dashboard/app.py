@@ -33,8 +33,14 @@ from starlette.staticfiles import StaticFiles
 
 from reconciler.commands._status_files import StatusUnreadable, catalog_status_from_documents
 from reconciler.commands.status import json_document, message_text, nodes_text
-from reconciler.dashboard import views
+from reconciler.dashboard.cells import GPU_USES
 from reconciler.dashboard.files import StatusFiles, StatusSnapshot
+from reconciler.dashboard.filters import Filters
+from reconciler.dashboard.fleet import fleet_view
+from reconciler.dashboard.index import Index, build_index
+from reconciler.dashboard.models import models_view
+from reconciler.dashboard.overview import overview as overview_of
+from reconciler.dashboard.rejections import rejection_groups
 from reconciler.vocabulary import NodeState, Phase
 
 log = logging.getLogger("reconciler.dashboard")
@@ -67,32 +73,50 @@ class Guard:
             return await self.app(scope, receive, send)
         if scope["type"] != "http":  # websockets: nothing here speaks them
             return
-        started = False
+        send_with_headers = _SendWithHeaders(send)
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            return await _plain(send_with_headers, *refusal)
+        await self._answer(scope, receive, send_with_headers)
 
-        async def send_with_headers(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
-                message = {**message, "headers": headers + SECURITY_HEADERS}
-            await send(message)
-
+    def _refusal(self, scope) -> tuple[int, str, list | None] | None:
+        """(status, text, headers) of the answer a request gets without reaching the app; None: it reaches it."""
         if scope["method"] not in ("GET", "HEAD"):
-            return await _plain(send_with_headers, 405, "405 Method Not Allowed: this dashboard is read-only; "
-                                "change the catalog through git\n", [(b"allow", b"GET, HEAD")])
+            return 405, ("405 Method Not Allowed: this dashboard is read-only; "
+                         "change the catalog through git\n"), [(b"allow", b"GET, HEAD")]
         if len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") > MAX_URL_BYTES:
-            return await _plain(send_with_headers, 414, "414 URI Too Long\n")
-        if self.hosts is not None:
-            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
-            if host not in self.hosts:
-                return await _plain(send_with_headers, 421, "421 Misdirected Request: this dashboard answers "
-                                    "to its loopback address only\n")
+            return 414, "414 URI Too Long\n", None
+        if self.hosts is not None and _host(scope) not in self.hosts:
+            return 421, "421 Misdirected Request: this dashboard answers to its loopback address only\n", None
+        return None
+
+    async def _answer(self, scope, receive, send: "_SendWithHeaders") -> None:
         try:
-            await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive, send)
         except Exception:  # noqa: BLE001 - the reader gets one plain line; the log gets the traceback
             log.exception("dashboard: error answering %s", scope.get("path"))
-            if not started:
-                await _plain(send_with_headers, 500, "500 Internal Server Error\n")
+            if not send.started:
+                await _plain(send, 500, "500 Internal Server Error\n")
+
+
+def _host(scope) -> str:
+    return dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
+
+
+class _SendWithHeaders:
+    """An ASGI send that puts SECURITY_HEADERS on every response (in place of any the app set) and
+    knows whether a response has started."""
+
+    def __init__(self, send):
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message):
+        if message["type"] == "http.response.start":
+            self.started = True
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
+            message = {**message, "headers": headers + SECURITY_HEADERS}
+        await self.send(message)
 
 
 async def _plain(send, status: int, text: str, headers: list | None = None) -> None:
@@ -106,7 +130,7 @@ async def _plain(send, status: int, text: str, headers: list | None = None) -> N
 def _environment() -> Environment:
     env = Environment(loader=PackageLoader("reconciler.dashboard", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(Phase=Phase, NodeState=NodeState, GPU_USES=views.GPU_USES, nodes_text=nodes_text,
+    env.globals.update(Phase=Phase, NodeState=NodeState, GPU_USES=GPU_USES, nodes_text=nodes_text,
                        message_text=message_text, short=lambda r: (r or "")[:12])
     env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "never"
     env.filters["plural"] = lambda n, word: f"{n} {word}{'s' * (n != 1)}"
@@ -138,18 +162,18 @@ class Reader:
 
     def __init__(self, files: StatusFiles, live: bool = False):
         self.files, self.live = files, live
-        self._prepared: tuple[StatusSnapshot, views.Index] | None = None
+        self._prepared: tuple[StatusSnapshot, Index] | None = None
         self._refreshing = threading.Lock()  # one parse at a time: a request at start-up waits for the refresher's
 
-    def refresh(self) -> tuple[StatusSnapshot, views.Index]:
+    def refresh(self) -> tuple[StatusSnapshot, Index]:
         with self._refreshing, _no_cyclic_gc():
             snap = self.files.snapshot()
             previous = self._prepared[1] if self._prepared is not None else None
-            prepared = (snap, self.files.derived("index", snap, lambda s: views.build_index(s, previous)))
+            prepared = (snap, self.files.derived("index", snap, lambda s: build_index(s, previous)))
         self._prepared = prepared  # one reference: a request sees one snapshot and its index, never a mix
         return prepared
 
-    def current(self) -> tuple[StatusSnapshot, views.Index]:
+    def current(self) -> tuple[StatusSnapshot, Index]:
         prepared = self._prepared
         return prepared if self.live and prepared is not None else self.refresh()
 
@@ -176,30 +200,30 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
             return HTMLResponse(content, headers=headers)
         return HTMLResponse(env.get_template("layout.html").render(context | {"content": content}), headers=headers)
 
-    def filters(request: Request) -> views.Filters:
-        return views.Filters.from_query(request.query_params, request.query_params.getlist("label"))
+    def filters(request: Request) -> Filters:
+        return Filters.from_query(request.query_params, request.query_params.getlist("label"))
 
     def overview(request: Request) -> Response:
         snap, ix = reader.current()
-        o = files.derived("overview", snap, lambda s: views.overview(s, ix))
+        o = files.derived("overview", snap, lambda s: overview_of(s, ix))
         return page(request, "overview.html", "Overview", snap, o=o, ix=ix)
 
     def models(request: Request) -> Response:
         snap, ix = reader.current()
         f = filters(request)
-        return page(request, "models.html", "Models", snap, models=views.models_view(snap, ix, f), f=f, ix=ix)
+        return page(request, "models.html", "Models", snap, models=models_view(snap, ix, f), f=f, ix=ix)
 
     def fleet(request: Request) -> Response:
         snap, ix = reader.current()
         f = filters(request)
-        return page(request, "fleet.html", "Fleet", snap, fleet=views.fleet_view(ix, f), f=f, ix=ix)
+        return page(request, "fleet.html", "Fleet", snap, fleet=fleet_view(ix, f), f=f, ix=ix)
 
     def replica(request: Request) -> Response:
         snap, ix = reader.current()
         rep = ix.replicas.get(request.path_params["replica"])
         if rep is None:
             return PlainTextResponse("404 Not Found: no such replica in status/models/\n", status_code=404)
-        groups = views.rejection_groups(rep.doc, show_all=True)
+        groups = rejection_groups(rep.doc, show_all=True)
         shared = [r.id for r in ix.replicas.values() if r.doc.get("rejections_same_as") == rep.id]
         entry = yaml.safe_dump({k: v for k, v in rep.doc.items() if k != "rejections"}, sort_keys=False,
                                allow_unicode=True)  # the rejections are shown grouped above it

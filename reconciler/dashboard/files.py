@@ -68,6 +68,22 @@ def _problem_text(rel: str, exc: Exception) -> str:
     return f"{rel}: {exc}"
 
 
+def _last_good(cached: _Cached | None) -> FileRead | None:
+    return cached.read if cached is not None and cached.read.doc is not None else None
+
+
+def _changed_while_read(path: Path, key: tuple[int, int, int], data: bytes) -> bool:
+    return _stat_key(path) != key or len(data) != key[1]
+
+
+def _unreadable(rel: str, exc: Exception, last_good: FileRead | None) -> FileRead:
+    """A file that cannot be read now: one line saying why, and its last good document if it had one."""
+    problem = _problem_text(rel, exc)
+    if last_good is not None:
+        problem += "; showing its last good copy"
+    return FileRead(rel, last_good.doc if last_good else None, problem, last_good.mtime if last_good else None)
+
+
 def _mapping(what: str, key: str | None = None, kind: type = list) -> Callable[[Any], dict]:
     def check(doc: Any) -> dict:
         if doc is None:
@@ -153,27 +169,28 @@ class StatusFiles:
         key = _stat_key(path)
         cached = self._cache.get(rel)
         if key is None:
-            if cached is None or cached.read.doc is None or not keep_when_missing:
-                self._cache.pop(rel, None)
-                return None
-            return FileRead(rel, cached.read.doc, f"{rel}: missing; showing its last good copy", cached.read.mtime)
+            return self._missing(rel, cached, keep_when_missing)
         if cached is not None and cached.key == key:
             return cached.read
-        last_good = cached.read if cached is not None and cached.read.doc is not None else None
+        last_good = _last_good(cached)
         try:
             data = path.read_bytes()
-            if _stat_key(path) != key or len(data) != key[1]:
+            if _changed_while_read(path, key, data):
                 # Being written (or replaced) while read: keep what was shown and look again next time.
                 return last_good or FileRead(rel, None, f"{rel}: changing while read", None)
             doc = check((parse or _fast_yaml)(data))
             read = FileRead(rel, doc, None, key[0] / 1e9)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is one line on the page, never a traceback
-            problem = _problem_text(rel, exc)
-            if last_good is not None:
-                problem += "; showing its last good copy"
-            read = FileRead(rel, last_good.doc if last_good else None, problem, last_good.mtime if last_good else None)
+            read = _unreadable(rel, exc, last_good)
         self._cache[rel] = _Cached(key, read)
         return read
+
+    def _missing(self, rel: str, cached: _Cached | None, keep_when_missing: bool) -> FileRead | None:
+        """A file not there now: its last good copy, when it had one and may keep it; else forgotten."""
+        if cached is None or cached.read.doc is None or not keep_when_missing:
+            self._cache.pop(rel, None)
+            return None
+        return FileRead(rel, cached.read.doc, f"{rel}: missing; showing its last good copy", cached.read.mtime)
 
     # ------------------------------------------------------------ git
 
@@ -198,33 +215,50 @@ class StatusFiles:
 
     def snapshot(self) -> StatusSnapshot:
         with self._lock:
-            empty = lambda name: FileRead(f"{STATUS_DIR}/{name}")  # noqa: E731
-            catalog = self._read(self.status / CATALOG_FILE, CHECK_CATALOG) or empty(CATALOG_FILE)
-            nodes = self._read(self.status / NODES_FILE, CHECK_NODES, parse=self._nodes) or empty(NODES_FILE)
-            endpoints = self._read(self.status / ENDPOINTS_FILE, CHECK_ENDPOINTS) or empty(ENDPOINTS_FILE)
-            models = []
-            model_dir = self.status / MODELS_DIR
-            names = sorted(p.name for p in _listdir(model_dir) if p.name.endswith(".yaml"))
-            for gone in [rel for rel in self._cache if rel.startswith(f"{STATUS_DIR}/{MODELS_DIR}/")
-                         and rel.rsplit("/", 1)[1] not in names]:
-                del self._cache[gone]  # a model removed from the catalog: its file goes, and so does it
-            for name in names:
-                read = self._read(model_dir / name, CHECK_MODEL, keep_when_missing=False)
-                if read is not None:
-                    models.append(read)
-            gateway = tuple(sorted(
-                (f"{STATUS_DIR}/{GATEWAY_DIR}/{p.name}", p.stat().st_mtime) for p in _listdir(self.status / GATEWAY_DIR)
-                if p.is_file()))
+            catalog = self._read_or_empty(CATALOG_FILE, CHECK_CATALOG)
+            nodes = self._read_or_empty(NODES_FILE, CHECK_NODES, parse=self._nodes)
+            endpoints = self._read_or_empty(ENDPOINTS_FILE, CHECK_ENDPOINTS)
+            models = self._read_models()
+            gateway = self._gateway()
             git, head, catalog_rev = self._git_head()
             reads = (catalog, nodes, endpoints, *models)
-            keys = [(r.rel, self._cache[r.rel].key if r.rel in self._cache else None, r.problem) for r in reads]
-            version = hashlib.sha1(repr((keys, gateway, head, catalog_rev)).encode()).hexdigest()[:16]
-            mtimes = [r.mtime for r in reads if r.mtime is not None] + [m for _, m in gateway]
             return StatusSnapshot(
                 root=self.root, catalog=catalog, nodes=nodes, endpoints=endpoints, models=tuple(models),
-                gateway=gateway, version=version, updated=max(mtimes) if mtimes else None,
-                head=head, catalog_revision_at_head=catalog_rev, git=git,
+                gateway=gateway, version=self._version(reads, gateway, head, catalog_rev),
+                updated=_updated(reads, gateway), head=head, catalog_revision_at_head=catalog_rev, git=git,
             )
+
+    def _read_or_empty(self, name: str, check: Callable[[Any], Any], parse: Callable[[bytes], Any] = None) -> FileRead:
+        """status/<name>, or an empty FileRead when it is not there and never was good."""
+        return self._read(self.status / name, check, parse=parse) or FileRead(f"{STATUS_DIR}/{name}")
+
+    def _read_models(self) -> list[FileRead]:
+        """status/models/*.yaml, by file name; a model file not there now is not shown."""
+        model_dir = self.status / MODELS_DIR
+        names = sorted(p.name for p in _listdir(model_dir) if p.name.endswith(".yaml"))
+        self._forget_removed_models(names)
+        models = []
+        for name in names:
+            read = self._read(model_dir / name, CHECK_MODEL, keep_when_missing=False)
+            if read is not None:
+                models.append(read)
+        return models
+
+    def _forget_removed_models(self, names: list[str]) -> None:
+        for gone in [rel for rel in self._cache if rel.startswith(f"{STATUS_DIR}/{MODELS_DIR}/")
+                     and rel.rsplit("/", 1)[1] not in names]:
+            del self._cache[gone]  # a model removed from the catalog: its file goes, and so does it
+
+    def _gateway(self) -> tuple[tuple[str, float], ...]:
+        """(status/gateway/<file>, mtime) of each file there, by name: present, not parsed."""
+        return tuple(sorted(
+            (f"{STATUS_DIR}/{GATEWAY_DIR}/{p.name}", p.stat().st_mtime) for p in _listdir(self.status / GATEWAY_DIR)
+            if p.is_file()))
+
+    def _version(self, reads: tuple[FileRead, ...], gateway: tuple, head: str | None, catalog_rev: str | None) -> str:
+        """Changes whenever any file read (its stat key or its problem), the gateway files or HEAD do."""
+        keys = [(r.rel, self._cache[r.rel].key if r.rel in self._cache else None, r.problem) for r in reads]
+        return hashlib.sha1(repr((keys, gateway, head, catalog_rev)).encode()).hexdigest()[:16]
 
     def derived(self, what: str, snapshot: StatusSnapshot, build: Callable[[StatusSnapshot], Any]) -> Any:
         """build(snapshot), computed once per version of the files: the fleet index of 4,000 nodes
@@ -260,31 +294,40 @@ class NodeByNodeSnapshot:
 
     def __call__(self, data: bytes) -> Any:
         blocks = self._split(data)
-        if blocks is None:
+        parsed = self._parse_new(blocks) if blocks is not None else None
+        if parsed is None:
             self._blocks = {}
             return _fast_yaml(data)
-        missing = [b for b in dict.fromkeys(blocks) if b not in self._blocks]
-        parsed: dict[bytes, Any] = {}
-        if missing:
-            try:
-                docs = yaml_rs.loads(b"".join(missing).decode("utf-8"), parse_datetime=False,
-                                     duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
-            except Exception:  # noqa: BLE001 - the whole file again: PyYAML words its error
-                docs = None
-            if not isinstance(docs, list) or len(docs) != len(missing) or not all(isinstance(d, dict) for d in docs):
-                self._blocks = {}
-                return _fast_yaml(data)
-            parsed = dict(zip(missing, docs))
         known = self._blocks
         self._blocks = {b: known[b] if b in known else parsed[b] for b in blocks}
         # A fresh list of the (shared, never mutated) node documents: the pages only read them.
         return {"nodes": [self._blocks[b] for b in blocks]}
+
+    def _parse_new(self, blocks: list[bytes]) -> dict[bytes, Any] | None:
+        """The documents of the blocks not parsed before, by block; None when they do not parse as one
+        node each (the whole file is parsed again then)."""
+        missing = [b for b in dict.fromkeys(blocks) if b not in self._blocks]
+        if not missing:
+            return {}
+        docs = _parse_blocks(b"".join(missing))
+        if not isinstance(docs, list) or len(docs) != len(missing) or not all(isinstance(d, dict) for d in docs):
+            return None
+        return dict(zip(missing, docs))
 
     def _split(self, data: bytes) -> list[bytes] | None:
         if not data.startswith(self.HEAD + b"- "):
             return None
         parts = data[len(self.HEAD):].split(b"\n- ")
         return [parts[0] + b"\n"] + [b"- " + p + b"\n" for p in parts[1:]]
+
+
+def _parse_blocks(data: bytes) -> Any:
+    """Node blocks parsed by yaml_rs; None when it refuses them (the whole file again: PyYAML words its error)."""
+    try:
+        return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False,
+                             duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
+    except Exception:  # noqa: BLE001 - the whole file again: PyYAML words its error
+        return None
 
 
 def _fast_yaml(data: bytes) -> Any:
@@ -302,6 +345,12 @@ def _fast_yaml(data: bytes) -> Any:
                              duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
     except Exception:  # noqa: BLE001 - PyYAML reads it again and words the error
         return _yaml(data)
+
+
+def _updated(reads: tuple[FileRead, ...], gateway: tuple[tuple[str, float], ...]) -> float | None:
+    """The newest mtime of the files shown: when the last pass wrote."""
+    mtimes = [r.mtime for r in reads if r.mtime is not None] + [m for _, m in gateway]
+    return max(mtimes) if mtimes else None
 
 
 def _listdir(path: Path) -> list[Path]:
