@@ -12,11 +12,15 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def make_handler(model: str):
+    in_flight = [0]
+    counting = threading.Lock()
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "tiny-llm/0.1"
 
@@ -31,6 +35,16 @@ def make_handler(model: str):
         def do_GET(self):  # noqa: N802 - http.server's naming
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
+            elif self.path == "/metrics":
+                # Requests in flight, as an engine's /metrics says them (the example declares these
+                # series): a replica the reconciler stops drains only while a completion runs.
+                text = ("# TYPE tiny_requests_running gauge\ntiny_requests_running %d\n"
+                        "# TYPE tiny_requests_waiting gauge\ntiny_requests_waiting 0\n" % in_flight[0]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "tiny"}]})
             else:
@@ -40,6 +54,15 @@ def make_handler(model: str):
             if self.path != "/v1/completions":
                 self._send(404, {"error": "not found"})
                 return
+            with counting:
+                in_flight[0] += 1
+            try:
+                self._complete()
+            finally:
+                with counting:
+                    in_flight[0] -= 1
+
+        def _complete(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 req = json.loads(self.rfile.read(length) or b"{}")
