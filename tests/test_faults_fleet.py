@@ -263,5 +263,19 @@ def test_plan_and_dry_run_predict_what_apply_does_with_a_cut_node_through_its_gr
             launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes},
                                              stop_grace_s=2, owner=catalog_owner(cat))
             for node in ("g1", "g2"):
-                for rank in launcher.ranks(node):
+                for rank in _ranks_once_back(launcher, node):
                     launcher.stop(node, rank.replica)
+
+
+def _ranks_once_back(launcher, node, within_s: float = 15.0):
+    """The node's ranks, asked again while a link just restored comes back (a cleanup, not a check)."""
+    from reconciler.errors import TransportError
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return launcher.ranks(node)
+        except TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

@@ -15,7 +15,8 @@ import threading
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.reconcile import default_probe, run_pass
+from reconciler.memory import plan_remembering
+from reconciler.reconcile import run_pass
 from reconciler.ssh import TransportPool
 from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import fleet  # noqa: F401
@@ -56,16 +57,22 @@ def test_an_action_on_a_node_that_stopped_answering_does_not_hold_up_the_others(
 
     released = []
 
-    def cut_after_probe(catalog, transports):
-        inventory = default_probe(catalog, transports)  # both nodes answer: the plan stops old-0 on mute
-        fleet.cut("mute")
+    cut: list[bool] = []
 
-        def restore_once_started():
-            released.append(start_logged.wait(COMMAND_TIMEOUT_S / 2))
-            fleet.restore("mute")
+    def cut_once_planned(catalog, inventory, **kw):
+        # Cut once the plan stops old-0 (its engine idle when the pass asked, so no drain to wait out):
+        # the stop then meets a node that stopped answering, the start beside it must not wait on it.
+        planned = plan_remembering(catalog, inventory, **kw)
+        if any(a.replica == "old-0" and a.action == "stop" for a in planned.actions) and not cut:
+            cut.append(True)
+            fleet.cut("mute")
 
-        threading.Thread(target=restore_once_started, daemon=True).start()
-        return inventory
+            def restore_once_started():
+                released.append(start_logged.wait(COMMAND_TIMEOUT_S / 2))
+                fleet.restore("mute")
+
+            threading.Thread(target=restore_once_started, daemon=True).start()
+        return planned
 
     with TransportPool() as pool:
         try:
@@ -76,11 +83,12 @@ def test_an_action_on_a_node_that_stopped_answering_does_not_hold_up_the_others(
             (root / "models" / "old.yaml").unlink()
             (root / "models" / "new.yaml").write_text(yaml.safe_dump(vllm_model("new", "ok", records), sort_keys=False))
             second = run_pass(load_catalog(root, with_revision=False), transports=pool, log=log, ready_wait_s=30,
-                              probe=cut_after_probe, history=first.memory)
+                              planner=cut_once_planned, history=first.memory)
 
             assert released == [True], seen  # the start was logged while mute's link was still down
             start = seen.index(("new-0", "ok", "start", True))
-            stop = next(i for i, d in enumerate(seen) if d[:3] == ("old-0", "mute", "stop"))
+            stop = next((i for i, d in enumerate(seen) if d[:3] == ("old-0", "mute", "stop")), None)
+            assert stop is not None, (seen, second.plan.actions, second.plan.waiting)
             assert start < stop, seen  # launched while the stop waited on the cut node
             # The result reads in the plan's order: the stop first, as the plan has it.
             acted = [(d.replica, d.node, d.action) for d in second.decisions if d.action in ("start", "stop")]

@@ -87,7 +87,8 @@ def test_write_pass_writes_once_and_removes_status_of_removed_models(tmp_path):
     (tmp_path / "status" / "models").mkdir(parents=True)
     (tmp_path / "status" / "models" / "gone.yaml").write_text("name: gone\n")
     changed = write_pass(c, predicted_pass(c, p), nodes=False)
-    assert sorted(x.name for x in changed) == ["endpoints.yaml", "gone.yaml", "m.yaml"]
+    assert sorted(x.name for x in changed) == ["endpoints.yaml", "gone.yaml", "litellm.yaml", "m.yaml",
+                                               "prometheus.json"]
     assert not (tmp_path / "status" / "models" / "gone.yaml").exists()
     assert yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())["name"] == "m"
     assert write_pass(c, predicted_pass(c, p), nodes=False) == []
