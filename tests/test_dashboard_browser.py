@@ -8,7 +8,6 @@ dashboard runs as `python -m reconciler dashboard`, a real server on loopback.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,19 +21,14 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.conftest import REPO, copy_tracked, run_cli
+from tests.apply_support.local import example_catalog, free_port, kill_recorded, wait_for
+from tests.conftest import REPO, run_cli
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SECRET_VALUE = "s3cret-value-from-env-7731"
 
 pytestmark = pytest.mark.external
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chromium():
@@ -98,16 +92,6 @@ class Dashboard:
                 self.proc.wait()
 
 
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def resources_same_origin(driver, origin: str) -> list[str]:
     """Every resource the page loaded (scripts, styles, fetches), and any that came from elsewhere."""
     names = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
@@ -124,13 +108,9 @@ def csp_violations(driver) -> list[str]:
 
 @pytest.fixture
 def applied_example(tmp_path):
-    root = copy_tracked(REPO / "examples" / "single-machine", tmp_path / "catalog")
-    fleet = yaml.safe_load((root / "fleet.yaml").read_text())
-    fleet["state_dir"] = str(tmp_path / "state")
-    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
+    root = example_catalog(tmp_path)
     model_file = root / "models" / "tiny-echo.yaml"
     model = yaml.safe_load(model_file.read_text())
-    model["profiles"][0]["port"] = free_port()
     model["profiles"][0]["env"]["API_KEY"] = {"from_env": "DASHBOARD_SECRET"}  # a reference, never its value
     model_file.write_text(yaml.safe_dump(model, sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
@@ -142,13 +122,7 @@ def applied_example(tmp_path):
         assert done.returncode == 0, done.stderr
         yield root
     finally:
-        for record in (tmp_path / "state" / "replicas").glob("*.json"):
-            pgid = json.loads(record.read_text()).get("pgid")
-            if pgid:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_recorded(tmp_path / "state")
 
 
 def test_the_example_fleet_in_chromium(applied_example):
@@ -166,7 +140,7 @@ def test_the_example_fleet_in_chromium(applied_example):
         assert "Synced" in body and head in body
         assert driver.find_element(By.ID, "ready-count").text == "1"
         assert driver.find_element(By.ID, "desired-count").text == "1"
-        wait_until(lambda: "ago" in driver.find_element(By.ID, "age").text, what="the data's age")
+        wait_for(lambda: "ago" in driver.find_element(By.ID, "age").text, what="the data's age")
         assert resources_same_origin(driver, dash.url) == []
 
         driver.get(dash.url + "/models")
@@ -182,7 +156,7 @@ def test_the_example_fleet_in_chromium(applied_example):
         from reconciler.status import dump_yaml
 
         path.write_text(dump_yaml(changed))
-        wait_until(lambda: "dashboard test: it died" in driver.find_element(By.ID, "content").text,
+        wait_for(lambda: "dashboard test: it died" in driver.find_element(By.ID, "content").text,
                    timeout=8, what="the changed file on the page")
         assert driver.execute_script("return window.__sameDocument") == "yes"
         assert "Failed" in driver.find_element(By.CSS_SELECTOR, "tr.replica").text

@@ -17,17 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, copy_tracked
+from tests.apply_support.local import example_catalog, kill_recorded
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
@@ -45,22 +39,9 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
 
 @pytest.fixture
 def example(tmp_path):
-    root = copy_tracked(REPO / "examples" / "single-machine", tmp_path / "catalog")
-    fleet = yaml.safe_load((root / "fleet.yaml").read_text())
-    fleet["state_dir"] = str(tmp_path / "state")
-    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
-    model_file = root / "models" / "tiny-echo.yaml"
-    model = yaml.safe_load(model_file.read_text())
-    model["profiles"][0]["port"] = free_port()
-    model_file.write_text(yaml.safe_dump(model, sort_keys=False))
+    root = example_catalog(tmp_path)
     yield root
-    for record in (tmp_path / "state" / "replicas").glob("*.json"):
-        pgid = json.loads(record.read_text()).get("pgid")
-        if pgid:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_recorded(tmp_path / "state")
 
 
 def test_the_daemon_serves_the_dashboard_of_what_it_writes(example, tmp_path):

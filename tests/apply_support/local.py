@@ -106,3 +106,21 @@ def kill_recorded(state_dir: Path) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def example_catalog(tmp_path: Path) -> Path:
+    """A copy of examples/single-machine that a test applies for real: its own state dir (so
+    kill_recorded(tmp_path / "state") stops what it started) and its own serving port."""
+    import yaml
+
+    from tests.conftest import REPO, copy_tracked
+
+    root = copy_tracked(REPO / "examples" / "single-machine", tmp_path / "catalog")
+    fleet = yaml.safe_load((root / "fleet.yaml").read_text())
+    fleet["state_dir"] = str(tmp_path / "state")
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
+    model_file = root / "models" / "tiny-echo.yaml"
+    model = yaml.safe_load(model_file.read_text())
+    model["profiles"][0]["port"] = free_port()
+    model_file.write_text(yaml.safe_dump(model, sort_keys=False))
+    return root
