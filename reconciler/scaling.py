@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 from reconciler.autoscale import AutoscaleState, decide, initial_state, new_unknowns
-from reconciler.engine_metrics import METRICS_TIMEOUT_S, LoadAnswer, LoadSeries, LoadTarget, LoadUnknown, read_loads, series_for
+from reconciler.engine_metrics import METRICS_TIMEOUT_S, LoadAnswer, LoadTarget, LoadUnknown, profile_series, read_loads
 from reconciler.model import Catalog, Model, replica_ordinal
 from reconciler.outcomes import Decision, ReplicaState
 from reconciler.vocabulary import Phase
@@ -37,11 +37,7 @@ def load_targets(catalog: Catalog, model: Model, replicas: Mapping[str, ReplicaS
         head = next((a for a in state.nodes if a.rank == 0), None)
         profile = model.profile(state.profile) if state.profile else None
         node = catalog.fleet.node(head.node) if head is not None else None
-        declared = None
-        if profile is not None and profile.metrics is not None:
-            declared = LoadSeries(waiting=profile.metrics.waiting, running=profile.metrics.running,
-                                  path=profile.metrics.path)
-        series = series_for(profile.engine, declared) if profile is not None else None
+        series = profile_series(profile) if profile is not None else None
         if head is None or node is None or series is None:
             nowhere[rid] = "no metrics series known for its engine" if series is None else "its head is not known"
             continue
