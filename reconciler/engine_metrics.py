@@ -19,7 +19,7 @@ import http.client
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -147,8 +147,3 @@ def read_loads(targets: Sequence[LoadTarget], timeout_s: float = METRICS_TIMEOUT
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(targets)))) as pool:
         return dict(pool.map(one, targets))
-
-
-def total_in_flight(answers: Iterable[LoadAnswer], target: float) -> float:
-    """Requests in flight over replicas, a replica whose load is unknown counted as at target."""
-    return sum(a.in_flight if isinstance(a, EngineLoad) else target for a in answers)

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from reconciler.engine_metrics import (
-    ENGINE_SERIES, EngineLoad, LoadSeries, LoadTarget, LoadUnknown, parse_load, read_loads, total_in_flight,
+    ENGINE_SERIES, EngineLoad, LoadSeries, LoadTarget, LoadUnknown, parse_load, read_loads,
 )
 
 # Shapes as the engines print them (vLLM's /metrics with a model_name label, SGLang's, and llama.cpp's
@@ -70,10 +70,6 @@ def test_an_answer_that_cannot_be_trusted_is_unknown_with_a_reason(text, why):
 def test_a_command_profile_names_its_own_series():
     series = LoadSeries(waiting="queue_depth", running="active", path="/stats")
     assert parse_load("active 2\nqueue_depth 7\n", series) == EngineLoad(2, 7)
-
-
-def test_unknown_loads_count_as_at_target():
-    assert total_in_flight([EngineLoad(1, 2), LoadUnknown("slow")], target=4) == 7
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
