@@ -71,6 +71,7 @@ The modules, top layer first; a module imports only from the layers below it
     model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
     schemas, constants
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with
+    frozen              @frozen: a frozen dataclass whose __init__ sets its fields in one step (hot values)
     tiny_server         the stand-in model server of the single-machine example (no reconciler imports)
 
 Decisions (placement, plan, render, engines, readiness' judgements) do no I/O;

@@ -11,8 +11,10 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
+
+from reconciler.frozen import frozen
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -38,7 +40,17 @@ def _ip(host: str) -> IPAddress | None:
     return ip
 
 
-@dataclass(frozen=True)
+def _dotted_quad(text: str) -> ipaddress.IPv4Address | None:
+    """`text` as an IPv4 address when it is one in dotted-quad form, exactly as ipaddress reads it
+    (four decimal octets, no leading zeros), or None. inet_pton reads it in C: ipaddress's own parse
+    costs tens of microseconds, and a 4,000-node fleet.yaml has 8,000 addresses."""
+    try:
+        return ipaddress.IPv4Address(socket.inet_pton(socket.AF_INET, text))
+    except (OSError, ValueError):
+        return None
+
+
+@frozen
 class Host:
     """A host as written in fleet.yaml (`10.0.0.1`, `[fd00::1]`, `gpu-a1.example`).
 
@@ -58,18 +70,23 @@ class Host:
     def __post_init__(self) -> None:
         text = self.written.strip()
         bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-        lowered = bare.lower().rstrip(".")
-        try:
-            literal: IPAddress | None = ipaddress.ip_address(bare)
-        except ValueError:
-            literal = None
-        if literal is not None and lowered == bare:  # the same parse _ip would start with
-            ip = literal.ipv4_mapped if literal.version == 6 and literal.ipv4_mapped is not None else literal
+        literal = _dotted_quad(bare)
+        if literal is not None:  # the common case, parsed in C: canonical as written
+            ip, canonical = literal, bare
         else:
-            ip = _ip(lowered)
+            lowered = bare.lower().rstrip(".")
+            try:
+                literal = ipaddress.ip_address(bare)
+            except ValueError:
+                literal = None
+            if literal is not None and lowered == bare:  # the same parse _ip would start with
+                ip = literal.ipv4_mapped if literal.version == 6 and literal.ipv4_mapped is not None else literal
+            else:
+                ip = _ip(lowered)
+            canonical = str(ip) if ip is not None else lowered
         object.__setattr__(self, "bare", bare)
         object.__setattr__(self, "ip", ip)
-        object.__setattr__(self, "canonical", str(ip) if ip is not None else lowered)
+        object.__setattr__(self, "canonical", canonical)
         object.__setattr__(self, "_literal", literal)
 
     def __str__(self) -> str:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
 from reconciler.host import Host, parse_host
+from reconciler.frozen import frozen
 from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, GpuHealth, NodeState, Phase
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
@@ -56,7 +57,7 @@ def frozen_map(d: Mapping | None) -> Mapping:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class SshSettings:
     user: str | None = None
     port: int = 22
@@ -66,7 +67,7 @@ class SshSettings:
     command_timeout_s: float = 30.0  # one command on the node, sending its input included
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeSpec:
     id: str
     address: str
@@ -98,7 +99,7 @@ class NodeSpec:
         return self.slurm_name or self.id
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmSettings:
     """fleet.yaml `slurm:` (SPEC section 8)."""
 
@@ -111,7 +112,7 @@ class SlurmSettings:
     command_timeout_s: float = 30.0
 
 
-@dataclass(frozen=True)
+@frozen
 class Fleet:
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = SshSettings()
@@ -136,7 +137,7 @@ class Fleet:
         return (spec.data_host if spec is not None else parse_host(node_id)).url(port)
 
 
-@dataclass(frozen=True)
+@frozen
 class SecretRef:
     """An env value that names where a secret is, never the secret (SPEC section 7).
 
@@ -156,7 +157,7 @@ class SecretRef:
         return f"{{{self.kind}: {self.name}}}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Profile:
     name: str
     engine: str
@@ -194,7 +195,7 @@ class Profile:
         return rank == 0 or self.engine != "llama.cpp"
 
 
-@dataclass(frozen=True)
+@frozen
 class ProfileMetrics:
     """A `command` profile's `metrics: {path, waiting, running}`: the series its engine exports."""
 
@@ -203,7 +204,7 @@ class ProfileMetrics:
     path: str = "/metrics"
 
 
-@dataclass(frozen=True)
+@frozen
 class ReplicaRange:
     """`replicas: {min, max}`: how many replicas may run; the load picks the count inside (SPEC section 11)."""
 
@@ -220,7 +221,7 @@ class ReplicaRange:
 AUTOSCALE_METRICS = ("requests",)  # requests in flight: running + waiting, as each engine reports them
 
 
-@dataclass(frozen=True)
+@frozen
 class AutoscalePolicy:
     """`autoscale:` of a model (SPEC section 11)."""
 
@@ -234,7 +235,7 @@ class AutoscalePolicy:
 FETCH_PLACEHOLDERS = ("MODEL_SOURCE",)
 
 
-@dataclass(frozen=True)
+@frozen
 class UpdatePolicy:
     """How a spec change rolls out (SPEC section 7), counted in replicas as in Kubernetes.
 
@@ -246,7 +247,7 @@ class UpdatePolicy:
     max_unavailable: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class FetchPolicy:
     """How a node that lacks a path source's weights gets them (SPEC section 7)."""
 
@@ -260,7 +261,7 @@ def is_path_source(source: str) -> bool:
     return source.startswith("/")
 
 
-@dataclass(frozen=True)
+@frozen
 class Model:
     name: str
     source: str
@@ -306,7 +307,7 @@ class Model:
         return [replica_id(self.name, i) for i in range(self.replicas)]
 
 
-@dataclass(frozen=True)
+@frozen
 class Catalog:
     root: str
     fleet: Fleet
@@ -363,14 +364,14 @@ def spec_hash(model: Model, profile: Profile) -> str:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuProcess:
     pid: int
     name: str
     used_mb: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Gpu:
     index: int
     uuid: str
@@ -393,7 +394,7 @@ class Gpu:
         return self.health == GpuHealth.OK and self.quarantined is None
 
 
-@dataclass(frozen=True)
+@frozen
 class Quarantine:
     """GPUs that kept killing starts, kept out of placement until `until` (seconds since the epoch)."""
 
@@ -402,13 +403,13 @@ class Quarantine:
     uuid: str = ""  # the GPU's uuid when quarantined: a new uuid (a reset, a new card) clears it
 
 
-@dataclass(frozen=True)
+@frozen
 class FabricAttachment:
     name: str
     hcas: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Disk:
     path: str
     free_bytes: int
@@ -423,7 +424,7 @@ class RankKey(NamedTuple):
     rank: int | None
 
 
-@dataclass(frozen=True)
+@frozen
 class RunningRank:
     """One managed engine process: as the probe found its record in a snapshot, or as its node (or
     Slurm) reports it now to a launcher's `ranks` (then `node`, `started_at` and `log_tail` are set).
@@ -455,7 +456,7 @@ class RunningRank:
         return RankKey(self.node, self.id, self.rank)
 
 
-@dataclass(frozen=True)
+@frozen
 class LlamaCppBinaries:
     """Which llama.cpp roles a node can run (found on its PATH, never executed)."""
 
@@ -466,7 +467,7 @@ class LlamaCppBinaries:
         return self.server if rank == 0 else self.rpc_server is not None
 
 
-@dataclass(frozen=True)
+@frozen
 class ObservedNode:
     id: str
     state: NodeState = NodeState.READY  # unusable: answered, but GPUs unknown or hardware broken
@@ -491,7 +492,7 @@ class ObservedNode:
     health_checks: Mapping[str, str] | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Inventory:
     nodes: tuple[ObservedNode, ...]
     _by_id: Mapping[str, ObservedNode] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
@@ -508,7 +509,7 @@ class Inventory:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Assignment:
     """One node's share of a replica."""
 
@@ -519,7 +520,7 @@ class Assignment:
     port: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class Placement:
     replica: str
     model: str
@@ -578,7 +579,7 @@ def figure(x: float) -> str:
     return f"{x:.1f}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Reason:
     """Why one node (or pool) cannot take a profile: the kind and the figures, said in words once (`text`).
 
@@ -653,7 +654,7 @@ _REASON_TEXT = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Rejection:
     """One candidate discarded for one profile: a node (or, with node "", a whole pool) and why."""
 
@@ -671,7 +672,7 @@ class Rejection:
         return self.why.text
 
 
-@dataclass(frozen=True)
+@frozen
 class Action:
     action: ActionKind
     replica: str
@@ -691,7 +692,7 @@ class Action:
     drain: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class RankLaunch:
     """Everything needed to start one rank of one replica on one node, fully rendered.
 

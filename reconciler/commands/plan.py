@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import gc
-import json
 import sys
 import time
+
+import orjson
 
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import observe
@@ -160,7 +161,7 @@ def main(args) -> int:
     # restart backoff), so `plan` predicts what `apply` does, grace periods included.
     pl = planned(catalog, inventory, now=time.time())
     if args.format == "json":
-        sys.stdout.write(json.dumps(plan_document(pl, args.all), separators=(",", ":")) + "\n")
+        sys.stdout.write(orjson.dumps(plan_document(pl, args.all), option=orjson.OPT_APPEND_NEWLINE).decode())
     elif args.format == "markdown":
         from reconciler.commands.plan_markdown import render_markdown  # only when asked for: plan starts fast
 

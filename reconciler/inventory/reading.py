@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 import yaml_rs
 
@@ -53,9 +54,12 @@ def read_snapshot_document(path: str | Path, *, fast: bool = True) -> Any:
         stripped = b"" if end == -1 else stripped[end + 1:].lstrip()
     if stripped[:1] in (b"{", b"["):
         try:
-            return json.loads(stripped)
-        except ValueError:
-            pass
+            return orjson.loads(stripped)
+        except ValueError:  # orjson is strict (no NaN, no integer past 64 bits): the stdlib decides
+            try:
+                return json.loads(stripped)
+            except ValueError:
+                pass
     if fast:
         try:
             # A key given twice: the last one wins, as PyYAML (the reference reader) has it.

@@ -9,9 +9,9 @@ docstring for the rules it keeps and how it stays fast at fleet scale.
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from reconciler.frozen import frozen
 from reconciler.model import (
     Assignment,
     Fleet,
@@ -58,7 +58,7 @@ def port_windows(models) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Outcome:
     """One desired replica: where it goes, or why it cannot go anywhere."""
 
@@ -79,7 +79,7 @@ class Outcome:
         return self.placement is not None
 
 
-@dataclass(frozen=True)
+@frozen
 class PlacementResult:
     outcomes: Mapping[str, Outcome]  # replica id -> outcome, in the order they were decided
 
