@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import functools
 import os
 from dataclasses import dataclass
 from enum import StrEnum
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-
-import yaml
 
 from reconciler.autoscale import AutoscaleState, kept_states, state_document, state_from_document
 from reconciler.constants import STATUS_DIR
@@ -32,32 +31,31 @@ from reconciler.placement import port_windows, summarize
 from reconciler.plan import Plan, WaitKind
 from reconciler.vocabulary import ActionKind, FailureKind, Phase
 
-try:  # the C emitter is several times faster on a fleet-sized nodes.yaml
-    from yaml import CSafeDumper as _Dumper
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    from yaml import SafeDumper as _Dumper
-    from yaml import SafeLoader as _Loader
+@functools.cache
+def _status_dumper() -> type:
+    """PyYAML's dumper for status/: block style for structure, flow style for short lists of scalars
+    (GPU indices, peers), a StrEnum as the string it is (a phase reads `Ready`, not a tag). Made on
+    first use: `plan` and `validate` write no status file and need no PyYAML."""
+    import yaml
 
+    base = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # the C emitter: several times faster on nodes.yaml
 
-class _StatusDumper(_Dumper):
-    """Block style for structure, flow style for short lists of scalars (GPU indices, peers)."""
+    class StatusDumper(base):
+        pass
 
+    def represent_list(dumper, data: list):
+        flow = all(isinstance(x, (int, float, str, bool)) or x is None for x in data)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
 
-def _represent_list(dumper: yaml.BaseDumper, data: list) -> yaml.Node:
-    flow = all(isinstance(x, (int, float, str, bool)) or x is None for x in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-_StatusDumper.add_representer(list, _represent_list)
-# The vocabulary's StrEnums are written as the strings they are (a phase reads `Ready`, not a tag).
-_StatusDumper.add_multi_representer(StrEnum, lambda dumper, data: dumper.represent_str(str(data)))
-
-
+    StatusDumper.add_representer(list, represent_list)
+    StatusDumper.add_multi_representer(StrEnum, lambda dumper, data: dumper.represent_str(str(data)))
+    return StatusDumper
 
 
 def dump_yaml(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_StatusDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+    import yaml
+
+    return yaml.dump(doc, Dumper=_status_dumper(), sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:
@@ -292,13 +290,17 @@ def model_status_document(model: Model, result: PassResult, fleet: Fleet, show_a
 def read_autoscale_states(catalog_root: str | os.PathLike, models: Iterable[Model]) -> dict[str, AutoscaleState]:
     """Each autoscaled model's count as status/models/<name>.yaml holds it (SPEC section 11: `apply`
     and `plan` take it from there); a model without a readable block is absent, so it starts at min."""
-    states = {}
+    states: dict[str, AutoscaleState] = {}
+    scaled = [m for m in models if m.scale is not None]
+    if not scaled:
+        return states
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     root = Path(catalog_root) / STATUS_DIR / "models"
-    for m in models:
-        if m.scale is None:
-            continue
+    for m in scaled:
         try:
-            doc = yaml.load((root / f"{m.name}.yaml").read_bytes(), Loader=_Loader)
+            doc = yaml.load((root / f"{m.name}.yaml").read_bytes(), Loader=loader)
         except (OSError, yaml.YAMLError):
             continue
         state = state_from_document(doc.get("autoscale")) if isinstance(doc, dict) else None

@@ -10,19 +10,20 @@ loader with positions, to say where a problem is.
 from __future__ import annotations
 
 import errno
+import functools
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 import yaml_rs
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from reconciler.errors import Problem
+
+# ruamel (the positioned reader) and PyYAML (the reader of anchors and aliases) are imported where
+# they are used: a catalog that yaml_rs reads and that has no problem needs neither, and together
+# they were a third of the code `plan` loaded before it read a file.
 
 # Bounds on what one catalog file may cost to read. A 4,000-node fleet.yaml is a few MiB and a
 # few hundred thousand values; past these a file is refused, not read (a YAML alias "bomb" is a
@@ -49,6 +50,8 @@ def position(root: Any, path: tuple, *, key: bool = False) -> tuple[int, int]:
     Falls back to the deepest container that exists, so a missing field points
     at the mapping that lacks it.
     """
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
     node = root
     line, col = 0, 0
     if isinstance(root, (CommentedMap, CommentedSeq)):
@@ -71,7 +74,9 @@ def position(root: Any, path: tuple, *, key: bool = False) -> tuple[int, int]:
     return line + 1, col + 1
 
 
-def _yaml() -> YAML:
+def _yaml():
+    from ruamel.yaml import YAML
+
     y = YAML(typ="rt")
     y.allow_duplicate_keys = False
     return y
@@ -93,6 +98,8 @@ def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
         not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()
     ):
         return None, Problem(rel, 1, 1, "file is empty; expected a mapping of fields")
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
     try:
         return _yaml().load(text), None
     except MarkedYAMLError as exc:
@@ -200,6 +207,8 @@ def read_positioned(root: Path, path: Path, rel: str) -> tuple[Document | None, 
     data, problem = parse_yaml_text(rel, text)
     if problem:
         return None, [problem]
+    from ruamel.yaml.comments import CommentedMap
+
     if not isinstance(data, CommentedMap):
         kind = "a list" if isinstance(data, list) else describe_value(data)
         line, col = position(data, ())
@@ -209,45 +218,53 @@ def read_positioned(root: Path, path: Path, rel: str) -> tuple[Document | None, 
     return Document(rel, data), []
 
 
-class _FastLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader):
-    """PyYAML's C loader, refusing duplicate keys (the positioned path then reports them)."""
+@functools.cache
+def _fast_loader() -> type:
+    """PyYAML's C loader, refusing duplicate keys (the positioned path then reports them), reading
+    scalars as YAML 1.2 does. Made on first use (a file with anchors, aliases or tags)."""
+    import yaml
 
+    class FastLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        pass
 
-def _no_duplicates(loader, node, deep=False):
-    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
-    if len(keys) != len(set(map(repr, keys))):
-        raise yaml.YAMLError("duplicate key")
-    return loader.construct_mapping(node, deep=deep)
+    def no_duplicates(loader, node, deep=False):
+        keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+        if len(keys) != len(set(map(repr, keys))):
+            raise yaml.YAMLError("duplicate key")
+        return loader.construct_mapping(node, deep=deep)
 
-
-_FastLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-# YAML 1.1 readings the round-trip (1.2) loader does not share: yes/no/on/off are strings there,
-# 0755 is decimal, 1:30 is a string. Leave them as strings here too; any real mismatch fails the
-# schema and the positioned path decides.
-_FastLoader.yaml_implicit_resolvers = {
-    k: [(t, r) for t, r in v if t not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp",
-                                         "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for k, v in _FastLoader.yaml_implicit_resolvers.items()
-}
-_FastLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-# Plain decimals only (no octal 0755, no 1_000, no 1:30): anything else stays a string here.
-_FastLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
-_FastLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+    FastLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, no_duplicates)
+    # YAML 1.1 readings the round-trip (1.2) loader does not share: yes/no/on/off are strings there,
+    # 0755 is decimal, 1:30 is a string. Leave them as strings here too; any real mismatch fails the
+    # schema and the positioned path decides.
+    FastLoader.yaml_implicit_resolvers = {
+        k: [(t, r) for t, r in v if t not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp",
+                                             "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for k, v in FastLoader.yaml_implicit_resolvers.items()
+    }
+    FastLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    )
+    # Plain decimals only (no octal 0755, no 1_000, no 1:30): anything else stays a string here.
+    FastLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"),
+                                     list("-+0123456789"))
+    FastLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?[0-9]+[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return FastLoader
 
 
 def read_fast(root: Path, path: Path, rel: str) -> tuple[Document | None, list[Problem]]:
     """read_positioned without positions; any oddity is a Problem so the positioned path runs instead."""
     if file_problem(root, path, rel) is not None:
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
+    import yaml
+
     try:
         raw = read_bounded(path)
-        data = yaml.load(raw.decode("utf-8"), Loader=_FastLoader)
+        data = yaml.load(raw.decode("utf-8"), Loader=_fast_loader())
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     if not isinstance(data, dict) or any(not isinstance(k, str) for k in data) or _too_many_values(data):

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 import yaml_rs
 
 from reconciler.model import (
@@ -31,10 +30,12 @@ from reconciler.model import (
 )
 from reconciler.vocabulary import FailureKind, GpuHealth, NodeState
 
-try:
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    from yaml import SafeLoader as _Loader
+class SnapshotSyntaxError(ValueError):
+    """The reference reader (PyYAML) refused the file: where, and its words."""
+
+    def __init__(self, line: int, column: int, problem: str):
+        super().__init__(problem)
+        self.line, self.column, self.problem = line, column, problem
 
 
 def read_snapshot_document(path: str | Path, *, fast: bool = True) -> Any:
@@ -67,7 +68,20 @@ def read_snapshot_document(path: str | Path, *, fast: bool = True) -> Any:
                                  duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
         except Exception:  # noqa: BLE001 - any refusal: PyYAML reads it again and words the error
             pass
-    return yaml.load(data, Loader=_Loader)
+    return _read_with_pyyaml(data)
+
+
+def _read_with_pyyaml(data: bytes) -> Any:
+    """PyYAML's C loader, the reference reader. Imported here: a snapshot that is JSON or that
+    yaml_rs reads (every one the reconciler writes) never needs it, and `plan` starts sooner."""
+    import yaml
+
+    try:
+        return yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        raise SnapshotSyntaxError(line, col, getattr(exc, "problem", None) or str(exc)) from None
 
 
 def inventory_from_document(doc: dict) -> Inventory:

@@ -8,10 +8,8 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from reconciler.errors import InventoryInvalid, Problem
-from reconciler.inventory.reading import inventory_from_document, read_snapshot_document
+from reconciler.inventory.reading import SnapshotSyntaxError, inventory_from_document, read_snapshot_document
 from reconciler.model import Fleet, Inventory
 from reconciler.schemas import is_valid, schema, validator
 
@@ -315,11 +313,8 @@ def _read_snapshot(path: Path, fast: bool = True) -> Any:
         return read_snapshot_document(path, fast=fast)
     except OSError as exc:
         raise InventoryInvalid([Problem(str(path), 1, 1, f"cannot read the snapshot: {exc.strerror or exc}")]) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        msg = getattr(exc, "problem", None) or str(exc)
-        raise InventoryInvalid([Problem(str(path), line, col, f"not valid YAML or JSON: {msg}")]) from None
+    except SnapshotSyntaxError as exc:
+        raise InventoryInvalid([Problem(str(path), exc.line, exc.column, f"not valid YAML or JSON: {exc.problem}")]) from None
     except UnicodeDecodeError:
         raise InventoryInvalid([Problem(str(path), 1, 1, "not valid YAML or JSON: not UTF-8 text")]) from None
 
