@@ -5,7 +5,7 @@ happen; each step is one call into the module that owns it:
 
   probe     probe/            the fleet as it is (Inventory)
   plan      plan.py           pure: catalog x inventory x memory -> actions
-  act       actor.py          effects: each action through the Launcher, a typed outcome each
+  act       actor/            effects: each action through the Launcher, a typed outcome each
   judge     readiness.py      pure phase judgement of what was started and what runs
   remember  memory.py         what the next pass needs (backoff, grace, placements)
   status    status.py         written in a `finally`, deferred to the end (Flux's deferred patch):
@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Mapping
 
-from reconciler.actor import Actor, LogFn, RenderFn
+from reconciler.actor.dispatch import Actor
+from reconciler.actor.work import LogFn, RenderFn
 from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
 from reconciler.observed import observe_replica
 from reconciler.engine_metrics import (
