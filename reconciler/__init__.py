@@ -6,7 +6,7 @@ The flow of one pass (`reconciler apply`; the daemon repeats it):
                                                        +--> plan.plan (pure) --> Plan.actions
     fleet over SSH --probe.probe_fleet----> Inventory -+          |
                                                                   v
-              status/ <--status.py-- PassResult <--reconcile.run_pass-- actor.Actor (effects)
+              status/ <--status.py-- PassResult <--reconcile.run_pass-- actor.dispatch.Actor (effects)
 
 `plan` and `validate` are the same pass stopped early, so a pull-request
 check and the daemon cannot disagree.

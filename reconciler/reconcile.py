@@ -120,7 +120,7 @@ def run_pass(
     history       the previous pass's `PassResult.memory` (or None: a first pass).
     now           epoch seconds for the plan's backoff and grace periods (default: the clock).
     ready_wait_s  how long to wait for replicas started in this pass to become
-                  Ready (default actor.APPLY_READY_WAIT_S, capped by each profile's
+                  Ready (default actor.work.APPLY_READY_WAIT_S, capped by each profile's
                   start_timeout_s); the daemon may pass 0 and judge them on later
                   passes. A replace always waits for its new copy (see Actor.replace_wait_s).
     autoscale     how to read Ready replicas' loads (scaling.default_reader; the daemon's): the
