@@ -462,7 +462,7 @@ def main() -> int:
                         help="with --fleet: the last node holds --commits replicas of a second model, and each "
                              "commit stops one of them beside starting a bench replica (with --cut: on the cut node)")
     parser.add_argument("--sequential-actions", action="store_true",
-                        help="carry out a pass's actions one at a time (actor.MAX_PARALLEL_ACTIONS = 1), as before "
+                        help="carry out a pass's actions one at a time (actor.dispatch.MAX_PARALLEL_ACTIONS = 1), as before "
                              "issue 13: the figure to compare with")
     parser.add_argument("--commit-at-cut", action="store_true",
                         help="with --cut: commit right after the cut, while resyncs still wait on the node's probe")
@@ -481,9 +481,12 @@ def main() -> int:
     if (args.cut or args.hostile) and not args.fleet:
         parser.error("--cut and --hostile need --fleet")
     if args.sequential_actions:
-        import reconciler.actor
+        import reconciler.actor.dispatch
+        import reconciler.actor.waiting
 
-        reconciler.actor.MAX_PARALLEL_ACTIONS = 1
+        # Both pools the actor sizes by it: the actions', and the health checks' of what they started.
+        for module in (reconciler.actor.dispatch, reconciler.actor.waiting):
+            module.MAX_PARALLEL_ACTIONS = 1
     return bench(args)
 
 

@@ -6,7 +6,7 @@ The flow of one pass (`reconciler apply`; the daemon repeats it):
                                                        +--> plan.plan (pure) --> Plan.actions
     fleet over SSH --probe.probe_fleet----> Inventory -+          |
                                                                   v
-              status/ <--status.py-- PassResult <--reconcile.run_pass-- actor.Actor (effects)
+              status/ <--status.py-- PassResult <--reconcile.run_pass-- actor.dispatch.Actor (effects)
 
 `plan` and `validate` are the same pass stopped early, so a pull-request
 check and the daemon cannot disagree.
@@ -28,7 +28,10 @@ The modules, top layer first; a module imports only from the layers below it
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
                         (watch), the lock (lock), the log (events), metrics from a pass (observe)
     reconcile           one pass as a flat sequence of steps; status written deferred
-    actor               the pass's effects: start, stop, replace, restart, through a Launcher, at once
+    actor/              the pass's effects, through a Launcher, at once: the Actor (dispatch) over a
+                        replace and its drain (replacing), weights fetched first (weights), a start or
+                        restart (starting), the wait for Ready (waiting), stops (stopping), all over
+                        the working state and its bookkeeping (work)
     observed,           how a replica of an earlier pass is doing; the order actions need when they
     scheduling,         run at once, and the buffers their effects go to; the pass's autoscale step
     scaling             (each Ready replica's load read once, through engine_metrics; autoscale decides)

@@ -5,7 +5,7 @@ happen; each step is one call into the module that owns it:
 
   probe     probe/            the fleet as it is (Inventory)
   plan      plan.py           pure: catalog x inventory x memory -> actions
-  act       actor.py          effects: each action through the Launcher, a typed outcome each
+  act       actor/            effects: each action through the Launcher, a typed outcome each
   judge     readiness.py      pure phase judgement of what was started and what runs
   remember  memory.py         what the next pass needs (backoff, grace, placements)
   status    status.py         written in a `finally`, deferred to the end (Flux's deferred patch):
@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Mapping
 
-from reconciler.actor import Actor, LogFn, RenderFn
+from reconciler.actor.dispatch import Actor
+from reconciler.actor.work import LogFn, RenderFn
 from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
 from reconciler.observed import observe_replica
 from reconciler.engine_metrics import (
@@ -119,7 +120,7 @@ def run_pass(
     history       the previous pass's `PassResult.memory` (or None: a first pass).
     now           epoch seconds for the plan's backoff and grace periods (default: the clock).
     ready_wait_s  how long to wait for replicas started in this pass to become
-                  Ready (default actor.APPLY_READY_WAIT_S, capped by each profile's
+                  Ready (default actor.work.APPLY_READY_WAIT_S, capped by each profile's
                   start_timeout_s); the daemon may pass 0 and judge them on later
                   passes. A replace always waits for its new copy (see Actor.replace_wait_s).
     autoscale     how to read Ready replicas' loads (scaling.default_reader; the daemon's): the
@@ -144,20 +145,12 @@ def run_pass(
     memory = with_drain_loads(catalog, memory)
     # 1b. Autoscale (the daemon): the loads of the replicas the last pass left Ready, read once now,
     #     decide this pass's count; the plan below then starts or stops (drained) what it changes.
-    counts = in_force
-    if autoscale is not None and in_force:
-        counts = scale_pass(with_counts(catalog, in_force), ready or {}, in_force, now, autoscale, log)
+    counts = scaled_counts(catalog, in_force, autoscale, ready, now, log)
     catalog = with_counts(catalog, counts)
     # 2. Plan (pure): what to do about it; memory.plan_remembering, which `plan` and `explain` call too,
     #    so they predict it (starts that failed before wait out their backoff, or stay stalled, and
-    #    serving copies to be stopped drain first).
-    plan = planner(catalog, inventory, now=now, memory=memory)
-    # 2b. A copy that begins to drain and whose engine runs no request now has nothing to drain: with
-    #     that answer in the memory, the plan stops it in this pass (as it would have in the next).
-    idle = idle_new_drains(catalog, plan, memory)
-    if idle:
-        memory = replace(memory, draining={**memory.draining, **idle})
-        plan = planner(catalog, inventory, now=now, memory=memory)
+    #    serving copies to be stopped drain first). Drains that would begin idle end in this pass.
+    plan, memory = plan_with_idle_drains(planner, catalog, inventory, now, memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
                         autoscale=counts, next_pass_at=next_pass_at(catalog, counts))
     if dry_run:
@@ -175,18 +168,15 @@ def run_pass(
         #     decisions in the plan's order. One action's failure never stops the others.
         actor.act_all([a for a in plan.actions if a.replica not in no_weights])
         # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
-        actor.wait_ready([r for r in actor.pending if r not in actor.states or actor.states[r].phase == STARTING])
+        actor.wait_ready(unjudged_starts(actor))
         result.decisions = actor.decisions
         # 5. The fleet as the pass left it, and every desired replica's state in it.
         result.inventory = with_unanswered(
             inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports),
             actor.effects.unanswered)
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
-        # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout is
-        #     stopped, every rank (this pass's own were, in wait_ready); the plan restarts it with backoff.
-        for rid, state in result.replicas.items():
-            if state.start_timed_out and rid not in actor.states:
-                actor.end_stalled_start(rid, [(a.node, a.rank) for a in state.nodes])
+        # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout.
+        end_stalled_starts(actor, result.replicas)
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
         result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
@@ -197,15 +187,56 @@ def run_pass(
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
     finally:
         # 7. Status, deferred: written whatever happened above.
-        if write_status and autoscale is None and in_force:
-            # This pass (apply) does not move counts; a daemon may have since it began: its count stands.
-            result.autoscale = counts_in_force(catalog)
         if write_status:
-            said = len(result.decisions)
-            result.written = write_pass_status(catalog, result)
-            for d in result.decisions[said:]:  # a gateway file edited by hand: one warning line
-                log(d)
+            write_status_at_end(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
     return result
+
+
+def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], autoscale: LoadReader | None,
+                  ready: Mapping[str, ReplicaState] | None, now: float, log: LogFn) -> Mapping[str, AutoscaleState]:
+    """Each autoscaled model's count for this pass: the one in force, moved by the loads of the replicas
+    the last pass left Ready when the pass autoscales (the daemon's; apply keeps the count in force)."""
+    if autoscale is None or not in_force:
+        return in_force
+    return scale_pass(with_counts(catalog, in_force), ready or {}, in_force, now, autoscale, log)
+
+
+def plan_with_idle_drains(planner: Callable[..., Plan], catalog: Catalog, inventory: Inventory, now: float,
+                          memory: PassMemory) -> tuple[Plan, PassMemory]:
+    """The plan, and the memory it was planned with. A copy that begins to drain and whose engine runs
+    no request now has nothing to drain: with that answer in the memory, the plan stops it in this pass
+    (as it would have in the next)."""
+    plan = planner(catalog, inventory, now=now, memory=memory)
+    idle = idle_new_drains(catalog, plan, memory)
+    if idle:
+        memory = replace(memory, draining={**memory.draining, **idle})
+        plan = planner(catalog, inventory, now=now, memory=memory)
+    return plan, memory
+
+
+def unjudged_starts(actor: Actor) -> list[str]:
+    """The replicas this pass started that no action has judged yet (a replace judges its own new copy)."""
+    return [r for r in actor.pending if r not in actor.states or actor.states[r].phase == STARTING]
+
+
+def end_stalled_starts(actor: Actor, replicas: Mapping[str, ReplicaState]) -> None:
+    """A replica of an earlier pass still not Ready past its start timeout is stopped, every rank (this
+    pass's own were, in wait_ready); the plan restarts it with backoff."""
+    for rid, state in replicas.items():
+        if state.start_timed_out and rid not in actor.states:
+            actor.end_stalled_start(rid, [(a.node, a.rank) for a in state.nodes])
+
+
+def write_status_at_end(catalog: Catalog, result: PassResult, log: LogFn, *, reread_counts: bool) -> None:
+    """status/ for the pass, and the decisions writing it added (a gateway file edited by hand: one
+    warning line) logged. reread_counts: this pass (apply) moves no counts, but a daemon may have
+    since it began: the count in force is read again, so its count stands."""
+    if reread_counts:
+        result.autoscale = counts_in_force(catalog)
+    said = len(result.decisions)
+    result.written = write_pass_status(catalog, result)
+    for d in result.decisions[said:]:
+        log(d)
 
 
 def idle_new_drains(catalog: Catalog, plan: Plan, memory: PassMemory) -> dict:

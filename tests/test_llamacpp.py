@@ -288,7 +288,7 @@ def test_a_multi_node_vllm_replica_still_needs_disk_on_every_node():
 def test_a_fetch_copies_the_weights_only_to_the_ranks_that_read_them(engine, fetched_to):
     from dataclasses import replace as with_fields
 
-    from reconciler.actor import Actor
+    from reconciler.actor.dispatch import Actor
     from reconciler.model import Action, Catalog, FetchPolicy
 
     prof = with_fields(cpu_profile(), engine=engine)

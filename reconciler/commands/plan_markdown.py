@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from reconciler.commands.plan_words import same_rejections, span, where_text
+from reconciler.placement import Outcome
 from reconciler.plan import Plan
 
 MARKER = "<!-- llm-reconciler plan -->"
@@ -64,45 +65,70 @@ def _reason_groups(rejections) -> list[tuple[str, list[tuple[str, list[str]]]]]:
 def render_markdown(pl: Plan, show_all: bool = False, scaling=()) -> str:
     """scaling: (model, `min-max (now N)`, why) per autoscaled model (plan.scale_lines)."""
     out = [MARKER, summary_line(pl), ""]
-    if scaling:
-        out += ["| Autoscaled model | Replicas | Why |", "|---|---|---|"]
-        out += [f"| {code(name)} | {cell(counts)} | {cell(why)} |" for name, counts, why in scaling]
-        out.append("")
-    if pl.actions:
-        out += ["| Action | Replica | Profile | Nodes | Reason |", "|---|---|---|---|---|"]
-        for a in pl.actions:
-            profile = a.placement.profile if a.placement is not None else "-"
-            out.append(f"| {a.action} | {code(a.replica)} | {cell(profile)} | {cell(where_text(a.placement))} | {cell(a.reason)} |")
-        out.append("")
-    else:
-        out += ["No action to take." if pl.unplaced or pl.waiting else "Nothing to do: every replica runs where it should.", ""]
-    if pl.unplaced:
-        out += ["### Unplaced", ""]
-        same = same_rejections(pl)
-        for o in pl.unplaced:
-            if o.rejections_same_as:
-                continue
-            groups_by_profile = _reason_groups(o.rejections)
-            fits = "; ".join(
-                f"{max(o.nodes_considered - len({n for _, nodes in groups for n in nodes}), 0)}/{o.nodes_considered} "
-                f"nodes fit profile {cell(profile)}" for profile, groups in groups_by_profile)
-            out += [f"<details><summary><code>{cell(o.replica)}</code> cannot be placed: {fits}</summary>", ""]
-            others = same.get(o.replica, [])
-            if others:
-                out += [f"The same rejections hold for {_plural(len(others), 'more replica')} of "
-                        f"{code(o.model)}: {cell(span(others))}.", ""]
-            for profile, groups in groups_by_profile:
-                out += [f"**profile {cell(profile)}**", "", "| Reason | Nodes |", "|---|---|"]
-                for reason, nodes in groups:
-                    shown = nodes if show_all or len(nodes) <= MAX_NAMES else nodes[:MAX_NAMES] + [
-                        f"... {len(nodes) - MAX_NAMES} more"]
-                    who = ", ".join(shown) if nodes else "(the pool as a whole)"
-                    count = f" ({len(nodes)})" if len(nodes) > 1 else ""
-                    out.append(f"| {cell(reason)}{count} | {cell(who)} |")
-                out.append("")
-            out += ["</details>", ""]
-    if pl.waiting:
-        out += ["### Waiting", ""]
-        out += [f"- {code(w.replica)}: {cell(w.reason)}" for w in pl.waiting]
-        out.append("")
+    out += _scaling_table(scaling)
+    out += _actions_table(pl)
+    out += _unplaced_section(pl, show_all)
+    out += _waiting_list(pl)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _scaling_table(scaling) -> list[str]:
+    if not scaling:
+        return []
+    return ["| Autoscaled model | Replicas | Why |", "|---|---|---|",
+            *(f"| {code(name)} | {cell(counts)} | {cell(why)} |" for name, counts, why in scaling), ""]
+
+
+def _actions_table(pl: Plan) -> list[str]:
+    """The actions, one row each; without any, a line that says why nothing is done."""
+    if not pl.actions:
+        return ["No action to take." if pl.unplaced or pl.waiting else "Nothing to do: every replica runs where it should.", ""]
+    out = ["| Action | Replica | Profile | Nodes | Reason |", "|---|---|---|---|---|"]
+    for a in pl.actions:
+        profile = a.placement.profile if a.placement is not None else "-"
+        out.append(f"| {a.action} | {code(a.replica)} | {cell(profile)} | {cell(where_text(a.placement))} | {cell(a.reason)} |")
+    out.append("")
+    return out
+
+
+def _unplaced_section(pl: Plan, show_all: bool) -> list[str]:
+    """A <details> block per unplaced replica; replicas rejected the same way are named in the first one's."""
+    if not pl.unplaced:
+        return []
+    out = ["### Unplaced", ""]
+    same = same_rejections(pl)
+    for o in pl.unplaced:
+        if not o.rejections_same_as:
+            out += _unplaced_details(o, same.get(o.replica, []), show_all)
+    return out
+
+
+def _unplaced_details(o: Outcome, others: list[str], show_all: bool) -> list[str]:
+    """One unplaced replica: how many nodes fit each profile, then each profile's reasons table."""
+    groups_by_profile = _reason_groups(o.rejections)
+    fits = "; ".join(
+        f"{max(o.nodes_considered - len({n for _, nodes in groups for n in nodes}), 0)}/{o.nodes_considered} "
+        f"nodes fit profile {cell(profile)}" for profile, groups in groups_by_profile)
+    out = [f"<details><summary><code>{cell(o.replica)}</code> cannot be placed: {fits}</summary>", ""]
+    if others:
+        out += [f"The same rejections hold for {_plural(len(others), 'more replica')} of "
+                f"{code(o.model)}: {cell(span(others))}.", ""]
+    for profile, groups in groups_by_profile:
+        out += [f"**profile {cell(profile)}**", "", "| Reason | Nodes |", "|---|---|"]
+        out += [_reason_row(reason, nodes, show_all) for reason, nodes in groups]
+        out.append("")
+    return out + ["</details>", ""]
+
+
+def _reason_row(reason: str, nodes: list[str], show_all: bool) -> str:
+    """A reason and the nodes it rejected, at most MAX_NAMES of them named unless show_all."""
+    shown = nodes if show_all or len(nodes) <= MAX_NAMES else nodes[:MAX_NAMES] + [f"... {len(nodes) - MAX_NAMES} more"]
+    who = ", ".join(shown) if nodes else "(the pool as a whole)"
+    count = f" ({len(nodes)})" if len(nodes) > 1 else ""
+    return f"| {cell(reason)}{count} | {cell(who)} |"
+
+
+def _waiting_list(pl: Plan) -> list[str]:
+    if not pl.waiting:
+        return []
+    return ["### Waiting", "", *(f"- {code(w.replica)}: {cell(w.reason)}" for w in pl.waiting), ""]

@@ -143,29 +143,7 @@ class Daemon:
                 watcher.start()
             self.log("daemon.started", catalog=str(self.root), pid=os.getpid(), interval=self.options.interval,
                      git=("yes" if self.git else "no: the working tree is applied as it is"))
-            self.request("start")
-            next_resync = self.clock() + self.options.interval
-            while self._stopping is None:
-                reasons = self._take()
-                now = self.clock()
-                if not reasons and now >= next_resync:
-                    reasons = {"interval"}
-                if not reasons:
-                    self._wake.wait(timeout=max(0.0, next_resync - now))
-                    continue
-                if "watcher-failed" in reasons and watcher is not None:
-                    self.state.watcher_error = watcher.error
-                    self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
-                if self._wants_pass(reasons):
-                    self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
-                    next_resync = self.clock() + self.options.interval
-                    if self._autoscale_at is not None:
-                        # A count moved (its replicas start or stop now) or a move falls due before the resync.
-                        next_resync = min(next_resync, self.clock() + max(0.0, self._autoscale_at - time.time()))
-                    if self.options.max_passes is not None and self.passes >= self.options.max_passes:
-                        self.stop("max-passes")
-                else:
-                    self.refresh_status()
+            self._run_until_stopped(watcher)
             self.log("daemon.stopped", reason=self._stopping, msg="engines left running")
             return Exit.OK
         finally:
@@ -179,6 +157,37 @@ class Daemon:
             if callable(close):
                 close()  # connections only: engines keep running
             self.lock.release()
+
+    def _run_until_stopped(self, watcher: Watcher | None) -> None:
+        """The loop: wait for a reason (or the resync interval), then pass or only refresh status."""
+        self.request("start")
+        next_resync = self.clock() + self.options.interval
+        while self._stopping is None:
+            reasons = self._take()
+            now = self.clock()
+            if not reasons and now >= next_resync:
+                reasons = {"interval"}
+            if not reasons:
+                self._wake.wait(timeout=max(0.0, next_resync - now))
+                continue
+            if "watcher-failed" in reasons and watcher is not None:
+                self.state.watcher_error = watcher.error
+                self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
+            if self._wants_pass(reasons):
+                self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
+                next_resync = self._next_resync()
+                if self.options.max_passes is not None and self.passes >= self.options.max_passes:
+                    self.stop("max-passes")
+            else:
+                self.refresh_status()
+
+    def _next_resync(self) -> float:
+        """When the loop passes again unasked, from now: the resync interval, or sooner when autoscaling
+        asked (a count moved, its replicas start or stop now, or a move falls due before the resync)."""
+        next_resync = self.clock() + self.options.interval
+        if self._autoscale_at is not None:
+            next_resync = min(next_resync, self.clock() + max(0.0, self._autoscale_at - time.time()))
+        return next_resync
 
     def _wants_pass(self, reasons: set[str]) -> bool:
         """A full pass, or only a status refresh? Status commits and editor saves need no pass."""

@@ -15,24 +15,41 @@ def observe_pass(metrics: Metrics, result: PassResult, catalog: Catalog) -> None
     """Metrics from a pass result."""
     for decision in result.decisions:
         metrics.action(decision.action, decision.ok)
+    metrics.fleet(fleet_figures(result, catalog))
+
+
+def fleet_figures(result: PassResult, catalog: Catalog) -> FleetFigures:
+    """The fleet's gauges after a pass: replicas by phase and per model, nodes by state, autoscaling."""
     states = list(result.replicas.values())
-    unplaced = [o.model for o in result.plan.unplaced] if result.plan is not None else []
-    restarts = result.plan.restarts if result.plan is not None else {}
     nodes = result.inventory.nodes if result.inventory is not None else ()
-    metrics.fleet(FleetFigures(
+    return FleetFigures(
         phases=count_by((s.phase for s in states), PHASES),
-        # An autoscaled model's desired count is the one in force (status/), not the catalog's min.
-        desired={m.name: (result.autoscale[m.name].current if m.name in result.autoscale else m.replicas)
-                 for m in catalog.models},
+        desired=_desired_counts(result, catalog),
         ready={m.name: sum(1 for s in states if s.model == m.name and s.phase == Phase.READY) for m in catalog.models},
-        unplaced={m.name: unplaced.count(m.name) for m in catalog.models},
-        restarts={m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models},
+        unplaced=_unplaced_counts(result, catalog),
+        restarts=_restart_counts(result, catalog),
         node_states=count_by((n.state for n in nodes), OBSERVED_STATES) if nodes else {},
         node_up={n.id: n.state != NodeState.UNREACHABLE for n in nodes},
         probe_seconds=result.probe_seconds,
         autoscale_current={name: st.current for name, st in result.autoscale.items()},
         autoscale_wanted={name: st.wanted for name, st in result.autoscale.items()},
-    ))
+    )
+
+
+def _desired_counts(result: PassResult, catalog: Catalog) -> dict[str, int]:
+    # An autoscaled model's desired count is the one in force (status/), not the catalog's min.
+    return {m.name: (result.autoscale[m.name].current if m.name in result.autoscale else m.replicas)
+            for m in catalog.models}
+
+
+def _unplaced_counts(result: PassResult, catalog: Catalog) -> dict[str, int]:
+    unplaced = [o.model for o in result.plan.unplaced] if result.plan is not None else []
+    return {m.name: unplaced.count(m.name) for m in catalog.models}
+
+
+def _restart_counts(result: PassResult, catalog: Catalog) -> dict[str, int]:
+    restarts = result.plan.restarts if result.plan is not None else {}
+    return {m.name: sum(restarts.get(rid, 0) for rid in m.replica_ids()) for m in catalog.models}
 
 
 def node_events(log: EventLog, nodes: Iterable[ObservedNode], was_unreachable: set[str]) -> set[str]:
