@@ -50,6 +50,8 @@ def position(root: Any, path: tuple, *, key: bool = False) -> tuple[int, int]:
     Falls back to the deepest container that exists, so a missing field points
     at the mapping that lacks it.
     """
+    if not hasattr(root, "lc"):  # read without positions (yaml_rs, PyYAML): nothing to point at
+        return 1, 1
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     node = root
