@@ -18,11 +18,11 @@ from __future__ import annotations
 import http.client
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from reconciler.frozen import frozen
 from reconciler.host import parse_host
 from reconciler.readiness import why_no_answer
 
@@ -31,7 +31,7 @@ METRICS_TIMEOUT_S = 2.0
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@frozen
 class LoadSeries:
     """Where an engine says how many requests it runs and how many wait (SPEC section 11)."""
 
@@ -49,7 +49,7 @@ ENGINE_SERIES: Mapping[str, LoadSeries] = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class EngineLoad:
     running: float
     waiting: float
@@ -59,7 +59,7 @@ class EngineLoad:
         return self.running + self.waiting
 
 
-@dataclass(frozen=True)
+@frozen
 class LoadUnknown:
     """The engine's load could not be read or trusted; `reason` says why, in words."""
 
@@ -126,7 +126,7 @@ def read_load(address: str, port: int, series: LoadSeries, timeout_s: float = ME
         conn.close()
 
 
-@dataclass(frozen=True)
+@frozen
 class LoadTarget:
     """One replica's head, where its load is asked."""
 

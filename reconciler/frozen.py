@@ -1,18 +1,29 @@
-"""`@frozen`: a frozen dataclass whose __init__ sets every field in one step.
+"""`@frozen`: a frozen dataclass whose __init__ sets every field in one step, and that costs
+one generated function to define instead of six.
 
 A frozen dataclass's generated __init__ sets each field with its own
 object.__setattr__ call (its __setattr__ refuses). A 4,000-node pass builds
 some 150,000 of these values (30,000 GPUs, 10,000 placements, actions and
 outcomes ...), and those calls were a fifth of `plan`'s time. This __init__
 builds the instance's __dict__ as one dict literal and sets it once: the same
-signature, defaults, default factories and __post_init__, the same frozen
-value afterwards (equality, hashing, repr, dataclasses.replace are the
-dataclass's own). Stdlib only.
+signature, defaults, default factories and __post_init__.
+
+Defining one costs less too. @dataclass writes the source of __init__,
+__repr__, __eq__, __hash__, __setattr__ and __delattr__ and compiles each, at
+every start: with some eighty such classes that was a third of the time `plan`
+spent importing. Here only __init__ is compiled (its signature is the class's
+own); the others are shared functions over the class's field names, with the
+dataclass's behaviour: the same repr text, equality and hash over the compared
+fields, FrozenInstanceError on assignment, and dataclasses.fields, replace and
+asdict work as on any dataclass. Stdlib only.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import operator
+import reprlib
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T", bound=type)
@@ -21,16 +32,79 @@ _FACTORY_SENTINEL = object()  # "no value given" for a field with a default_fact
 
 
 def frozen(cls: T | None = None, /, **options: Any) -> T | Callable[[T], T]:
-    """@dataclass(frozen=True, **options) with the one-step __init__; used as @frozen or @frozen(eq=False)."""
+    """@dataclass(frozen=True) with the one-step __init__; used as @frozen."""
+
+    if options:
+        raise TypeError(f"@frozen takes no options (given {', '.join(options)}): use @dataclass for those")
 
     def wrap(c: T) -> T:
-        if options.get("init", True) is False or options.get("slots"):
-            raise TypeError("@frozen writes __init__ itself and needs instances with a __dict__")
-        made = dataclasses.dataclass(c, frozen=True, init=False, **options)
+        # The dataclass machinery reads the fields (defaults, factories, ClassVar, kw_only) and
+        # generates nothing; the methods come from here.
+        made = dataclasses.dataclass(c, init=False, repr=False, eq=False)
+        fields = dataclasses.fields(made)
         made.__init__ = _one_step_init(made)
+        made.__repr__ = _repr([f.name for f in fields if f.repr])
+        compared = [f.name for f in fields if f.compare]
+        hashed = [f.name for f in fields if (f.hash is None and f.compare) or f.hash]
+        made.__eq__ = _eq(_values(compared))
+        made.__hash__ = _hash(_values(hashed))
+        made.__setattr__, made.__delattr__ = _refusals(made, {f.name for f in fields})
+        params = copy.copy(made.__dataclass_params__)
+        for name in ("init", "repr", "eq", "frozen"):
+            setattr(params, name, True)
+        made.__dataclass_params__ = params
         return made
 
     return wrap if cls is None else wrap(cls)
+
+
+def _values(names: list[str]) -> Callable[[Any], tuple]:
+    """The tuple of these attributes of an instance, as the dataclass's methods compare and hash it."""
+    if len(names) > 1:
+        return operator.attrgetter(*names)  # a tuple already, built in C
+    if names:
+        (name,) = names
+        return lambda self: (getattr(self, name),)
+    return lambda self: ()
+
+
+def _repr(names: list[str]) -> Callable[[Any], str]:
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
+        return f"{self.__class__.__qualname__}({inner})"
+
+    return __repr__
+
+
+def _eq(values: Callable[[Any], tuple]) -> Callable[[Any, Any], Any]:
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return values(self) == values(other)
+        return NotImplemented
+
+    return __eq__
+
+
+def _hash(values: Callable[[Any], tuple]) -> Callable[[Any], int]:
+    def __hash__(self) -> int:
+        return hash(values(self))
+
+    return __hash__
+
+
+def _refusals(cls: type, names: set[str]) -> tuple[Callable, Callable]:
+    def __setattr__(self, name, value):
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+
+    return __setattr__, __delattr__
 
 
 def _one_step_init(cls: type) -> Callable[..., None]:

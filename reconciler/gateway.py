@@ -13,9 +13,9 @@ status/gateway/.written, so a one-shot `apply` notices it too): status.write_pas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
+from reconciler.frozen import frozen
 from reconciler.model import Catalog, Model, replica_ordinal
 from reconciler.outcomes import ReplicaState
 from reconciler.vocabulary import Phase
@@ -29,7 +29,7 @@ LITELLM_HEADER = ("# Written by llm-reconciler on every pass from the catalog an
           "# An edit here is written over on the next pass: change the catalog instead.\n")
 
 
-@dataclass(frozen=True)
+@frozen
 class Head:
     """One Ready replica's head, where a gateway sends requests and Prometheus scrapes."""
 

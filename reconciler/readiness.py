@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from reconciler.errors import TEMPORARY
+from reconciler.frozen import frozen
 from reconciler.launcher import RankState
 from reconciler.model import Placement, Profile, RankLaunch
 from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ReplicaState
@@ -89,7 +90,7 @@ class StartedReplica:
         return next(l for l in self.launches if l.rank == 0)
 
 
-@dataclass(frozen=True)
+@frozen
 class Liveness:
     """What the nodes of a replica said about its ranks."""
 

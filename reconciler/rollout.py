@@ -18,16 +18,16 @@ How many replicas of one model change in one pass:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from reconciler.frozen import frozen
 from reconciler.model import Model, Placement
 from reconciler.placement import Outcome, Placer
 
 SURGE, IN_PLACE, ELSEWHERE, NO_FIT, WAIT = "surge", "in place", "elsewhere", "no fit", "wait"
 
 
-@dataclass(frozen=True)
+@frozen
 class SpecChange:
     """A running copy whose spec no longer matches the catalog."""
 
@@ -37,7 +37,7 @@ class SpecChange:
     reason: str  # "spec changed", "profile x is no longer in the catalog"
 
 
-@dataclass(frozen=True)
+@frozen
 class Step:
     """What happens to one changed replica in this pass."""
 

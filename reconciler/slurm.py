@@ -21,9 +21,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Iterable, Mapping, Sequence
 
+from reconciler.frozen import frozen
 from reconciler.model import RankLaunch, SlurmSettings
 
 JOB_PREFIX = "llmrc"
@@ -60,7 +61,7 @@ def replica_of_job(owner: str, name: str) -> str | None:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class JobShape:
     """What the comment of one of our jobs says."""
 
@@ -203,7 +204,7 @@ def slurm_error(stderr: str, rc: int) -> str:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class QueuedJob:
     job_id: str
     name: str
@@ -302,7 +303,7 @@ def gpu_gres(text: str) -> tuple[int, tuple[int, ...] | None]:
     return count, (tuple(sorted(set(indices))) if indices is not None else None)
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmNode:
     name: str
     state: str  # e.g. IDLE, MIXED+DRAIN, DOWN+NOT_RESPONDING, IDLE*
@@ -351,7 +352,7 @@ def parse_show_nodes(stdout: str) -> dict[str, SlurmNode]:
     return nodes
 
 
-@dataclass(frozen=True)
+@frozen
 class JobDetail:
     job_id: str
     name: str

@@ -9,11 +9,10 @@ change a byte does not touch the file at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import functools
 import os
-from dataclasses import dataclass
 from enum import StrEnum
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 from reconciler.autoscale import AutoscaleState, kept_states, state_document, state_from_document
 from reconciler.constants import STATUS_DIR
 from reconciler.errors import Problem, StatusWriteError
+from reconciler.frozen import frozen
 from reconciler.host import Host
 from reconciler.inventory import inventory_to_document
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection, replica_ordinal
@@ -330,7 +330,7 @@ def endpoints_document(catalog: Catalog, result: PassResult) -> dict:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Upstream:
     """What a daemon with --git-pull last heard from its upstream."""
 
@@ -339,7 +339,7 @@ class Upstream:
     message: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class CatalogStatus:
     """What status/catalog.yaml says, whoever applied last (`apply` or the daemon), so a reviewer and
     a daemon started later read one shape.

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from reconciler.errors import CommandTimeout, TransportError
+from reconciler.frozen import frozen
 
 if TYPE_CHECKING:
     from reconciler.model import Fleet, NodeSpec
 
 
-@dataclass(frozen=True)
+@frozen
 class CommandResult:
     rc: int
     stdout: bytes

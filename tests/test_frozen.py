@@ -84,8 +84,36 @@ def test_what_it_cannot_build_is_refused_when_the_class_is_made():
             a: int
             b: InitVar[int]
 
-    with pytest.raises(TypeError, match="__dict__"):
-        frozen(slots=True)(type("S", (), {"__annotations__": {"a": "int"}}))
+    with pytest.raises(TypeError, match="no options"):
+        frozen(slots=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TwinByDataclass:
+    a: int
+    b: tuple = ()
+    note: str = field(default="", compare=False, repr=False)
+
+
+@frozen
+class TwinByFrozen:
+    a: int
+    b: tuple = ()
+    note: str = field(default="", compare=False, repr=False)
+
+
+def test_repr_equality_and_hash_are_the_dataclass_s():
+    made, reference = TwinByFrozen(1, (2, 3), "x"), TwinByDataclass(1, (2, 3), "x")
+    assert repr(made).replace("TwinByFrozen", "") == repr(reference).replace("TwinByDataclass", "")
+    assert hash(made) == hash(reference)  # the same tuple of compared fields
+    assert made == TwinByFrozen(1, (2, 3), "other note") and made != TwinByFrozen(2, (2, 3))
+    assert made != reference  # another class, as with dataclasses
+    assert {made, TwinByFrozen(1, (2, 3))} == {made}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del made.a
+    assert dataclasses.is_dataclass(made) and made.__dataclass_params__.frozen
+    assert [f.name for f in dataclasses.fields(made)] == ["a", "b", "note"]
+    assert dataclasses.asdict(made) == {"a": 1, "b": (2, 3), "note": "x"}
 
 
 def test_the_hot_values_read_as_before():

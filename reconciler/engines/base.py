@@ -8,14 +8,14 @@ then applies every check to the result, so no launch can skip them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
+from reconciler.frozen import frozen
 from reconciler.host import Host
 from reconciler.model import Assignment, Model, NodeSpec, Profile
 
 
-@dataclass(frozen=True)
+@frozen
 class Peer:
     """Where one rank of the replica can be reached by the others."""
 
@@ -25,7 +25,7 @@ class Peer:
     port: int
 
 
-@dataclass(frozen=True)
+@frozen
 class RankContext:
     replica: str
     model: Model

@@ -17,15 +17,16 @@ follows that parser's rules.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from reconciler.frozen import frozen
+
 TABLES = Path(__file__).resolve().parent / "parsers"
 
 
-@dataclass(frozen=True)
+@frozen
 class Resolved:
     """What one token sets: `option` is the action's first long spelling (its canonical name)."""
 
@@ -165,7 +166,7 @@ def _llama_table() -> OptionTable:
                        exact_only=True, equals_value=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class FlagUse:
     index: int  # position in the args list
     token: str

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
+from reconciler.frozen import frozen
 from reconciler.model import RankLaunch, RunningRank
 from reconciler.vocabulary import FailureKind
 
 
-@dataclass(frozen=True)
+@frozen
 class StartOutcome:
     node: str
     replica: str
@@ -29,7 +29,7 @@ class StartOutcome:
     failure: FailureKind | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class StopOutcome:
     node: str
     replica: str
@@ -45,7 +45,7 @@ class StopOutcome:
 RankState = RunningRank
 
 
-@dataclass(frozen=True)
+@frozen
 class LogChunk:
     """Part of a rank's log as its node has it. `offset`: where the next read starts."""
 

@@ -4,16 +4,16 @@ said as one at the field to change, instead of a replica left Pending forever.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from reconciler.errors import Problem
+from reconciler.frozen import frozen
 from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode, Profile
 
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class _NodeFacts:
     """What decides whether a node could ever hold a rank: read once per node, not once per profile
     (a 4,000-node fleet weighed for 300 profiles counted every GPU of every node 300 times)."""
