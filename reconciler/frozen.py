@@ -39,9 +39,16 @@ def frozen(cls: T | None = None, /, **options: Any) -> T | Callable[[T], T]:
 
     def wrap(c: T) -> T:
         # The dataclass machinery reads the fields (defaults, factories, ClassVar, kw_only) and
-        # generates nothing; the methods come from here.
+        # generates nothing; the methods come from here. A class without a docstring is given the
+        # one @dataclass would give it, written here: its way (inspect.signature) costs more than
+        # the class.
+        undocumented = not c.__dict__.get("__doc__")
+        if undocumented:
+            c.__doc__ = c.__name__
         made = dataclasses.dataclass(c, init=False, repr=False, eq=False)
         fields = dataclasses.fields(made)
+        if undocumented:
+            made.__doc__ = f"{c.__name__}({', '.join(f.name for f in fields if f.init)})"
         made.__init__ = _one_step_init(made)
         made.__repr__ = _repr([f.name for f in fields if f.repr])
         compared = [f.name for f in fields if f.compare]
