@@ -308,16 +308,15 @@ def payload(minify=True):
     if minify:
         import ast
 
+        def is_text(stmt):
+            return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
         tree = ast.parse(source)
+        # Each module's docstring, not only the first one's: the modules are joined into one.
+        tree.body = [stmt for stmt in tree.body if not is_text(stmt)]
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
-            if (
-                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                and body
-                and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)
-            ):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and is_text(body[0]):
                 node.body = body[1:] or [ast.Pass()]
         source = ast.unparse(tree) + "\n"
     return source.encode()
