@@ -22,6 +22,7 @@ from reconciler.launcher.ssh_launcher import AGENT_MODULES, agent_source
 from reconciler.model import NodeSpec
 from reconciler.probe import script
 from reconciler.probe.report import observed_from_report
+from reconciler.readiness import http_health
 from reconciler.transport import LocalTransport
 from tests.apply_support.local import free_port, kill_recorded, tiny_launch, wait_for
 from tests.conftest import REPO
@@ -112,6 +113,7 @@ def test_the_agent_writes_exactly_the_named_keys_and_answers_only_with_named_one
 
     assert launcher.start(launch).already_running
     assert not launcher.start(replace(launch, spec_hash="spec2")).ok  # runs already, with another spec
+    wait_for(lambda: http_health("127.0.0.1", port, "/health")[0], what="health 200")  # its port is held now
     assert launcher.start(replace(launch, replica="m-1", port=port)).port_in_use == port
     launcher.ranks("n1", log_lines=2)
     launcher.logs("n1", "m-0", 0)
