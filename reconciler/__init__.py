@@ -74,6 +74,8 @@ The modules, top layer first; a module imports only from the layers below it
     model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
     schemas, constants
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with
+    agent_keys          the keys of the node agent's rank records and answers, named once (stdlib only:
+                        sent at the head of the agent's text and of the probe's payload, which reads the records)
     frozen              @frozen: a frozen dataclass whose __init__ sets its fields in one step (hot values)
     tiny_server         the stand-in model server of the single-machine example (no reconciler imports)
 

@@ -1,14 +1,17 @@
 """The node agent's files: rank records under the state dir, and the logs it reads back
 (a rank's own log, a Slurm job's output labelled by task). Stdlib only.
 
-Part of the node agent's text (ssh_launcher.AGENT_MODULES: agent_proc, agent_files, then
-node_agent, as one program on `python3 -I -S -`); see node_agent.py.
+Part of the node agent's text (ssh_launcher.AGENT_MODULES: agent_keys, agent_proc, agent_files,
+then node_agent, as one program on `python3 -I -S -`); see node_agent.py.
 """
 
 import json
 import os
 
-MANAGED_BY = "llm-reconciler"
+if "Record" not in globals():
+    # Not on a node: there, the text of agent_keys.py precedes this one and has defined these already.
+    from reconciler.agent_keys import MANAGER, Record
+
 TAIL_BYTES = 256 * 1024
 START_MARK = "--- llm-reconciler: starting "  # the line written before each start
 
@@ -38,7 +41,7 @@ def record_name(replica, rank, owner=None):
 def is_mine(rec, owner):
     """Another owner's records are never stopped, adopted or reported as ours. A record with no
     owner predates ownership: it belongs to whichever catalog runs that replica."""
-    return owner is None or rec.get("owner") in (None, owner)
+    return owner is None or rec.get(Record.OWNER) in (None, owner)
 
 
 def read_record(path):
@@ -47,7 +50,7 @@ def read_record(path):
             rec = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(rec, dict) or rec.get("managed_by") != MANAGED_BY:
+    if not isinstance(rec, dict) or rec.get(Record.MANAGED_BY) != MANAGER:
         return None
     return rec
 
@@ -74,7 +77,7 @@ def records(records_dir, replica=None, owner=None):
             continue
         path = os.path.join(records_dir, name)
         rec = read_record(path)
-        if rec is None or (replica is not None and rec.get("id") != replica) or not is_mine(rec, owner):
+        if rec is None or (replica is not None and rec.get(Record.ID) != replica) or not is_mine(rec, owner):
             continue
         found.append((path, rec))
     return found

@@ -1,11 +1,15 @@
 """The node agent's /proc facts: processes, their groups, who listens on a port. Stdlib only.
 
-Part of the node agent's text (ssh_launcher.AGENT_MODULES: agent_proc, agent_files, then
-node_agent, as one program on `python3 -I -S -`); see node_agent.py.
+Part of the node agent's text (ssh_launcher.AGENT_MODULES: agent_keys, agent_proc, agent_files,
+then node_agent, as one program on `python3 -I -S -`); see node_agent.py.
 """
 
 import errno
 import os
+
+if "Record" not in globals():
+    # Not on a node: there, the text of agent_keys.py precedes this one and has defined it already.
+    from reconciler.agent_keys import Record
 
 
 def proc_stat(pid):
@@ -27,11 +31,11 @@ def running(stat):
 
 
 def rank_alive(record):
-    pid = record.get("pid")
+    pid = record.get(Record.PID)
     if not isinstance(pid, int) or pid <= 0:
         return False
     stat = proc_stat(pid)
-    return running(stat) and stat[3] == record.get("start_time")
+    return running(stat) and stat[3] == record.get(Record.START_TIME)
 
 
 def group_members(pgid):

@@ -2,7 +2,8 @@
 
 This file is sent, as text, on the stdin of `python3 -I -S -` on a node
 (through any Transport), and runs there, after the text of agent_proc.py (its
-/proc facts) and agent_files.py (its records and logs): ssh_launcher.AGENT_MODULES.
+/proc facts) and agent_files.py (its records and logs), themselves after agent_keys.py (the keys
+of its records and answers, named once: the probe reads the same records): ssh_launcher.AGENT_MODULES.
 The program must stay self-contained: stdlib only, nothing imported from
 `reconciler` on the node, Python 3.8+ (nodes run whatever their distribution ships).
 
@@ -33,8 +34,9 @@ import sys
 import time
 
 if "proc_stat" not in globals():
-    # Not on a node (this file run or read by itself): there, the text of agent_proc.py and
-    # agent_files.py precedes this one and has defined these names already.
+    # Not on a node (this file run or read by itself): there, the text of agent_keys.py,
+    # agent_proc.py and agent_files.py precedes this one and has defined these names already.
+    from reconciler.agent_keys import MANAGER, Answer, Record  # noqa: F401
     from reconciler.launcher.agent_proc import (  # noqa: F401
         group_members,
         holds_socket,
@@ -45,7 +47,6 @@ if "proc_stat" not in globals():
         running,
     )
     from reconciler.launcher.agent_files import (  # noqa: F401
-        MANAGED_BY,
         START_MARK,
         TAIL_BYTES,
         appended,
@@ -95,9 +96,13 @@ def op_start(req):
 class Refused(Exception):
     """A start that cannot go on: `answer` is what the agent says ("ok": false and why)."""
 
-    def __init__(self, reason, **extra):
+    def __init__(self, reason, failure=None, port_in_use=None):
         Exception.__init__(self, reason)
-        self.answer = dict({"ok": False, "reason": reason}, **extra)
+        self.answer = {Answer.OK: False, Answer.REASON: reason}
+        if failure is not None:
+            self.answer[Answer.FAILURE] = failure
+        if port_in_use is not None:
+            self.answer[Answer.PORT_IN_USE] = port_in_use
 
 
 def start_locked(req, records_dir, logs_dir):
@@ -124,8 +129,8 @@ def start_locked(req, records_dir, logs_dir):
             confirm_listening(proc, record, record_path, req, log_path)
     except Refused as refusal:
         return refusal.answer
-    return {"ok": True, "already_running": False, "pid": proc.pid, "pgid": proc.pid, "log": log_path,
-            "start_time": record["start_time"]}
+    return {Answer.OK: True, Answer.ALREADY_RUNNING: False, Answer.PID: proc.pid, Answer.PGID: proc.pid,
+            Answer.LOG: log_path, Answer.START_TIME: record[Record.START_TIME]}
 
 
 def existing_record(records_dir, record_path, replica, rank, owner):
@@ -141,13 +146,14 @@ def existing_record(records_dir, record_path, replica, rank, owner):
 
 def running_answer(existing, req, log_path):
     """The answer for a rank that runs already: adopted when it is this very start, else refused."""
-    if existing.get("spec_hash") == req["spec_hash"] and existing.get("port") == int(req["port"]):
+    if existing.get(Record.SPEC_HASH) == req["spec_hash"] and existing.get(Record.PORT) == int(req["port"]):
         # Launched before (a retried pass, a restarted reconciler): never launch twice.
-        return {"ok": True, "already_running": True, "pid": existing["pid"],
-                "pgid": existing.get("pgid"), "log": existing.get("log", log_path),
-                "revision": existing.get("revision")}
-    return {"ok": False, "reason": "%s rank %d already runs here (pid %d, spec %s, port %s); stop it first"
-            % (req["replica"], int(req["rank"]), existing["pid"], existing.get("spec_hash"), existing.get("port"))}
+        return {Answer.OK: True, Answer.ALREADY_RUNNING: True, Answer.PID: existing[Record.PID],
+                Answer.PGID: existing.get(Record.PGID), Answer.LOG: existing.get(Record.LOG, log_path),
+                Answer.REVISION: existing.get(Record.REVISION)}
+    return {Answer.OK: False, Answer.REASON: "%s rank %d already runs here (pid %d, spec %s, port %s); stop it first"
+            % (req["replica"], int(req["rank"]), existing[Record.PID], existing.get(Record.SPEC_HASH),
+               existing.get(Record.PORT))}
 
 
 def engine_env(req):
@@ -211,26 +217,26 @@ def launch(argv, env, log_path, req):
 def new_record(req, proc, argv, log_path, owner):
     stat = proc_stat(proc.pid)
     record = {
-        "id": req["replica"],
-        "model": req["model"],
-        "profile": req["profile"],
-        "rank": int(req["rank"]),
-        "nnodes": int(req.get("nnodes", 1)),
-        "spec_hash": req["spec_hash"],
-        "pid": proc.pid,
-        "pgid": proc.pid,
-        "start_time": stat[3] if stat else None,
-        "started_at": time.time(),
-        "port": int(req["port"]),
-        "gpus": list(req.get("gpus") or []),
-        "argv": argv,
-        "env_keys": sorted(set(req.get("env") or {}) | set(req.get("env_files") or {})),
-        "log": log_path,
-        "managed_by": MANAGED_BY,
-        "revision": req.get("revision"),  # the catalog commit it was started from, for status
+        Record.ID: req["replica"],
+        Record.MODEL: req["model"],
+        Record.PROFILE: req["profile"],
+        Record.RANK: int(req["rank"]),
+        Record.NNODES: int(req.get("nnodes", 1)),
+        Record.SPEC_HASH: req["spec_hash"],
+        Record.PID: proc.pid,
+        Record.PGID: proc.pid,
+        Record.START_TIME: stat[3] if stat else None,
+        Record.STARTED_AT: time.time(),
+        Record.PORT: int(req["port"]),
+        Record.GPUS: list(req.get("gpus") or []),
+        Record.ARGV: argv,
+        Record.ENV_KEYS: sorted(set(req.get("env") or {}) | set(req.get("env_files") or {})),
+        Record.LOG: log_path,
+        Record.MANAGED_BY: MANAGER,
+        Record.REVISION: req.get("revision"),  # the catalog commit it was started from, for status
     }
     if owner is not None:
-        record["owner"] = owner
+        record[Record.OWNER] = owner
     return record
 
 
@@ -283,11 +289,11 @@ def await_listening(proc, port, timeout_s, log_path, log_lines):
 
 def stop_rank(record, grace_s):
     """Stop one rank's process group. Returns (ok, what happened)."""
-    pid, pgid = record.get("pid"), record.get("pgid") or record.get("pid")
+    pid, pgid = record.get(Record.PID), record.get(Record.PGID) or record.get(Record.PID)
     if not isinstance(pid, int) or not isinstance(pgid, int) or pgid <= 1:
         return True, "no process recorded"
     leader = proc_stat(pid)
-    if running(leader) and leader[3] != record.get("start_time"):
+    if running(leader) and leader[3] != record.get(Record.START_TIME):
         # The pid now belongs to someone else. A pid number is not reused while its
         # group still has members, so nothing of ours is left: signal nothing.
         return True, "already gone (pid %d reused by another process)" % pid
@@ -318,9 +324,9 @@ def op_stop(req):
     ok = True
     owner = owner_of(req)
     for path, rec in records(records_dir, req["replica"], owner):
-        if rank is not None and rec.get("rank") != rank:
+        if rank is not None and rec.get(Record.RANK) != rank:
             continue
-        lock = rank_lock(records_dir, record_name(req["replica"], int(rec.get("rank", 0)), rec.get("owner")))
+        lock = rank_lock(records_dir, record_name(req["replica"], int(rec.get(Record.RANK, 0)), rec.get(Record.OWNER)))
         try:
             current = read_record(path)  # re-read under the lock: a racing start may have replaced it
             if current is None:
@@ -336,8 +342,9 @@ def op_stop(req):
         finally:
             os.close(lock)
         ok = ok and stopped
-        results.append({"rank": rec.get("rank"), "pid": rec.get("pid"), "ok": stopped, "detail": what})
-    return {"ok": ok, "ranks": results}
+        results.append({Answer.RANK: rec.get(Record.RANK), Answer.PID: rec.get(Record.PID), Answer.OK: stopped,
+                        Answer.DETAIL: what})
+    return {Answer.OK: ok, Answer.RANKS: results}
 
 
 def op_status(req):
@@ -346,10 +353,16 @@ def op_status(req):
     ranks = []
     for _, rec in records(records_dir, req.get("replica"), owner_of(req)):
         rec = dict(rec)
-        rec["alive"] = rank_alive(rec)
-        rec["log_tail"] = tail(rec.get("log", ""), lines)
+        rec[Record.ALIVE] = rank_alive(rec)
+        rec[Record.LOG_TAIL] = tail(rec.get(Record.LOG, ""), lines)
         ranks.append(rec)
-    return {"ok": True, "ranks": ranks}
+    return {Answer.OK: True, Answer.RANKS: ranks}
+
+
+def log_answer(path, exists, lines, offset):
+    """The answer of `logs` and `output`: the file's path, whether it is there, its lines and where
+    the next read starts."""
+    return {Answer.OK: True, Answer.LOG: path, Answer.EXISTS: exists, Answer.LINES: lines, Answer.OFFSET: offset}
 
 
 def op_logs(req):
@@ -362,12 +375,12 @@ def op_logs(req):
     try:
         size = os.path.getsize(path)
     except OSError:
-        return {"ok": True, "log": path, "exists": False, "lines": [], "offset": 0}
+        return log_answer(path, False, [], 0)
     offset = req.get("offset")
     if offset is None:
-        return {"ok": True, "log": path, "exists": True, "lines": tail(path, int(req.get("lines", 50))), "offset": size}
+        return log_answer(path, True, tail(path, int(req.get("lines", 50))), size)
     lines, offset = appended(path, size, offset)
-    return {"ok": True, "log": path, "exists": True, "offset": offset, "lines": lines}
+    return log_answer(path, True, lines, offset)
 
 
 def op_output(req):
@@ -378,7 +391,7 @@ def op_output(req):
         size = os.path.getsize(path)
         task = task_of_rank(path, int(req["rank"]))
     except OSError:
-        return {"ok": True, "log": path, "exists": False, "lines": [], "offset": 0}
+        return log_answer(path, False, [], 0)
     offset = req.get("offset")
     if offset is None:
         # The last TAIL_BYTES hold every rank's lines: the rank's own last `lines` are among them.
@@ -387,14 +400,14 @@ def op_output(req):
             lines = lines[1:]  # the read began mid-line
         wanted = int(req.get("lines", 50))
         lines = lines_of_task(lines, task)[-wanted:] if wanted > 0 else []
-        return {"ok": True, "log": path, "exists": True, "lines": lines, "offset": offset}
+        return log_answer(path, True, lines, offset)
     lines, offset = appended(path, size, offset)
-    return {"ok": True, "log": path, "exists": True, "offset": offset, "lines": lines_of_task(lines, task)}
+    return log_answer(path, True, lines_of_task(lines, task), offset)
 
 
 def op_port(req):
     problem = port_problem(int(req["port"]))
-    return {"ok": problem is None, "reason": problem or ""}
+    return {Answer.OK: problem is None, Answer.REASON: problem or ""}
 
 
 OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs, "output": op_output, "port": op_port}

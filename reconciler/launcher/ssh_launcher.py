@@ -9,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
+from reconciler.agent_keys import Answer, Record
 from reconciler.errors import PERMANENT, TEMPORARY, TransportError, kind_of
 from reconciler.launcher.base import LogChunk, RankState, StartOutcome, StopOutcome
 from reconciler.model import RankLaunch, SshSettings
@@ -19,15 +20,16 @@ DEFAULT_COMMAND_TIMEOUT_S = SshSettings.command_timeout_s
 LOG_LINES_ON_FAILURE = 16  # of a rank that exited at once: enough to reach an error above a usage text
 
 
-# The node agent's modules, in the order its text carries them: each only uses names defined above it.
-AGENT_MODULES = ("agent_proc.py", "agent_files.py", "node_agent.py")
+# The node agent's modules (paths under reconciler/), in the order its text carries them: each only
+# uses names defined above it. The keys come first: the probe's payload opens with the same text.
+AGENT_MODULES = ("agent_keys.py", "launcher/agent_proc.py", "launcher/agent_files.py", "launcher/node_agent.py")
 
 
 @lru_cache(maxsize=1)
 def agent_source() -> bytes:
     """The node agent's program: its modules' text, one after the other (see node_agent.py)."""
-    here = Path(__file__).parent
-    return b"\n\n".join((here / name).read_bytes() for name in AGENT_MODULES)
+    package = Path(__file__).parent.parent
+    return b"\n\n".join((package / name).read_bytes() for name in AGENT_MODULES)
 
 
 def agent_stdin(request: dict) -> bytes:
@@ -146,15 +148,15 @@ class SshLauncher:
             launch.node,
             launch.replica,
             launch.rank,
-            ok=bool(answer.get("ok")),
-            reason=answer.get("reason", ""),
-            pid=answer.get("pid"),
-            log=answer.get("log"),
-            already_running=bool(answer.get("already_running")),
-            port_in_use=answer.get("port_in_use"),
-            revision=answer.get("revision") if isinstance(answer.get("revision"), str) else None,
+            ok=bool(answer.get(Answer.OK)),
+            reason=answer.get(Answer.REASON, ""),
+            pid=answer.get(Answer.PID),
+            log=answer.get(Answer.LOG),
+            already_running=bool(answer.get(Answer.ALREADY_RUNNING)),
+            port_in_use=answer.get(Answer.PORT_IN_USE),
+            revision=answer.get(Answer.REVISION) if isinstance(answer.get(Answer.REVISION), str) else None,
             # The agent says which of its refusals no retry can mend (a binary not on the node).
-            failure=answer.get("failure") if answer.get("failure") in (TEMPORARY, PERMANENT) else None,
+            failure=answer.get(Answer.FAILURE) if answer.get(Answer.FAILURE) in (TEMPORARY, PERMANENT) else None,
         )
 
     def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
@@ -166,28 +168,28 @@ class SshLauncher:
             answer = self._call(node, request, timeout=base + 2 * self.stop_grace_s)
         except TransportError as exc:
             return StopOutcome(node, replica, ok=False, detail=exc.reason, unanswered=True)
-        details = "; ".join(f"rank {r['rank']}: {r['detail']}" for r in answer.get("ranks", []))
-        return StopOutcome(node, replica, ok=bool(answer.get("ok")), detail=details or "nothing running")
+        details = "; ".join(f"rank {r[Answer.RANK]}: {r[Answer.DETAIL]}" for r in answer.get(Answer.RANKS, []))
+        return StopOutcome(node, replica, ok=bool(answer.get(Answer.OK)), detail=details or "nothing running")
 
     def ranks(self, node: str, replica: str | None = None, *, log_lines: int = 0) -> list[RankState]:
         answer = self._call(node, {"op": "status", "replica": replica, "log_lines": log_lines})
         return [
             RankState(
                 node=node,
-                id=r.get("id", ""),
-                rank=int(r.get("rank", 0)),
-                alive=bool(r.get("alive")),
-                spec_hash=r.get("spec_hash", ""),
-                port=int(r.get("port") or 0),
-                pid=r.get("pid"),
-                started_at=r.get("started_at"),
-                log_tail=tuple(r.get("log_tail") or ()),
-                model=r.get("model", ""),
-                profile=r.get("profile", ""),
-                nnodes=int(r.get("nnodes") or 1),
-                gpus=tuple(r.get("gpus") or ()),
+                id=r.get(Record.ID, ""),
+                rank=int(r.get(Record.RANK, 0)),
+                alive=bool(r.get(Record.ALIVE)),
+                spec_hash=r.get(Record.SPEC_HASH, ""),
+                port=int(r.get(Record.PORT) or 0),
+                pid=r.get(Record.PID),
+                started_at=r.get(Record.STARTED_AT),
+                log_tail=tuple(r.get(Record.LOG_TAIL) or ()),
+                model=r.get(Record.MODEL, ""),
+                profile=r.get(Record.PROFILE, ""),
+                nnodes=int(r.get(Record.NNODES) or 1),
+                gpus=tuple(r.get(Record.GPUS) or ()),
             )
-            for r in answer.get("ranks", [])
+            for r in answer.get(Answer.RANKS, [])
         ]
 
     def logs(self, node: str, replica: str, rank: int, *, lines: int = 100, offset: int | None = None) -> LogChunk:
@@ -207,8 +209,8 @@ class SshLauncher:
             request = {**request, "offset": offset}
         answer = self._call(node, request)
         return LogChunk(
-            exists=bool(answer.get("exists", True)),
-            lines=tuple(str(line) for line in answer.get("lines") or ()),
-            offset=int(answer.get("offset") or 0),
-            path=str(answer.get("log") or ""),
+            exists=bool(answer.get(Answer.EXISTS, True)),
+            lines=tuple(str(line) for line in answer.get(Answer.LINES) or ()),
+            offset=int(answer.get(Answer.OFFSET) or 0),
+            path=str(answer.get(Answer.LOG) or ""),
         )

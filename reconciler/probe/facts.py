@@ -12,6 +12,7 @@ import sys
 
 if "parse_gpu_csv" not in globals():
     # Management side (see script.py): never let an installed copy replace what was sent.
+    from reconciler.agent_keys import MANAGER, Record  # noqa: F401
     from reconciler.probe.parse import (  # noqa: F401
         NETLINK_SOCK_DIAG,
         ParseError,
@@ -24,7 +25,6 @@ if "parse_gpu_csv" not in globals():
     )
     from reconciler.probe.system import _now, _subprocess, read_text, which  # noqa: F401
 
-MANAGED_BY = "llm-reconciler"
 # Engine -> the executable whose presence on PATH means the engine is installed.
 ENGINE_BINARIES = {"vllm": "vllm"}
 # llama.cpp has one binary per role: llama-server for the head (rank 0), its RPC server for
@@ -163,13 +163,14 @@ def replica_records(state_dir, warnings):
         except (OSError, ValueError) as e:
             warnings.append("record %s unreadable: %s" % (name, e))
             continue
-        if not isinstance(rec, dict) or rec.get("managed_by") != MANAGED_BY:
+        if not isinstance(rec, dict) or rec.get(Record.MANAGED_BY) != MANAGER:
             continue
-        st = proc_stat(rec.get("pid", -1)) if isinstance(rec.get("pid"), int) else None
+        pid = rec.get(Record.PID)
+        st = proc_stat(pid) if isinstance(pid, int) else None
         # A zombie has exited: it only waits for a parent to reap it, and where PID 1 does not reap
         # (containers), it waits forever. Counting it alive would hide every crashed engine.
-        rec["alive"] = bool(st) and st["state"] not in ("Z", "X") and st["start_time"] == rec.get("start_time")
-        rec["file"] = name
+        rec[Record.ALIVE] = bool(st) and st["state"] not in ("Z", "X") and st["start_time"] == rec.get(Record.START_TIME)
+        rec[Record.FILE] = name
         records.append(rec)
     return records
 
@@ -178,12 +179,12 @@ def exclude_managed(gpus, records):
     """Drop GPU processes that belong to a live managed replica (its pid, process group or session)."""
     pids, groups = set(), set()
     for rec in records:
-        if rec.get("alive"):
-            if isinstance(rec.get("pid"), int):
-                pids.add(rec["pid"])
-                groups.add(rec["pid"])
-            if isinstance(rec.get("pgid"), int):
-                groups.add(rec["pgid"])
+        if rec.get(Record.ALIVE):
+            if isinstance(rec.get(Record.PID), int):
+                pids.add(rec[Record.PID])
+                groups.add(rec[Record.PID])
+            if isinstance(rec.get(Record.PGID), int):
+                groups.add(rec[Record.PGID])
     if not pids and not groups:
         return
     for g in gpus:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from reconciler.agent_keys import Record
 from reconciler.errors import PERMANENT
 from reconciler.model import (
     Disk,
@@ -73,24 +74,24 @@ def map_fabrics(spec: NodeSpec, hcas: Sequence[Mapping] | None, warnings: list[s
 
 def _rank(rec: Mapping) -> RunningRank:
     return RunningRank(
-        id=str(rec["id"]),
-        model=str(rec["model"]),
-        profile=str(rec["profile"]),
-        rank=_int(rec.get("rank")),
-        gpus=tuple(int(g) for g in rec.get("gpus") or ()),
-        port=_int(rec.get("port")),
-        spec_hash=str(rec.get("spec_hash", "")),
-        nnodes=_int(rec.get("nnodes"), 1),
-        pid=rec.get("pid") if isinstance(rec.get("pid"), int) else None,
-        alive=bool(rec.get("alive")),
-        revision=rec.get("revision") if isinstance(rec.get("revision"), str) else None,
+        id=str(rec[Record.ID]),
+        model=str(rec[Record.MODEL]),
+        profile=str(rec[Record.PROFILE]),
+        rank=_int(rec.get(Record.RANK)),
+        gpus=tuple(int(g) for g in rec.get(Record.GPUS) or ()),
+        port=_int(rec.get(Record.PORT)),
+        spec_hash=str(rec.get(Record.SPEC_HASH, "")),
+        nnodes=_int(rec.get(Record.NNODES), 1),
+        pid=rec.get(Record.PID) if isinstance(rec.get(Record.PID), int) else None,
+        alive=bool(rec.get(Record.ALIVE)),
+        revision=rec.get(Record.REVISION) if isinstance(rec.get(Record.REVISION), str) else None,
     )
 
 
 def is_own(rec: Mapping, owner: str | None) -> bool:
     """Whether a process record is this catalog's (SPEC 7 Ownership). A record without an owner
     predates ownership and belongs to whichever catalog runs its replica; owner None: all are."""
-    return owner is None or rec.get("owner") in (None, owner)
+    return owner is None or rec.get(Record.OWNER) in (None, owner)
 
 
 def observed_from_report(spec: NodeSpec, report: Mapping, *, owner: str | None = None) -> tuple[ObservedNode, list[str]]:
@@ -222,12 +223,12 @@ def _split_records(report: Mapping, owner: str | None,
         try:
             rank = _rank(rec)
         except (KeyError, TypeError, ValueError) as exc:
-            warnings.append(f"managed-process record {rec.get('file', '?')} lacks {exc}")
+            warnings.append(f"managed-process record {rec.get(Record.FILE, '?')} lacks {exc}")
             continue
         if is_own(rec, owner):
             ours.append(rank)
         elif rank.alive:
-            foreign.append((rank, f"{rank.id} rank {rank.rank} of owner {str(rec.get('owner'))[:40]}"))
+            foreign.append((rank, f"{rank.id} rank {rank.rank} of owner {str(rec.get(Record.OWNER))[:40]}"))
     return ours, foreign
 
 

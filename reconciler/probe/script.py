@@ -36,9 +36,10 @@ import os
 import sys
 
 if "parse_gpu_csv" not in globals():
-    # Management side. On a node, the text of parse.py, health.py, system.py, gpus.py and
-    # facts.py precedes this file in the payload and has defined these names already; never
-    # let an installed copy of the package (maybe another version) replace what was sent.
+    # Management side. On a node, the text of parse.py, agent_keys.py, health.py, system.py,
+    # gpus.py and facts.py precedes this file in the payload and has defined these names already;
+    # never let an installed copy of the package (maybe another version) replace what was sent.
+    from reconciler.agent_keys import Record  # noqa: F401
     from reconciler.probe.health import (  # noqa: F401
         CHECK_UNREADABLE,
         CHECK_UNSUPPORTED,
@@ -120,7 +121,7 @@ def engines_with_llama_cpp(report):
 
 def records_of_owner(records, owner):
     """Only this catalog's ranks are left out of the GPUs' processes: another owner's stay foreign."""
-    return [r for r in records if owner is None or r.get("owner") in (None, owner)]
+    return [r for r in records if owner is None or r.get(Record.OWNER) in (None, owner)]
 
 
 def start_dmesg():
@@ -285,35 +286,37 @@ BOOTSTRAP = (
 )
 
 
-# The node side's modules, in the order the payload carries them: each only uses names defined above it.
-PAYLOAD_MODULES = ("parse.py", "health.py", "system.py", "gpus.py", "facts.py", "script.py")
+# The node side's modules (paths under reconciler/), in the order the payload carries them: each only
+# uses names defined above it. parse.py opens it, for its `from __future__` line must open the program;
+# the node agent's keys (the records facts.py reads) come next, before anything that uses them.
+PAYLOAD_MODULES = ("probe/parse.py", "agent_keys.py", "probe/health.py", "probe/system.py", "probe/gpus.py",
+                   "probe/facts.py", "probe/script.py")
 
 
 def payload(minify=True):
-    """The program text sent to a node: parse.py, health.py, system.py, gpus.py, facts.py, then
-    this file, as one module.
+    """The program text sent to a node: parse.py, the node agent's keys (reconciler/agent_keys.py),
+    health.py, system.py, gpus.py, facts.py, then this file, as one module.
 
     Minified (docstrings dropped, comments and layout gone through an AST
     round trip): the node compiles it at every cold start, and a third less
     text is a third less compile time, fifty nodes at a time.
     """
-    here = os.path.dirname(os.path.abspath(__file__))
-    source = read_text(os.path.join(here, PAYLOAD_MODULES[0]))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    source = read_text(os.path.join(package, PAYLOAD_MODULES[0]))
     for name in PAYLOAD_MODULES[1:]:
-        source += "\n\n# ---- %s ----\n" % name + read_text(os.path.join(here, name))
+        source += "\n\n# ---- %s ----\n" % name + read_text(os.path.join(package, name))
     if minify:
         import ast
 
+        def is_text(stmt):
+            return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
         tree = ast.parse(source)
+        # Each module's docstring, not only the first one's: the modules are joined into one.
+        tree.body = [stmt for stmt in tree.body if not is_text(stmt)]
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
-            if (
-                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                and body
-                and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)
-            ):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and is_text(body[0]):
                 node.body = body[1:] or [ast.Pass()]
         source = ast.unparse(tree) + "\n"
     return source.encode()

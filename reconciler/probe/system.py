@@ -1,8 +1,8 @@
 """The node's files and commands, for the probe that runs there: reading a file, looking a
 command up on PATH, and children run against a deadline. Standard library only.
 
-Part of the program sent to a node (script.payload(): parse.py, health.py, this file, gpus.py,
-facts.py, script.py, as one module); the management side imports it normally.
+Part of the program sent to a node (script.payload(): parse.py, agent_keys.py, health.py, this
+file, gpus.py, facts.py, script.py, as one module); the management side imports it normally.
 """
 
 import os
