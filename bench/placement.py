@@ -16,8 +16,10 @@ the same snapshot as YAML), and prints:
 - both again for smaller fleets, to show how they grow.
 
 Targets: >= 10,000 replicas/s in the core (issue 3); end to end at most 1.5 s on the JSON
-snapshot, and block YAML within 1.3x of JSON (issue 14). Both are printed for wall time and for
-the child's CPU time: on a shared machine wall time also counts what the others run.
+snapshot, and block YAML within 1.3x of JSON (issues 14 and 18), in every one of --runs paired
+runs, not the best one. Both are printed for wall time and for the child's CPU time: on a shared
+machine wall time also counts what the others run. The package's bytecode is written first, as
+an install does (compile_bytecode).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import orjson  # noqa: E402
 import yaml  # noqa: E402
 
 CLASSES = [("H100-80GB", "NVIDIA H100 80GB HBM3", 81559), ("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920),
@@ -263,11 +266,20 @@ def breakdown(root: Path) -> dict[str, float]:
         p = plan(catalog, inv, now=0)
         out["plan"] = time.process_time() - t
         t = time.process_time()
-        json.dumps(plan_document(p), separators=(",", ":"))
+        orjson.dumps(plan_document(p))  # as the command writes it
         out["json out"] = time.process_time() - t
         return out
     finally:
         gc.enable()
+
+
+def compile_bytecode() -> None:
+    """Write the package's bytecode, as `pip install` does, before anything is timed. Where
+    PYTHONDONTWRITEBYTECODE is set (it is on this project's machines) an editable checkout is
+    otherwise compiled from source on every run: a tenth of a second that no installed copy pays."""
+    import compileall
+
+    compileall.compile_dir(str(REPO / "reconciler"), quiet=1)
 
 
 def end_to_end(root: Path, snapshot: str) -> tuple[float, float, float, int]:
@@ -293,7 +305,9 @@ def main() -> int:
                     help="mixed: about 200 models of assorted shapes; fallback: --models models, each with "
                          "two or three profiles in falling priority, most with disk requirements")
     ap.add_argument("--models", type=int, default=50, help="models of the fallback case")
+    ap.add_argument("--runs", type=int, default=5, help="end-to-end runs at --nodes, each JSON then block YAML")
     args = ap.parse_args()
+    compile_bytecode()
 
     sizes = [int(s) for s in args.scaling.split(",") if s] or [args.nodes]
     if args.nodes not in sizes:
@@ -312,6 +326,9 @@ def main() -> int:
             stages = breakdown(root)
             update = fleet_wide_update(root) if n == args.nodes else None
             runs = {name: end_to_end(root, name) for name in ("nodes.json", "nodes-flow.yaml", "nodes.yaml")}
+            if n == args.nodes:
+                # Paired runs, JSON then block YAML, so a neighbour's load falls on both of a pair.
+                repeated = [(end_to_end(root, "nodes.json"), end_to_end(root, "nodes.yaml")) for _ in range(args.runs)]
             mb = {name: (root / name).stat().st_size / 1e6 for name in runs}
             rows.append((n, len(models), total, unplaced, rate, secs, runs, mb, stages))
             if update is not None:
@@ -333,15 +350,22 @@ def main() -> int:
     n, nm, total, unplaced, rate, secs, runs, mb, stages = rows[-1]
     print(f"\nstages at {n} nodes (CPU s, in process): "
           + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + " (+ interpreter start and imports)")
-    (wj, cj, _, _), (wy, cy, _, _) = runs["nodes.json"], runs["nodes.yaml"]
 
     def met(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
-    print(f"\ntargets at {n} nodes: core {rate:,.0f} replicas/s (>= 10,000: {met(rate >= 10_000)}); "
-          f"end to end on JSON {wj:.2f} s wall, {cj:.2f} s CPU (<= 1.5 s: wall {met(wj <= 1.5)}, CPU {met(cj <= 1.5)}); "
-          f"block YAML / JSON {wy / wj:.2f}x wall, {cy / cj:.2f}x CPU (<= 1.3x: wall {met(wy <= 1.3 * wj)}, "
-          f"CPU {met(cy <= 1.3 * cj)})")
+    print(f"\n{len(repeated)} end-to-end runs at {n} nodes (wall / CPU s; block YAML against the JSON run before it):")
+    for i, ((wj, cj, _, _), (wy, cy, _, _)) in enumerate(repeated, 1):
+        print(f"  run {i}: json {wj:.2f} / {cj:.2f}   block yaml {wy:.2f} / {cy:.2f}   yaml/json {wy / wj:.2f}x wall, "
+              f"{cy / cj:.2f}x CPU")
+    worst_wj = max(j[0] for j, _ in repeated)
+    worst_cj = max(j[1] for j, _ in repeated)
+    worst_ratio = max(y[0] / j[0] for j, y in repeated)
+    worst_cpu_ratio = max(y[1] / j[1] for j, y in repeated)
+    print(f"\ntargets at {n} nodes, in every run: core {rate:,.0f} replicas/s (>= 10,000: {met(rate >= 10_000)}); "
+          f"end to end on JSON at most {worst_wj:.2f} s wall, {worst_cj:.2f} s CPU (<= 1.5 s: wall {met(worst_wj <= 1.5)}, "
+          f"CPU {met(worst_cj <= 1.5)}); block YAML / JSON at most {worst_ratio:.2f}x wall, {worst_cpu_ratio:.2f}x CPU "
+          f"(<= 1.3x: wall {met(worst_ratio <= 1.3)}, CPU {met(worst_cpu_ratio <= 1.3)})")
     u = update_row
     ratio = u["every spec changed s"] / u["no change s"]
     print(f"\nfleet-wide spec change at {n} nodes, {u['running replicas']} replicas running (plan() CPU s, best of 5): "
