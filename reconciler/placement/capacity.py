@@ -98,7 +98,20 @@ class NodeCapacity:
         cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
         own = {i for r in obs.replicas for i in r.gpus} if obs is not None else set()
         for g in obs.gpus if obs is not None else ():
-            self._add_gpu(g, spec.gpu_class or g.gpu_class, gpu_unusable(g, g.index in cordoned, g.index in own))
+            cls = spec.gpu_class or g.gpu_class
+            if (g.health is GpuHealth.OK and g.quarantined is None and not g.held_by and not g.processes
+                    and g.memory_used_mb <= LEAK_MIN_MB and g.index not in cordoned):
+                # A healthy, idle GPU (nearly all of a fleet's 30,000): free, without gpu_unusable's questions.
+                self.gpu_class[g.index] = cls
+                self.total[cls] = self.total.get(cls, 0) + 1
+                self.nvlink[g.index] = g.nvlink_peers
+                free = self.free.get(cls)
+                if free is None:
+                    self.free[cls] = {g.index}
+                else:
+                    free.add(g.index)
+                continue
+            self._add_gpu(g, cls, gpu_unusable(g, g.index in cordoned, g.index in own))
         self.all_nvlinked = _all_linked(self.nvlink)
         self.ranks = 0
         self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
