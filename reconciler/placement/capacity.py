@@ -95,9 +95,18 @@ class NodeCapacity:
         # gpu index -> why it is not usable (SPEC section 9): unhealthy, lost, quarantined, cordoned, or
         # memory held by no process. Never free, not even when a replica on it is released.
         self.unusable: dict[int, str] = {}
+        if obs is not None:
+            self._add_gpus(obs, spec)
+        self.all_nvlinked = _all_linked(self.nvlink)
+        self.ranks = 0
+        self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
+        self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
+        self.ports_used: set[int] = set(self.ports_observed)
+
+    def _add_gpus(self, obs: ObservedNode, spec) -> None:
         cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
-        own = {i for r in obs.replicas for i in r.gpus} if obs is not None else set()
-        for g in obs.gpus if obs is not None else ():
+        own = {i for r in obs.replicas for i in r.gpus}
+        for g in obs.gpus:
             cls = spec.gpu_class or g.gpu_class
             if (g.health is GpuHealth.OK and g.quarantined is None and not g.held_by and not g.processes
                     and g.memory_used_mb <= LEAK_MIN_MB and g.index not in cordoned):
@@ -112,11 +121,6 @@ class NodeCapacity:
                     free.add(g.index)
                 continue
             self._add_gpu(g, cls, gpu_unusable(g, g.index in cordoned, g.index in own))
-        self.all_nvlinked = _all_linked(self.nvlink)
-        self.ranks = 0
-        self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
-        self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
-        self.ports_used: set[int] = set(self.ports_observed)
 
     def _add_gpu(self, g, cls: str, unusable: str = "") -> None:
         self.gpu_class[g.index] = cls
