@@ -69,10 +69,41 @@ def remember(
 ) -> PassMemory:
     """The memory after a pass (pure, given `jitter`).
 
+    desired: every replica still wanted; the others are forgotten, so the memory does not grow forever.
     attempt_keys: replica -> attempt_key of the start tried this pass (start_failures needs it).
     drains_begun: copies the actor left draining in this pass (a replace's old copy, once the new serves).
     """
-    desired = None if desired is None else set(desired)
+    wanted = _Wanted(desired)
+    unreachable_since, last_seen = nodes_after(memory, inventory, now)
+    failures = start_failures_after(memory.start_failures, inventory, acted, now, attempt_keys or {}, jitter)
+    strikes, quarantines = crash_loops_after(memory.gpu_strikes, memory.quarantines, inventory, acted, now, quarantine_s)
+    return PassMemory(
+        history=dict(plan.history if plan is not None else memory.history),
+        unreachable_since=unreachable_since,
+        last_seen=last_seen,
+        placed_on=wanted(placed_on_after(memory.placed_on, acted)),
+        start_failures=wanted(failures),
+        gpu_strikes=wanted(strikes),
+        quarantines=quarantines,
+        draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
+    )
+
+
+class _Wanted:
+    """The entries of the replicas still desired (every entry when `desired` is None)."""
+
+    def __init__(self, desired: Iterable[str] | None):
+        self.desired = None if desired is None else set(desired)
+
+    def __call__(self, by_replica: Mapping[str, Any]) -> dict[str, Any]:
+        if self.desired is None:
+            return dict(by_replica)
+        return {rid: v for rid, v in by_replica.items() if rid in self.desired}
+
+
+def nodes_after(memory: PassMemory, inventory: Inventory, now: float) -> tuple[dict[str, float], Inventory]:
+    """When each node that does not answer stopped answering, and the last snapshot in which each
+    node answered (the records of a node that does not answer, as last seen)."""
     unreachable = {}
     last_nodes = []
     for node in inventory.nodes:
@@ -83,26 +114,17 @@ def remember(
                 last_nodes.append(previous)
         else:
             last_nodes.append(node)
-    placed_on = dict(memory.placed_on)
+    return unreachable, Inventory(tuple(last_nodes))
+
+
+def placed_on_after(placed_on: Mapping[str, tuple[str, ...]], acted: Mapping[str, ReplicaState]
+                    ) -> dict[str, tuple[str, ...]]:
+    """Where each replica was last placed, with where this pass put those it did not fail to place."""
+    out = dict(placed_on)
     for rid, state in acted.items():
         if state.nodes and state.phase != FAILED:
-            placed_on[rid] = tuple(a.node for a in state.nodes)
-    failures = start_failures_after(memory.start_failures, inventory, acted, now, attempt_keys or {}, jitter)
-    strikes, quarantines = crash_loops_after(memory.gpu_strikes, memory.quarantines, inventory, acted, now, quarantine_s)
-    if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
-        placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
-        failures = {rid: f for rid, f in failures.items() if rid in desired}
-        strikes = {rid: s for rid, s in strikes.items() if rid in desired}
-    return PassMemory(
-        history=dict(plan.history if plan is not None else memory.history),
-        unreachable_since=unreachable,
-        last_seen=Inventory(tuple(last_nodes)),
-        placed_on=placed_on,
-        start_failures=failures,
-        gpu_strikes=strikes,
-        quarantines=quarantines,
-        draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
-    )
+            out[rid] = tuple(a.node for a in state.nodes)
+    return out
 
 
 def crash_loops_after(strikes: Mapping[str, GpuStrikes], quarantines: Mapping[tuple[str, int], Quarantine],
