@@ -38,7 +38,7 @@ The modules, top layer first; a module imports only from the layers below it
     engine_metrics      requests running and waiting, from an engine's own /metrics (draining, autoscaling)
     gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
-                        (backoff of failed starts, grace periods), kept between one-shot applies
+                        (each replica's backoff, grace periods, drains), kept between one-shot applies
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
                         frozen Catalog (build), the directory as a whole (load)
     probe/              the node-side probe program: one pass, the session, the payload (script), its
@@ -59,7 +59,9 @@ The modules, top layer first; a module imports only from the layers below it
     owner               owner id (stable across clones), which every record on a node carries
     outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
     plan                desired x observed -> ordered actions (pure)
-    rollout             how a spec change rolls out: surge or in place, one at a time (pure)
+    rollout, backoff    how a spec change rolls out: surge or in place, one at a time (pure); the one
+                        backoff: per replica how its tries went (crashes, failed starts), when it may be
+                        tried next, and whether a try due now waits (pure)
     placement/, render  where replicas go (pure, every rejection kept): the Placer (placer) over the
                         explanations (summary, unfittable, rejections), its candidate indexes
                         (indexes), the filters (rules) and the free capacity (capacity); render: the

@@ -1,17 +1,13 @@
 """What one pass hands to the next, and how `apply` keeps it between runs.
 
 The daemon keeps a PassMemory in memory; a one-shot `apply` persists it as a
-JSON-able document, so restart backoff and grace periods survive between runs.
+JSON-able document, so backoff and grace periods survive between runs.
 `remember` is pure: the memory after a pass, from the memory before it (the
 jitter comes in as a function).
 
-A start that failed leaves nothing on its nodes, so the plan would start it
-again on every pass. Its failure's kind decides instead (`hold_failed_starts`):
-temporary (a timeout, a taken port) is retried after a capped exponential
-backoff with jitter; permanent (the engine's binary is not on the node, a
-launch that cannot be rendered) stalls until the catalog or the node changes
-(`attempt_key`), checked again every PERMANENT_RECHECK_S in case the change is
-one the probe cannot see (a secret file put in place).
+Each replica's backoff is reconciler/backoff.py's: the plan counts its crashes
+and holds its restarts and starts; `remember` records how the pass's starts
+went (`backoff_after`), since only the act stage sees that.
 """
 
 from __future__ import annotations
@@ -25,30 +21,14 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from reconciler.backoff import Backoff, attempt_key
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document
-from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine, spec_hash
-from reconciler.outcomes import FAILED, GpuStrikes, PassMemory, ReplicaState, StartFailure  # noqa: F401  (re-exported)
+from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
+from reconciler.outcomes import FAILED, GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
 from reconciler.status import write_rendered
-from reconciler.plan import (
-    Drain,
-    Plan,
-    ReplicaHistory,
-    Waiting,
-    WaitKind,
-    backoff_delay,
-    drain_key,
-    plan as make_plan,
-)
-from reconciler.vocabulary import ActionKind, NodeState
-
-# A permanent failure is tried again this often even when nothing the probe sees has changed
-# (the same period as a node stalled on a refused host key).
-PERMANENT_RECHECK_S = 300.0
-# Each backoff is shortened by up to this fraction at random, so replicas that failed together
-# do not come back in lockstep (as the SSH transport's per-node backoff does).
-JITTER_FRACTION = 0.25
-
+from reconciler.plan import Drain, Plan, Waiting, WaitKind, drain_key, plan as make_plan
+from reconciler.vocabulary import ActionKind, FailureKind, NodeState
 
 # SPEC section 9, the crash-loop breaker: this many failed starts (or crashes before Ready) in a row
 # of one replica on the same GPUs quarantine those GPUs for fleet.yaml's gpu_quarantine_s.
@@ -69,10 +49,42 @@ def remember(
 ) -> PassMemory:
     """The memory after a pass (pure, given `jitter`).
 
-    attempt_keys: replica -> attempt_key of the start tried this pass (start_failures needs it).
+    desired: every replica still wanted; the others are forgotten, so the memory does not grow forever.
+    attempt_keys: replica -> attempt_key of the start tried this pass (a failed start's backoff needs it).
     drains_begun: copies the actor left draining in this pass (a replace's old copy, once the new serves).
     """
-    desired = None if desired is None else set(desired)
+    wanted = _Wanted(desired)
+    unreachable_since, last_seen = nodes_after(memory, inventory, now)
+    # The plan's backoff (its crashes counted, its restarts ordered), then how this pass's starts went.
+    backoff = backoff_after(plan.backoff if plan is not None else memory.backoff, inventory, acted, now,
+                            attempt_keys or {}, jitter)
+    strikes, quarantines = crash_loops_after(memory.gpu_strikes, memory.quarantines, inventory, acted, now, quarantine_s)
+    return PassMemory(
+        backoff=wanted(backoff),
+        unreachable_since=unreachable_since,
+        last_seen=last_seen,
+        placed_on=wanted(placed_on_after(memory.placed_on, acted)),
+        gpu_strikes=wanted(strikes),
+        quarantines=quarantines,
+        draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
+    )
+
+
+class _Wanted:
+    """The entries of the replicas still desired (every entry when `desired` is None)."""
+
+    def __init__(self, desired: Iterable[str] | None):
+        self.desired = None if desired is None else set(desired)
+
+    def __call__(self, by_replica: Mapping[str, Any]) -> dict[str, Any]:
+        if self.desired is None:
+            return dict(by_replica)
+        return {rid: v for rid, v in by_replica.items() if rid in self.desired}
+
+
+def nodes_after(memory: PassMemory, inventory: Inventory, now: float) -> tuple[dict[str, float], Inventory]:
+    """When each node that does not answer stopped answering, and the last snapshot in which each
+    node answered (the records of a node that does not answer, as last seen)."""
     unreachable = {}
     last_nodes = []
     for node in inventory.nodes:
@@ -83,26 +95,17 @@ def remember(
                 last_nodes.append(previous)
         else:
             last_nodes.append(node)
-    placed_on = dict(memory.placed_on)
+    return unreachable, Inventory(tuple(last_nodes))
+
+
+def placed_on_after(placed_on: Mapping[str, tuple[str, ...]], acted: Mapping[str, ReplicaState]
+                    ) -> dict[str, tuple[str, ...]]:
+    """Where each replica was last placed, with where this pass put those it did not fail to place."""
+    out = dict(placed_on)
     for rid, state in acted.items():
         if state.nodes and state.phase != FAILED:
-            placed_on[rid] = tuple(a.node for a in state.nodes)
-    failures = start_failures_after(memory.start_failures, inventory, acted, now, attempt_keys or {}, jitter)
-    strikes, quarantines = crash_loops_after(memory.gpu_strikes, memory.quarantines, inventory, acted, now, quarantine_s)
-    if desired is not None:  # forget replicas no longer wanted, so the memory does not grow forever
-        placed_on = {rid: nodes for rid, nodes in placed_on.items() if rid in desired}
-        failures = {rid: f for rid, f in failures.items() if rid in desired}
-        strikes = {rid: s for rid, s in strikes.items() if rid in desired}
-    return PassMemory(
-        history=dict(plan.history if plan is not None else memory.history),
-        unreachable_since=unreachable,
-        last_seen=Inventory(tuple(last_nodes)),
-        placed_on=placed_on,
-        start_failures=failures,
-        gpu_strikes=strikes,
-        quarantines=quarantines,
-        draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
-    )
+            out[rid] = tuple(a.node for a in state.nodes)
+    return out
 
 
 def crash_loops_after(strikes: Mapping[str, GpuStrikes], quarantines: Mapping[tuple[str, int], Quarantine],
@@ -186,70 +189,29 @@ def draining_after(plan: Plan, inventory: Inventory, begun: Mapping[str, Drain])
     return dict(sorted(out.items()))
 
 
-def start_failures_after(before: Mapping[str, StartFailure], inventory: Inventory, acted: Mapping[str, ReplicaState],
-                         now: float, attempt_keys: Mapping[str, str], jitter: Callable[[], float]
-                         ) -> dict[str, StartFailure]:
-    """A failed start that left no record is remembered with its kind; a start that took is forgotten.
-    (A start that left a record, a crash, is the plan's restart backoff's: ReplicaHistory.)"""
+def backoff_after(before: Mapping[str, Backoff], inventory: Inventory, acted: Mapping[str, ReplicaState],
+                  now: float, attempt_keys: Mapping[str, str], jitter: Callable[[], float]) -> dict[str, Backoff]:
+    """How this pass's starts went, into each replica's backoff: a failed start that left no record is
+    remembered with its kind; one that took (or a replica otherwise not failed) forgets it. A start
+    that left a record is a crash: the plan counts those."""
     recorded = {r.id for n in inventory.nodes for r in n.replicas}
-    failures = dict(before)
+    out = dict(before)
     for rid, state in acted.items():
+        tries = out.get(rid)
         if state.phase != FAILED:
-            failures.pop(rid, None)
+            if tries is not None:
+                out[rid] = tries.start_took()
             continue
         if rid in recorded or rid not in attempt_keys or not state.failure:
             continue
-        attempts = failures[rid].attempts + 1 if rid in failures else 1
-        if state.failure == PERMANENT:
-            retry_at = now + PERMANENT_RECHECK_S
-        else:
-            retry_at = now + backoff_delay(attempts) * (1.0 - JITTER_FRACTION * jitter())
-        failures[rid] = StartFailure(state.failure, attempts, retry_at, attempt_keys[rid], state.message,
-                                     tuple(dict.fromkeys(a.node for a in state.nodes)))
-    return dict(sorted(failures.items()))
-
-
-def attempt_key(catalog: Catalog, inventory: Inventory, action: Action) -> str:
-    """A digest of what a start depends on: the spec, where it goes, and those nodes as probed (engines,
-    llama.cpp binaries, weights, state). Equal keys: trying again would meet the same failure."""
-    model = catalog.model(action.model)
-    placement = action.placement
-    if model is None or placement is None:
-        return ""
-    profile = model.profile(placement.profile)
-    nodes = []
-    for a in placement.nodes:
-        n = inventory.node(a.node)
-        facts = None if n is None else [n.state, sorted((n.engines or {}).items()), repr(n.llama_cpp),
-                                         sorted(n.weights or ())]
-        nodes.append([a.node, a.rank, list(a.gpus), a.port, facts])
-    shape = [spec_hash(model, profile) if profile is not None else placement.profile, nodes]
-    return hashlib.sha256(json.dumps(shape, default=str).encode()).hexdigest()[:16]
+        out[rid] = (tries or Backoff()).start_failed(state.failure, now, attempt_keys[rid], state.message,
+                                                     tuple(dict.fromkeys(a.node for a in state.nodes)), jitter)
+    return dict(sorted(out.items()))
 
 
 def attempt_keys(catalog: Catalog, inventory: Inventory, plan: Plan) -> dict[str, str]:
     """attempt_key of every start (and restart, replace) the plan tries, for `remember`."""
     return {a.replica: attempt_key(catalog, inventory, a) for a in plan.actions if a.placement is not None}
-
-
-def hold_failed_starts(plan: Plan, catalog: Catalog, inventory: Inventory, failures: Mapping[str, StartFailure],
-                       now: float) -> Plan:
-    """The plan with the starts that failed before and may not be tried yet turned into waits (pure).
-
-    Tried again: once the backoff is over (temporary), at the recheck (permanent), or at once when
-    attempt_key changed (the catalog changed the spec, the node changed, or it goes elsewhere)."""
-    if not failures:
-        return plan
-    actions, waiting = [], list(plan.waiting)
-    for a in plan.actions:
-        f = failures.get(a.replica) if a.action == ActionKind.START else None
-        if f is None or now >= f.retry_at or attempt_key(catalog, inventory, a) != f.key:
-            actions.append(a)
-            continue
-        waiting.append(held_start(a, f))
-    if len(actions) == len(plan.actions):
-        return plan
-    return dataclasses.replace(plan, actions=tuple(actions), waiting=tuple(sorted(waiting, key=lambda w: w.replica)))
 
 
 def draining_copy(action: Action) -> Placement | None:
@@ -317,17 +279,6 @@ def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now
                                draining=kept)
 
 
-def held_start(action: Action, f: StartFailure) -> Waiting:
-    tries = f"{f.attempts} failed start{'s' * (f.attempts != 1)}"
-    if f.kind == PERMANENT:
-        where = f"node {', '.join(f.nodes)}" if f.nodes else "the node"
-        reason = (f"{f.message}; stalled until the catalog or {where} changes ({tries}; checked again after "
-                  f"{iso_time(f.retry_at)})")
-        return Waiting(action.replica, action.model, reason, f.retry_at, kind=WaitKind.STALLED, nodes=f.nodes)
-    reason = f"{f.message}; retried after {iso_time(f.retry_at)} ({tries}, backing off)"
-    return Waiting(action.replica, action.model, reason, f.retry_at, kind=WaitKind.START_BACKOFF, nodes=f.nodes)
-
-
 def iso_time(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -335,11 +286,10 @@ def iso_time(ts: float) -> str:
 def memory_to_document(memory: PassMemory) -> dict:
     """PassMemory as JSON-able data, so one-shot `apply` runs remember backoff and grace periods."""
     return {
-        "history": {rid: dataclasses.asdict(h) for rid, h in sorted(memory.history.items())},
+        "backoff": {rid: _backoff_document(b) for rid, b in sorted(memory.backoff.items())},
         "unreachable_since": dict(sorted(memory.unreachable_since.items())),
         "last_seen": inventory_to_document(memory.last_seen) if memory.last_seen is not None else None,
         "placed_on": {rid: list(nodes) for rid, nodes in sorted(memory.placed_on.items())},
-        "start_failures": {rid: dataclasses.asdict(f) for rid, f in sorted(memory.start_failures.items())},
         "draining": {key: {**dataclasses.asdict(d), "nodes": list(d.nodes)} for key, d in sorted(memory.draining.items())},
         "gpu_strikes": {rid: {"where": [[n, list(g)] for n, g in s.where], "count": s.count, "message": s.message}
                         for rid, s in sorted(memory.gpu_strikes.items())},
@@ -352,11 +302,10 @@ def memory_from_document(doc: Any) -> PassMemory:
     """The inverse of memory_to_document; anything unreadable is forgotten, never an error."""
     try:
         return PassMemory(
-            history={rid: ReplicaHistory(**h) for rid, h in (doc.get("history") or {}).items()},
+            backoff=_backoff_from(doc),
             unreachable_since={n: float(t) for n, t in (doc.get("unreachable_since") or {}).items()},
             last_seen=inventory_from_document(doc["last_seen"]) if doc.get("last_seen") else None,
             placed_on={rid: tuple(nodes) for rid, nodes in (doc.get("placed_on") or {}).items()},
-            start_failures={rid: _start_failure(f) for rid, f in (doc.get("start_failures") or {}).items()},
             draining={key: _drain(d) for key, d in (doc.get("draining") or {}).items()},
             gpu_strikes={rid: GpuStrikes(tuple((str(n), tuple(int(x) for x in g)) for n, g in s["where"]),
                                          int(s["count"]), str(s.get("message", "")))
@@ -368,12 +317,55 @@ def memory_from_document(doc: Any) -> PassMemory:
         return PassMemory()
 
 
-def _start_failure(doc: Mapping[str, Any]) -> StartFailure:
-    kind = doc["kind"]
-    if kind not in (TEMPORARY, PERMANENT):
-        raise ValueError(kind)
-    return StartFailure(kind, int(doc["attempts"]), float(doc["retry_at"]), str(doc["key"]), str(doc["message"]),
-                        tuple(doc.get("nodes") or ()))
+# A Backoff's fields, each with its default: the document leaves out those at their default.
+_BACKOFF_FIELDS = {f.name: f.default for f in dataclasses.fields(Backoff)}
+# What memories written before one Backoff held both kept under `history` (the plan's crash count) and
+# under `start_failures` (old name -> Backoff field): read still, so an upgrade keeps its backoff.
+_OLD_HISTORY_FIELDS = ("restarts", "streak", "last_restart")
+_OLD_START_FAILURE_FIELDS = {"kind": "failure", "attempts": "failed_starts", "retry_at": "retry_at", "key": "key",
+                             "message": "message"}
+
+
+def _backoff_document(b: Backoff) -> dict[str, Any]:
+    """A replica's backoff as JSON-able data: its fields that are not at their default."""
+    doc = {}
+    for name, default in _BACKOFF_FIELDS.items():
+        value = getattr(b, name)
+        if value != default:
+            doc[name] = list(value) if isinstance(value, tuple) else value
+    return doc
+
+
+def _backoff_from(doc: Mapping[str, Any]) -> dict[str, Backoff]:
+    """Each replica's backoff from a memory document: `backoff`, or in a memory written before it the
+    two halves it merges (`history`, `start_failures`), one Backoff per replica."""
+    if "backoff" in doc:
+        return {str(rid): _backoff(b) for rid, b in (doc["backoff"] or {}).items()}
+    fields: dict[str, dict[str, Any]] = {}
+    for rid, h in (doc.get("history") or {}).items():
+        if set(h) - set(_OLD_HISTORY_FIELDS):
+            raise ValueError(f"history of {rid}: {sorted(set(h) - set(_OLD_HISTORY_FIELDS))}")
+        fields[rid] = dict(h)
+    for rid, f in (doc.get("start_failures") or {}).items():
+        fields.setdefault(rid, {}).update({new: f[old] for old, new in _OLD_START_FAILURE_FIELDS.items()},
+                                          nodes=f.get("nodes") or ())
+    return {str(rid): _backoff(b) for rid, b in fields.items()}
+
+
+def _backoff(doc: Mapping[str, Any]) -> Backoff:
+    """One replica's backoff, checked: a field it does not know, a failure kind that is neither temporary
+    nor permanent, a failure with no retry time: ValueError (the memory is forgotten)."""
+    unknown = set(doc) - set(_BACKOFF_FIELDS)
+    failure, last, retry = doc.get("failure"), doc.get("last_restart"), doc.get("retry_at")
+    if unknown or failure not in (None, TEMPORARY, PERMANENT) or (failure is not None and retry is None):
+        raise ValueError(f"backoff {dict(doc)!r}")
+    return Backoff(
+        restarts=int(doc.get("restarts", 0)), streak=int(doc.get("streak", 0)),
+        last_restart=None if last is None else float(last),
+        failure=None if failure is None else FailureKind(failure), failed_starts=int(doc.get("failed_starts", 0)),
+        retry_at=None if retry is None else float(retry), key=str(doc.get("key", "")),
+        message=str(doc.get("message", "")), nodes=tuple(str(n) for n in doc.get("nodes") or ()),
+    )
 
 
 def _drain(doc: Mapping[str, Any]) -> Drain:
@@ -385,14 +377,13 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
     """The pass's plan, against what earlier passes remember: reconcile's default planner, and what
     `plan` and `explain` call with the memory `apply` keeps, so they predict it (here, not in
     reconcile, so those commands start without importing the pass's effects: SSH, the actor)."""
-    # Quarantined GPUs (the crash-loop breaker's) are unhealthy to placement until they expire.
+    # Quarantined GPUs (the crash-loop breaker's) are unhealthy to placement until they expire. The
+    # plan holds the restarts and starts that their backoff says wait (reconciler/backoff.py).
     inventory = with_quarantines(inventory, memory.quarantines, now)
     planned = make_plan(
-        catalog, inventory, now=now, history=memory.history, unreachable_since=memory.unreachable_since,
+        catalog, inventory, now=now, backoff=memory.backoff, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
     )
-    # Starts that failed before wait out their backoff, or stay stalled (hold_failed_starts).
-    planned = hold_failed_starts(planned, catalog, inventory, memory.start_failures, now)
     # Serving copies to be stopped drain first (hold_drains).
     return hold_drains(planned, catalog, memory.draining, now)
 
@@ -409,8 +400,8 @@ def memory_path(catalog_root: str) -> Path:
 def _frozen(memory: PassMemory) -> tuple:
     """The memory's contents as a value no later change to its mappings can alter: the daemon
     saves after every pass, and an equal memory is not rendered to JSON again (write_rendered)."""
-    return (tuple(sorted(memory.history.items())), tuple(sorted(memory.unreachable_since.items())),
-            memory.last_seen, tuple(sorted(memory.placed_on.items())), tuple(sorted(memory.start_failures.items())),
+    return (tuple(sorted(memory.backoff.items())), tuple(sorted(memory.unreachable_since.items())),
+            memory.last_seen, tuple(sorted(memory.placed_on.items())),
             tuple(sorted(memory.gpu_strikes.items())), tuple(sorted(memory.quarantines.items())),
             tuple(sorted(memory.draining.items())))
 

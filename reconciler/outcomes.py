@@ -3,7 +3,6 @@
 Decision       one line of the pass log (what was done where, and why)
 ReplicaState   a desired replica after the pass: phase, where it runs, its endpoint
 ActionOutcome  what carrying out one plan action came to
-StartFailure   a start that failed and left nothing running (memory.py decides what follows)
 PassMemory     what one pass hands the next
 PassResult     one whole pass: the plan, every decision, every replica's state; status/ is written
                from it alone (status.write_pass)
@@ -15,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from reconciler.autoscale import AutoscaleState
+from reconciler.backoff import Backoff
 from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
-from reconciler.plan import Drain, Plan, ReplicaHistory
+from reconciler.plan import Drain, Plan
 from reconciler.vocabulary import ActionKind, FailureKind, Phase
 
 # The phases of SPEC section 2, by their old names (the vocabulary is reconciler.vocabulary.Phase).
@@ -74,32 +74,13 @@ class ActionOutcome:
 
 
 @dataclass(frozen=True)
-class StartFailure:
-    """A start that failed and left nothing running: what the next passes do about it.
-
-    kind      TEMPORARY or PERMANENT, from the typed outcome (never from the message)
-    attempts  failed starts in a row
-    retry_at  epoch seconds: the earliest next try (temporary), the next recheck (permanent)
-    key       memory.attempt_key of what was tried: a change of it (the catalog, the node) retries at once
-    message   why it failed, for status while it waits
-    nodes     the nodes it was tried on
-    """
-
-    kind: FailureKind
-    attempts: int
-    retry_at: float
-    key: str
-    message: str
-    nodes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class PassMemory:
     """What one pass hands to the next: the daemon keeps it in memory, a one-shot `apply` persists it
     (memory.save_memory / load_memory).
 
-    history            the plan's per-replica restart bookkeeping (Plan.history): the one backoff of a
-                       crash; a failed start that left nothing running is start_failures'
+    backoff            replica id -> how its tries went and when it may be tried next (reconciler/backoff.py):
+                       a crash's restarts, counted by the plan (Plan.backoff), and a start that failed
+                       and left nothing running, recorded by memory.remember
     unreachable_since  node id -> epoch seconds it was first seen unreachable
     last_seen          the last snapshot in which each node answered (records of nodes unreachable now)
     placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
@@ -107,11 +88,10 @@ class PassMemory:
     quarantines        (node id, GPU index) -> the quarantine of that GPU (status/nodes.yaml shows them)
     """
 
-    history: Mapping[str, ReplicaHistory] = field(default_factory=dict)
+    backoff: Mapping[str, Backoff] = field(default_factory=dict)
     unreachable_since: Mapping[str, float] = field(default_factory=dict)
     last_seen: Inventory | None = None
     placed_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    start_failures: Mapping[str, StartFailure] = field(default_factory=dict)
     # drain_key -> a serving copy being drained before it stops (memory.hold_drains; SPEC section 10)
     draining: Mapping[str, Drain] = field(default_factory=dict)
     gpu_strikes: Mapping[str, "GpuStrikes"] = field(default_factory=dict)

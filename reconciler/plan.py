@@ -1,7 +1,7 @@
 """The diff: desired replicas (the catalog) against observed ones (node records) -> ordered actions.
 
-Pure: every input that changes over time is passed in (`now`, the restart
-`history`, when each node became unreachable), so the daemon, `apply` and an
+Pure: every input that changes over time is passed in (`now`, each replica's
+`backoff`, when each node became unreachable), so the daemon, `apply` and an
 offline `plan` compute the same decisions from the same inputs, and tests need
 no clock.
 
@@ -13,12 +13,14 @@ What it decides, in the order the actions come out:
           never is.
 2. stop   stale copies: a replica found on more nodes than it runs on (the
           copy left on a node that came back after its replica was moved).
-3. restart a replica with a dead rank, with capped exponential backoff.
+3. restart a replica with a dead rank, once its crash backoff allows
+          (reconciler/backoff.py).
 4. replace a replica that sits on a drained node or on a node unreachable
           past the grace period. The new copy is placed while the old one
           still holds its GPUs (start new, then stop old); only when that does
           not fit is the old copy released first (`stop_first`).
-5. start  desired replicas not running anywhere.
+5. start  desired replicas not running anywhere; one whose last start failed
+          and left nothing running waits out its backoff, or stays stalled.
 6. replace a replica whose spec changed (reconciler/rollout.py), decided after
           the starts so that it only ever takes room no missing replica needs:
           surge beside the old copy, else in place on its own nodes.
@@ -33,9 +35,10 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace as _replace
 from enum import Enum
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Iterable, Mapping
 
+from reconciler.backoff import Backoff, attempt_key, backoff_delay
 from reconciler.model import (
     Action,
     Assignment,
@@ -52,21 +55,8 @@ from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 from reconciler.rollout import WAIT, SpecChange, roll_out
 from reconciler.vocabulary import ActionKind, GpuHealth, NodeState
 
-# Restart backoff: first restart at once, then 10 s, 20 s, 40 s ... capped at 5 minutes,
-# the same curve as a kubelet's CrashLoopBackOff so operators read it the same way.
-BACKOFF_BASE_S = 10.0
-BACKOFF_CAP_S = 300.0
-# A replica that has run without a crash this long starts its backoff from the bottom again.
-BACKOFF_RESET_S = 600.0
-
-
-@dataclass(frozen=True)
-class ReplicaHistory:
-    """What the reconciler remembers about one replica between passes (the daemon persists it)."""
-
-    restarts: int = 0  # total restarts ordered, shown in status
-    streak: int = 0  # consecutive crashes; drives the backoff, reset after a quiet BACKOFF_RESET_S
-    last_restart: float | None = None  # epoch seconds of the last restart ordered
+# A replica with no tries behind it.
+_NO_TRIES = Backoff()
 
 
 @dataclass(frozen=True)
@@ -123,8 +113,9 @@ class Plan:
     waiting: tuple[Waiting, ...]
     # The currently running copy of each replica found in node records (desired or not).
     observed: Mapping[str, Placement]
-    # The history to keep for the next pass (restart counts updated, removed replicas dropped).
-    history: Mapping[str, ReplicaHistory]
+    # The backoff to keep for the next pass: restart counts updated, a fresh copy's crashes forgotten,
+    # removed replicas dropped; a failed start carried over untouched (memory.remember updates it).
+    backoff: Mapping[str, Backoff]
     revision: str | None = None
     # Copies draining after this plan (memory.hold_drains), by drain_key: the pass memory keeps them.
     draining: Mapping[str, Drain] = field(default_factory=dict)
@@ -134,17 +125,10 @@ class Plan:
         """Per desired replica, the nodes it is on or goes to: the `placed_on` input of the next pass."""
         return {rid: tuple(a.node for a in o.placement.nodes) for rid, o in self.outcomes.items() if o.placement is not None}
 
-    @cached_property  # status asks once per replica; the history holds every replica
+    @cached_property  # status asks once per replica; the backoff holds every replica
     def restarts(self) -> dict[str, int]:
         """Per replica, how many times the reconciler restarted it (for status)."""
-        return {rid: h.restarts for rid, h in self.history.items() if h.restarts}
-
-
-def backoff_delay(streak: int) -> float:
-    """Seconds to wait before the restart that follows `streak` consecutive crashes."""
-    if streak <= 0:
-        return 0.0
-    return min(BACKOFF_BASE_S * (2 ** (streak - 1)), BACKOFF_CAP_S)
+        return {rid: b.restarts for rid, b in self.backoff.items() if b.restarts}
 
 
 def _iso(ts: float) -> str:
@@ -303,7 +287,7 @@ class _Replacement:
     old: Placement  # the running copy; it keeps its resources until the new one is placed
     reason: str
     spec_change: bool = False  # spec changes go one at a time per model; moves off bad nodes all at once
-    history_after: ReplicaHistory = ReplicaHistory()
+    backoff_after: Backoff | None = None  # None: the new copy's crashes start from none
     # The old copy serves (every rank alive on nodes that answer): it drains before it stops. Not for
     # a crash, a node that does not answer, or a broken GPU: those stop at once.
     drain: bool = False
@@ -335,7 +319,7 @@ class WaitKind(str, Enum):
     BACKOFF = "backoff"  # crashed, waiting for its restart backoff
     ONE_AT_A_TIME = "one_at_a_time"  # spec changed, another replica of the model is being replaced first
     UPDATE_POLICY = "update_policy"  # spec changed, the model's update policy allows no more changes this pass
-    # A start that failed and left nothing running (memory.hold_failed_starts):
+    # A start that failed and left nothing running (reconciler/backoff.py):
     START_BACKOFF = "start_backoff"  # temporary failure: retried after a backoff with jitter
     STALLED = "stalled"  # permanent failure: not retried until the catalog or the node changes
     # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
@@ -349,7 +333,7 @@ def plan(
     inventory: Inventory,
     *,
     now: float = 0.0,
-    history: Mapping[str, ReplicaHistory] | None = None,
+    backoff: Mapping[str, Backoff] | None = None,
     unreachable_since: Mapping[str, float] | None = None,
     grace_s: float | None = None,
     last_seen: Inventory | None = None,
@@ -361,7 +345,8 @@ def plan(
     catalog            desired state (models, fleet); `catalog.revision` is copied into the plan.
     inventory          the observed snapshot; node records are the replicas found running.
     now                epoch seconds; only compared with the other times passed in.
-    history            per replica restart bookkeeping from the previous pass (Plan.history).
+    backoff            per replica, how its tries went, from the previous pass (PassMemory.backoff):
+                       a crash's restart and a failed start's next start wait out its backoff.
     unreachable_since  per node, when it was first seen unreachable; a node missing here
                        counts as unreachable since `now` (within grace).
     grace_s            how long replicas on an unreachable node are left alone
@@ -372,7 +357,7 @@ def plan(
                        of a replica are found, the copy there is the current one.
     """
     grace_s = catalog.fleet.unreachable_grace_s if grace_s is None else grace_s
-    diff = _Diff(catalog, inventory, now=now, history=dict(history or {}), unreachable_since=unreachable_since or {},
+    diff = _Diff(catalog, inventory, now=now, backoff=dict(backoff or {}), unreachable_since=unreachable_since or {},
                  grace_s=grace_s, explain=frozenset(explain))
     placed_on = placed_on or {}
     # 1. Every replica found in node records, one case each (see _Diff.observe).
@@ -394,12 +379,12 @@ class _Diff:
     outcome; `plan` is the order in which the cases are visited.
     """
 
-    def __init__(self, catalog: Catalog, inventory: Inventory, *, now: float, history: dict[str, ReplicaHistory],
+    def __init__(self, catalog: Catalog, inventory: Inventory, *, now: float, backoff: dict[str, Backoff],
                  unreachable_since: Mapping[str, float], grace_s: float, explain: frozenset[str]):
         self.catalog = catalog
         self.inventory = inventory
         self.now = now
-        self.history = history
+        self.backoff = backoff
         self.unreachable_since = unreachable_since
         self.grace_s = grace_s
         self.explain = explain
@@ -415,13 +400,17 @@ class _Diff:
         self.waiting: list[Waiting] = []
         self.outcomes: dict[str, Outcome] = {}
         self.observed: dict[str, Placement] = {}
-        self.new_history: dict[str, ReplicaHistory] = {}
+        self.new_backoff: dict[str, Backoff] = {}
         self.to_replace: list[_Replacement] = []
         self.changes: list[SpecChange] = []
         self.serving_old: set[str] = set()  # spec changes whose old copy drains before it stops
 
     def state(self, node: str) -> str:
         return _effective_state(self.catalog, self.inventory, node)
+
+    def tries(self, rid: str) -> Backoff:
+        """How the replica's tries went before this pass (a replica never tried: none)."""
+        return self.backoff.get(rid, _NO_TRIES)
 
     # -- the cases of one observed copy, in the order they are tried
 
@@ -438,12 +427,12 @@ class _Diff:
         self.stop_stale(rid, model_name, copy, stale)
         # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
         self.placer.hold(current)
-        hist = self.history.get(rid, ReplicaHistory())
+        tries = self.tries(rid)
         lost = [n for n in copy.nodes if self.state(n) == NodeState.UNREACHABLE]
         drained = [n for n in copy.nodes if self.state(n) == NodeState.DRAINED]
         profile = model.profile(copy.profile)
         if lost:
-            self.on_lost_node(rid, model, ordinal, current, hist, lost)
+            self.on_lost_node(rid, model, ordinal, current, tries, lost)
         elif drained:
             self.to_replace.append(_Replacement(model, ordinal, current, f"node {', '.join(drained)} is drained",
                                                 drain=self.complete_and_alive(copy)))
@@ -455,9 +444,9 @@ class _Diff:
             self.to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True,
                                                 drain=self.complete_and_alive(copy)))
         elif any(not r.alive for _, r in copy.ranks) or self.missing_ranks(copy):
-            self.crashed(rid, model, ordinal, current, copy, profile, hist)
+            self.crashed(rid, model, ordinal, current, copy, profile, tries)
         else:
-            self.healthy(rid, model_name, current, hist)
+            self.healthy(rid, model_name, current, tries)
 
     def bad_gpus(self, copy: _Copy) -> str:
         """`gpu 3 of h100-a1 is unhealthy: Xid 79 ...` for the copy's GPUs that are not ok or are
@@ -506,7 +495,7 @@ class _Diff:
         if stop.drain and stop.placement is not None and (model is None or model.drain_s > 0):
             self.placer.hold(stop.placement)
 
-    def on_lost_node(self, rid: str, model: Model, ordinal: int, current: Placement, hist: ReplicaHistory,
+    def on_lost_node(self, rid: str, model: Model, ordinal: int, current: Placement, tries: Backoff,
                      lost: list[str]) -> None:
         """Left alone within the grace period; placed elsewhere after it."""
         now, grace_s, since = self.now, self.grace_s, self.unreachable_since
@@ -518,7 +507,7 @@ class _Diff:
                                                 f"(grace {int(grace_s)} s)"))
             return
         self.outcomes[rid] = Outcome(rid, model.name, current, kept=True)
-        self.new_history[rid] = hist
+        self.new_backoff[rid] = tries
         first = min(since.get(n, now) for n in lost)
         lost_text = f"node {', '.join(lost)} unreachable"
         if any(n in since for n in lost):
@@ -542,36 +531,33 @@ class _Diff:
         return sorted(set(range(copy.nnodes)) - {r.rank for _, r in copy.ranks})
 
     def crashed(self, rid: str, model: Model, ordinal: int, current: Placement, copy: _Copy, profile: Profile,
-                hist: ReplicaHistory) -> None:
+                tries: Backoff) -> None:
         """A dead or missing rank: restart in place after the backoff (placed again when a rank is missing)."""
         dead = [(n, r) for n, r in copy.ranks if not r.alive]
         missing = self.missing_ranks(copy)
         self.outcomes[rid] = Outcome(rid, model.name, current, kept=True)
         what = [f"rank {r.rank} on {n} is dead" for n, r in dead] + [f"rank {k} is missing" for k in missing]
-        streak = hist.streak
-        ready_at = (hist.last_restart or 0.0) + backoff_delay(streak)
-        if hist.last_restart is not None and self.now < ready_at:
-            wait = f"waiting for backoff until {_iso(ready_at)} (restart {hist.restarts + 1})"
-            self.waiting.append(Waiting(rid, model.name, f"{'; '.join(what)}; {wait}", ready_at,
+        until = tries.held_until(self.now)
+        if until is not None:
+            wait = f"waiting for backoff until {_iso(until)} (restart {tries.restarts + 1})"
+            self.waiting.append(Waiting(rid, model.name, f"{'; '.join(what)}; {wait}", until,
                                         kind=WaitKind.BACKOFF, next_step=wait))
-            self.new_history[rid] = hist
+            self.new_backoff[rid] = tries
             return
-        self.new_history[rid] = ReplicaHistory(hist.restarts + 1, streak + 1, self.now)
-        why = f"{'; '.join(what)}; restart {hist.restarts + 1} (next backoff {int(backoff_delay(streak + 1))} s)"
+        after = self.new_backoff[rid] = tries.restarted(self.now)
+        why = f"{'; '.join(what)}; restart {after.restarts} (next backoff {int(backoff_delay(after.streak))} s)"
         if missing:
             # Where a lost rank ran is unknown, so the replica is placed again as a whole.
             del self.outcomes[rid]
-            self.to_replace.append(_Replacement(model, ordinal, current, why, history_after=self.new_history[rid]))
+            self.to_replace.append(_Replacement(model, ordinal, current, why, backoff_after=after))
             return
         target = _restart_placement(self.placer, current, profile)
         self.restarts.append(Action(ActionKind.RESTART, rid, model.name, why, target, previous=current))
 
-    def healthy(self, rid: str, model_name: str, current: Placement, hist: ReplicaHistory) -> None:
+    def healthy(self, rid: str, model_name: str, current: Placement, tries: Backoff) -> None:
         """Kept where it is; a quiet spell long enough resets the backoff, not the count shown in status."""
         self.outcomes[rid] = Outcome(rid, model_name, current, kept=True)
-        if hist.streak and hist.last_restart is not None and self.now - hist.last_restart >= BACKOFF_RESET_S:
-            hist = _replace(hist, streak=0)
-        self.new_history[rid] = hist
+        self.new_backoff[rid] = tries.calmed(self.now)
 
     # -- after every copy was looked at
 
@@ -599,11 +585,11 @@ class _Diff:
             rid, model = step.replica, step.change.model
             self.outcomes[rid] = step.outcome
             if step.how == WAIT:
-                self.new_history[rid] = self.history.get(rid, ReplicaHistory())
+                self.new_backoff[rid] = self.tries(rid)
                 kind = WaitKind.ONE_AT_A_TIME if model.update is None else WaitKind.UPDATE_POLICY
                 self.waiting.append(Waiting(rid, model.name, step.reason, kind=kind))
                 continue
-            self.new_history[rid] = ReplicaHistory()
+            self.new_backoff[rid] = self.tries(rid).anew()
             self.replaces.append(Action(ActionKind.REPLACE, rid, model.name, step.reason, step.outcome.placement,
                                         previous=step.change.old, stop_first=step.stop_first,
                                         drain=rid in self.serving_old))
@@ -621,7 +607,8 @@ class _Diff:
             if retry.placement is None:
                 self.placer.hold(old)
         self.outcomes[rid] = out
-        self.new_history[rid] = r.history_after
+        fresh = self.tries(rid).anew()
+        self.new_backoff[rid] = r.backoff_after if r.backoff_after is not None else fresh
         reason = why + ("; no room beside the old copy, so it is stopped first" if stop_first else "")
         if out.placement is None:
             reason += "; no placement fits, the old copy keeps running"
@@ -629,10 +616,22 @@ class _Diff:
                                     stop_first=stop_first, drain=r.drain))
 
     def start_missing(self) -> None:
-        self.starts = [Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
-                       for o in self.placer.place_missing(self.catalog.models, self.outcomes, self.explain)]
-        for a in self.starts:
-            self.new_history[a.replica] = ReplicaHistory()
+        """Everything desired and not running, placed; a start that failed before waits instead while its
+        backoff holds it (the placement stays counted, so nothing else takes its room in this pass)."""
+        for o in self.placer.place_missing(self.catalog.models, self.outcomes, self.explain):
+            start = Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
+            tries = self.new_backoff[o.replica] = self.tries(o.replica).anew()
+            until = tries.held_until(self.now, start=partial(attempt_key, self.catalog, self.inventory, start))
+            if until is None:
+                self.starts.append(start)
+            else:
+                self.waiting.append(_held_start(start, tries))
+
+    def _backoff_after(self) -> dict[str, Backoff]:
+        """Every replica looked at, as this pass leaves it; of the others only a failed start, kept for
+        memory.remember to judge (a replica not running has no crashes to remember)."""
+        kept = {rid: b.anew() for rid, b in self.backoff.items() if b.failure is not None}
+        return {**kept, **self.new_backoff}
 
     def result(self) -> Plan:
         def by_model_ordinal(a: Action):
@@ -652,9 +651,21 @@ class _Diff:
             unplaced=tuple(o for o in ordered.values() if o.placement is None),
             waiting=tuple(sorted(self.waiting, key=lambda w: w.replica)),
             observed=self.observed,
-            history=dict(sorted(self.new_history.items())),
+            backoff=dict(sorted(self._backoff_after().items())),
             revision=self.catalog.revision,
         )
+
+
+def _held_start(start: Action, tries: Backoff) -> Waiting:
+    """A start held by its failed start before: backing off (temporary), or stalled (permanent)."""
+    failed = f"{tries.failed_starts} failed start{'s' * (tries.failed_starts != 1)}"
+    if tries.stalled:
+        where = f"node {', '.join(tries.nodes)}" if tries.nodes else "the node"
+        reason = (f"{tries.message}; stalled until the catalog or {where} changes ({failed}; checked again after "
+                  f"{_iso(tries.retry_at)})")
+        return Waiting(start.replica, start.model, reason, tries.retry_at, kind=WaitKind.STALLED, nodes=tries.nodes)
+    reason = f"{tries.message}; retried after {_iso(tries.retry_at)} ({failed}, backing off)"
+    return Waiting(start.replica, start.model, reason, tries.retry_at, kind=WaitKind.START_BACKOFF, nodes=tries.nodes)
 
 
 def _restart_placement(placer: Placer, current: Placement, profile: Profile) -> Placement:

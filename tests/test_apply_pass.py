@@ -360,16 +360,16 @@ def test_pass_memory_survives_a_round_trip_through_its_document():
     import json as _json
 
     from reconciler.memory import PassMemory, memory_from_document, memory_to_document
-    from reconciler.plan import ReplicaHistory
+    from reconciler.backoff import Backoff
 
     memory = PassMemory(
-        history={"m-0": ReplicaHistory(restarts=2, streak=1, last_restart=123.5)},
+        backoff={"m-0": Backoff(restarts=2, streak=1, last_restart=123.5)},
         unreachable_since={"a": 100.0},
         last_seen=Inventory((ObservedNode("a", replicas=(RunningRank("m-0", "m", "p", 0, (1,), 9000, "h", pid=7),)),)),
         placed_on={"m-0": ("a",)},
     )
     again = memory_from_document(_json.loads(_json.dumps(memory_to_document(memory))))
-    assert again.history == memory.history and again.unreachable_since == memory.unreachable_since
+    assert again.backoff == memory.backoff and again.unreachable_since == memory.unreachable_since
     assert again.placed_on == memory.placed_on
     assert again.last_seen.node("a").replicas == memory.last_seen.node("a").replicas
     assert memory_from_document({"history": {"x": {"bogus": 1}}}) == PassMemory()  # unreadable: forgotten

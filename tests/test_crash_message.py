@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from reconciler.backoff import Backoff
 from reconciler.model import spec_hash
-from reconciler.plan import ReplicaHistory, WaitKind, plan
+from reconciler.plan import WaitKind, plan
 from reconciler.reconcile import replica_states
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
@@ -15,7 +16,7 @@ def test_a_crash_in_its_backoff_says_which_rank_died_once_and_until_when_it_wait
     c = catalog(fleet(node_spec("a")), M)
     inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), spec_hash=spec_hash(M, P),
                                                                  alive=False)]))
-    p = plan(c, inv, now=5, history={"m-0": ReplicaHistory(restarts=1, streak=1, last_restart=0)})
+    p = plan(c, inv, now=5, backoff={"m-0": Backoff(restarts=1, streak=1, last_restart=0)})
     [w] = p.waiting
     assert w.kind is WaitKind.BACKOFF and "rank 0 on a is dead" in w.reason  # the plan's own words stay whole
 

@@ -94,12 +94,13 @@ def test_a_missing_engine_is_permanent_and_stalls_and_a_timed_out_start_is_tempo
         # it fails the same way, one attempt more. The permanent one is still not tried.
         memory_file = next((tmp_path / "xdg-state" / "llm-reconciler" / "apply-memory").glob("*.json"))
         state = json.loads(memory_file.read_text())
-        assert set(state["start_failures"]) == {"noengine-0", "hangs-0"}
-        state["start_failures"]["hangs-0"]["retry_at"] -= 20
+        assert {rid: b["failure"] for rid, b in state["backoff"].items()} == {"noengine-0": "permanent",
+                                                                             "hangs-0": "temporary"}
+        state["backoff"]["hangs-0"]["retry_at"] -= 20
         memory_file.write_text(json.dumps(state))
         third = cli("apply", str(root), env=env, timeout=180)
         assert starts(third.stdout, "hangs-0") and not starts(third.stdout, "noengine-0"), third.stdout
-        assert json.loads(memory_file.read_text())["start_failures"]["hangs-0"]["attempts"] == 2
+        assert json.loads(memory_file.read_text())["backoff"]["hangs-0"]["failed_starts"] == 2
 
         # The catalog changes the stalled replica's spec: tried at once.
         (root / "models" / "noengine.yaml").write_text(yaml.safe_dump(

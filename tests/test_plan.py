@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from reconciler.backoff import BACKOFF_CAP_S, Backoff, backoff_delay
 from reconciler.model import spec_hash
-from reconciler.plan import BACKOFF_CAP_S, ReplicaHistory, backoff_delay, plan
+from reconciler.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=4)
@@ -133,22 +134,22 @@ def test_dead_rank_is_restarted_in_place_and_counted():
     (a,) = p.actions
     assert a.action == "restart" and a.placement.nodes[0].gpus == (0, 1, 2, 3)
     assert "rank 0 on a is dead" in a.reason
-    assert p.history["m-0"] == ReplicaHistory(restarts=1, streak=1, last_restart=1000)
+    assert p.backoff["m-0"] == Backoff(restarts=1, streak=1, last_restart=1000)
     assert p.restarts == {"m-0": 1}
 
 
 def test_crash_loop_waits_out_an_exponential_backoff():
     f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H, alive=False)])
     c = catalog(f, model("m", P, replicas=1))
-    hist = {"m-0": ReplicaHistory(restarts=3, streak=3, last_restart=1000)}
-    waiting = plan(c, inv, now=1000 + backoff_delay(3) - 1, history=hist)
+    hist = {"m-0": Backoff(restarts=3, streak=3, last_restart=1000)}
+    waiting = plan(c, inv, now=1000 + backoff_delay(3) - 1, backoff=hist)
     assert waiting.actions == ()
     (w,) = waiting.waiting
     assert "waiting for backoff until 1970-01-01T00:17:20Z" in w.reason and w.until == 1040
-    assert waiting.history["m-0"] == hist["m-0"]
-    again = plan(c, inv, now=1040, history=hist)
+    assert waiting.backoff["m-0"] == hist["m-0"]
+    again = plan(c, inv, now=1040, backoff=hist)
     assert kinds(again) == [("restart", "m-0")]
-    assert again.history["m-0"].restarts == 4
+    assert again.backoff["m-0"].restarts == 4
 
 
 def test_backoff_is_capped():
@@ -158,9 +159,9 @@ def test_backoff_is_capped():
 
 def test_backoff_resets_after_a_quiet_spell_but_restart_count_stays():
     f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)])
-    hist = {"m-0": ReplicaHistory(restarts=5, streak=5, last_restart=0)}
-    p = plan(catalog(f, model("m", P, replicas=1)), inv, now=10_000, history=hist)
-    assert p.history["m-0"] == ReplicaHistory(restarts=5, streak=0, last_restart=0)
+    hist = {"m-0": Backoff(restarts=5, streak=5, last_restart=0)}
+    p = plan(catalog(f, model("m", P, replicas=1)), inv, now=10_000, backoff=hist)
+    assert p.backoff["m-0"] == Backoff(restarts=5, streak=0, last_restart=0)
 
 
 def test_missing_rank_of_multi_node_replica_restarts_it():
@@ -176,7 +177,7 @@ def test_missing_rank_of_multi_node_replica_restarts_it():
     # where rank 1 ran is unknown: the replica is placed again as a whole, and it counts as a restart
     assert a.action == "replace" and "rank 1 is missing" in a.reason
     assert a.stop_first and [n.node for n in a.placement.nodes] == ["a", "b"] and a.placement.fabric == "ib"
-    assert p.history["mm-0"].restarts == 1
+    assert p.backoff["mm-0"].restarts == 1
 
 
 def test_replicas_on_unreachable_node_wait_out_the_grace_period():

@@ -101,7 +101,7 @@ def test_a_start_that_never_becomes_ready_is_stopped_reported_with_its_log_and_r
     second = run_pass(load_catalog(catalog_dir, with_revision=False), transports=pool, ready_wait_s=10,
                       history=first.memory, now=restarted_at)
     assert [(a.action, a.replica) for a in second.plan.actions] == [("restart", "stuck-0")]
-    assert second.plan.history["stuck-0"].restarts == 1
+    assert second.plan.backoff["stuck-0"].restarts == 1
     assert second.replicas["stuck-0"].phase == "Failed"
     # One second later by the plan's clock, well inside the 10 s backoff of a second crash, however slow the pass.
     third = run_pass(load_catalog(catalog_dir, with_revision=False), transports=pool, ready_wait_s=10,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from reconciler.backoff import PERMANENT_RECHECK_S, Backoff
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.memory import (
-    PERMANENT_RECHECK_S,
     PassMemory,
     memory_from_document,
     memory_to_document,
@@ -44,7 +44,7 @@ def after_failure(cat, inv, kind, *, memory=PassMemory(), now=NOW, jitter=0.0):
 def test_a_temporary_failure_backs_off_exponentially_with_jitter_then_is_tried_again():
     cat, inv = setup()
     memory = after_failure(cat, inv, TEMPORARY, jitter=0.0)
-    assert memory.start_failures["m-0"].retry_at == NOW + 10  # the first backoff, no jitter
+    assert memory.backoff["m-0"].retry_at == NOW + 10  # the first backoff, no jitter
     held = default_planner(cat, inv, now=NOW + 9, memory=memory)
     assert [a.replica for a in held.actions] == []
     [w] = held.waiting
@@ -53,8 +53,8 @@ def test_a_temporary_failure_backs_off_exponentially_with_jitter_then_is_tried_a
 
     # The second failure in a row doubles it; the largest jitter shortens it by a quarter.
     second = after_failure(cat, inv, TEMPORARY, memory=memory, now=NOW + 10, jitter=1.0)
-    assert second.start_failures["m-0"].attempts == 2
-    assert second.start_failures["m-0"].retry_at == pytest.approx(NOW + 10 + 20 * 0.75)
+    assert second.backoff["m-0"].failed_starts == 2
+    assert second.backoff["m-0"].retry_at == pytest.approx(NOW + 10 + 20 * 0.75)
 
 
 def test_a_permanent_failure_stalls_until_the_catalog_changes_or_its_recheck():
@@ -83,10 +83,10 @@ def test_a_start_that_took_forgets_the_failure_and_the_memory_survives_a_one_sho
     cat, inv = setup()
     memory = after_failure(cat, inv, PERMANENT)
     again = memory_from_document(memory_to_document(memory))
-    assert again.start_failures == memory.start_failures
+    assert again.backoff == memory.backoff
     started = {"m-0": ReplicaState("m-0", "m", "p", STARTING, "", (Assignment("n1", 0, (), (), 9000),))}
     planned = default_planner(cat, inv, now=NOW + PERMANENT_RECHECK_S, memory=again)
-    assert remember(again, planned, inv, started, NOW + PERMANENT_RECHECK_S, ["m-0"]).start_failures == {}
+    assert remember(again, planned, inv, started, NOW + PERMANENT_RECHECK_S, ["m-0"]).backoff == {"m-0": Backoff()}
 
 
 def test_a_replica_that_never_failed_is_started_with_no_wait():

@@ -9,8 +9,9 @@ import json
 import jsonschema
 import yaml
 
+from reconciler.backoff import Backoff
 from reconciler.model import spec_hash
-from reconciler.plan import ReplicaHistory, plan
+from reconciler.plan import plan
 from reconciler.status import (
     endpoint_url, endpoints_document, model_status_document, predicted_pass, predicted_phases, write_pass,
 )
@@ -33,7 +34,7 @@ def setup():
     inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), port=8000, spec_hash=H)]),
                     observed("b", gpu=gpus(8)))
     c = catalog(f, M)
-    return c, plan(c, inv, history={"m-0": ReplicaHistory(restarts=2, streak=0, last_restart=1)})
+    return c, plan(c, inv, backoff={"m-0": Backoff(restarts=2, streak=0, last_restart=1)})
 
 
 def test_predicted_status_marks_running_ready_new_pending_and_unplaced_with_reasons():
@@ -75,7 +76,7 @@ def test_backoff_waiting_replica_is_failed_in_prediction():
     f = fleet(node_spec("a"))
     inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), spec_hash=H, alive=False)]))
     c = catalog(f, model("m", P))
-    p = plan(c, inv, now=5, history={"m-0": ReplicaHistory(restarts=1, streak=1, last_restart=0)})
+    p = plan(c, inv, now=5, backoff={"m-0": Backoff(restarts=1, streak=1, last_restart=0)})
     assert predicted_phases(p) == {"m-0": "Failed"}
     doc = model_status_document(c.models[0], predicted_pass(c, p), f)
     assert "waiting for backoff until" in doc["replicas"][0]["message"] and doc["replicas"][0]["restarts"] == 1
@@ -107,8 +108,8 @@ class _CountingHistory(dict):
 def test_status_of_a_plan_walks_its_restart_history_once_not_once_per_replica(tmp_path):
     c, p = setup()
     c = dataclasses.replace(c, root=str(tmp_path))
-    history = _CountingHistory(p.history)
-    counted = dataclasses.replace(p, history=history)
+    history = _CountingHistory(p.backoff)
+    counted = dataclasses.replace(p, backoff=history)
     write_pass(c, predicted_pass(c, counted), nodes=False)
     doc = yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())
     assert [r["restarts"] for r in doc["replicas"]] == [2, 0, 0]

@@ -132,7 +132,7 @@ def as_plan(catalog: Catalog, inventory: Inventory, actions):
             placement = moved.get(rid) or observed.get(rid)
             outcomes[rid] = Outcome(rid, model.name, placement, kept=rid not in moved and placement is not None)
     return Plan(actions=actions, outcomes=outcomes, unplaced=tuple(o for o in outcomes.values() if o.placement is None),
-                waiting=(), observed=observed, history={}, revision=catalog.revision)
+                waiting=(), observed=observed, backoff={}, revision=catalog.revision)
 
 
 def tiny_render(record_dir: Path):
