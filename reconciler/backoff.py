@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
+from reconciler.frozen import frozen
 from reconciler.model import Action, Catalog, Inventory, spec_hash
 from reconciler.vocabulary import FailureKind
 
@@ -51,7 +52,7 @@ def backoff_delay(streak: int) -> float:
     return min(BACKOFF_BASE_S * (2 ** (streak - 1)), BACKOFF_CAP_S)
 
 
-@dataclass(frozen=True)
+@frozen
 class Backoff:
     """How one replica's tries went, and when it may be tried next; the pass memory keeps one per
     replica (PassMemory.backoff), the plan hands on what it leaves (Plan.backoff)."""

@@ -15,6 +15,7 @@ from typing import Mapping
 
 from reconciler.autoscale import AutoscaleState
 from reconciler.backoff import Backoff
+from reconciler.frozen import frozen
 from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
 from reconciler.plan import Drain, Plan
 from reconciler.vocabulary import ActionKind, FailureKind, Phase
@@ -25,7 +26,7 @@ PENDING, STARTING, READY, FAILED, STOPPING, UNKNOWN = (
 FETCHING = Phase.FETCHING
 
 
-@dataclass(frozen=True)
+@frozen
 class Decision:
     """One line of the pass log: what was done (or would be) to which replica where, and why."""
 
@@ -42,7 +43,7 @@ class Decision:
         return {"replica": self.replica, "node": self.node, "action": self.action, "reason": self.reason, "ok": self.ok}
 
 
-@dataclass(frozen=True)
+@frozen
 class ReplicaState:
     """A desired replica after the pass: where it runs and how it is doing."""
 
@@ -62,7 +63,7 @@ class ReplicaState:
     failure: FailureKind | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class ActionOutcome:
     """What one plan action came to. `state` is the replica's state when the action settled it
     (Starting after a launch, Failed after a refusal); None when it leaves the state to be observed."""
@@ -73,7 +74,7 @@ class ActionOutcome:
     state: ReplicaState | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class PassMemory:
     """What one pass hands to the next: the daemon keeps it in memory, a one-shot `apply` persists it
     (memory.save_memory / load_memory).
@@ -98,7 +99,7 @@ class PassMemory:
     quarantines: Mapping[tuple[str, int], Quarantine] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuStrikes:
     """Failed starts in a row of one replica on the same GPUs (SPEC section 9's crash-loop breaker):
     where ((node, GPU indices) per node), how many, and the last one's message."""

@@ -39,6 +39,7 @@ from functools import cached_property, partial
 from typing import Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key, backoff_delay
+from reconciler.frozen import frozen
 from reconciler.model import (
     Action,
     Assignment,
@@ -59,7 +60,7 @@ from reconciler.vocabulary import ActionKind, GpuHealth, NodeState
 _NO_TRIES = Backoff()
 
 
-@dataclass(frozen=True)
+@frozen
 class Waiting:
     """A replica that needs something done but not in this pass, and why."""
 
@@ -74,7 +75,7 @@ class Waiting:
     next_step: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class Drain:
     """A serving copy the reconciler chose to stop, waiting for its requests to end (SPEC section 10).
 
@@ -103,7 +104,7 @@ def drain_key(replica: str, nodes: Iterable[str]) -> str:
     return f"{replica}@{','.join(nodes)}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     actions: tuple[Action, ...]
     # Every desired replica: where it is (kept), goes (start/replace/restart) or why it cannot go anywhere.
@@ -278,7 +279,7 @@ def _stop_placement(rid: str, model: str, entries: list[tuple[str, RunningRank]]
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class _Replacement:
     """A running copy to be placed again elsewhere (or anew), decided after every replica was looked at."""
 
