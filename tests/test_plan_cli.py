@@ -206,6 +206,22 @@ def test_snapshot_that_is_not_yaml_is_refused_with_position(cli, repo, tmp_path)
     assert r.returncode == 1 and "not valid YAML or JSON" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_snapshot_read_ahead_reports_as_before(cli, repo, tmp_path):
+    """The snapshot is read on a thread while the catalog loads (SnapshotPrefetch): a broken
+    snapshot still says where, and a broken catalog is still the only thing reported."""
+    snap = tmp_path / "nodes.yaml"
+    snap.write_text("nodes:\n  - id: a\n   bad: [\n")
+    r = cli("plan", str(repo), "--inventory", str(snap), "--format", "json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"{snap}:3:") and "not valid YAML or JSON" in r.stderr
+    (repo / "fleet.yaml").write_text((repo / "fleet.yaml").read_text().replace("nodes:", "nodez:", 1))
+    both = cli("plan", str(repo), "--inventory", str(snap), "--format", "json")
+    assert both.returncode == 1 and "fleet.yaml" in both.stderr
+    assert "not valid YAML or JSON" not in both.stderr and "Traceback" not in both.stderr
+    r = cli("explain", "qwen2.5-7b", str(repo), "--inventory", str(SNAPSHOT))
+    assert r.returncode == 1 and "fleet.yaml" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_write_status_writes_predicted_status_that_matches_the_schemas(cli, repo):
     r = cli("plan", str(repo), "--inventory", str(SNAPSHOT), "--write-status")
     assert r.returncode == 0, r.stderr

@@ -5,7 +5,7 @@ and text; validation: every problem of a document, and load_inventory, which rea
 """
 
 from reconciler.inventory.reading import inventory_from_document, node_from_document, read_snapshot_document
-from reconciler.inventory.validation import load_inventory, validate_inventory_document
+from reconciler.inventory.validation import load_inventory, read_snapshot, validate_inventory_document
 from reconciler.inventory.writing import inventory_to_document, node_to_document, snapshot_text, utc_text
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "load_inventory",
     "node_from_document",
     "node_to_document",
+    "read_snapshot",
     "read_snapshot_document",
     "snapshot_text",
     "utc_text",
