@@ -122,3 +122,4 @@ def test_the_hot_values_read_as_before():
     assert g.healthy
     a = Assignment(node="n1", rank=0, gpus=(0, 1), hcas=(), port=8000)
     assert dataclasses.asdict(a)["gpus"] == (0, 1)
+

@@ -7,6 +7,7 @@ import sys
 import time
 
 from reconciler.catalog import load_catalog
+from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import SnapshotPrefetch, observe
 from reconciler.commands.plan import planned, scaled_catalog
 from reconciler.commands.plan_words import where_text
@@ -46,6 +47,7 @@ def main(args) -> int:
         else:
             out += _unplaced_lines(rid, o, a, args.all)
     sys.stdout.write("\n".join(out) + "\n")
+    leave_to_exit(catalog, inventory, pl)
     return Exit.OK
 
 

@@ -9,6 +9,7 @@ import time
 import orjson
 
 from reconciler.catalog import load_catalog
+from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import SnapshotPrefetch, observe
 from reconciler.constants import Exit
 from reconciler.memory import load_memory, memory_path, plan_remembering
@@ -175,6 +176,7 @@ def main(args) -> int:
         write_pass(catalog, predicted, nodes=False)
         for warning in predicted.decisions:  # a gateway file edited by hand
             print(f"reconciler: warning: {warning.reason}", file=sys.stderr)
+    leave_to_exit(catalog, inventory, pl)
     if args.fail_on_unplaced and pl.unplaced:
         n = len(pl.unplaced)
         print(f"reconciler: {n} replica{'s' if n != 1 else ''} could not be placed", file=sys.stderr)
