@@ -9,10 +9,13 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
+from typing import NoReturn
 
+from reconciler import commands
 from reconciler.constants import Exit
 from reconciler.errors import CatalogInvalid, FleetUnreachable, ReconcilerError, UsageError
 
@@ -98,9 +101,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run() -> NoReturn:
+    """The `reconciler` console script and `python -m reconciler`: main, then the exit.
+
+    A command may leave its values to the exit (reconciler/commands/__init__.py): the streams are
+    flushed and the process ends with os._exit, the OS freeing the rest at once."""
+    commands.exit_without_teardown()
+    code = main(freeze_imports=True)
+    if commands.left_to_exit():
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BrokenPipeError:  # the reader left (`| head`): nothing more to say, as main has it
+            code = Exit.BROKEN_PIPE
+        os._exit(code)
+    sys.exit(code)
+
+
+def _import_command(name: str, freeze: bool):
+    """The command's module, imported without the cyclic collector: an import builds tens of thousands
+    of objects (modules, classes, functions) and no garbage, so a collection would only walk them,
+    several times over. With `freeze` (the process's own command) they are never walked again: the
+    daemon lives for months."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return importlib.import_module("reconciler.commands." + name.replace("-", "_"))
+    finally:
+        if freeze:
+            gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
+def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
     args = build_parser().parse_args(argv)
-    module = importlib.import_module("reconciler.commands." + args.command.replace("-", "_"))
+    module = _import_command(args.command, freeze_imports)
     try:
         return module.main(args)
     except CatalogInvalid as exc:

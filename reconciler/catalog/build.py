@@ -42,7 +42,9 @@ def _plain_document(data: Any) -> Any:
 
 
 def _ssh(base: SshSettings, overrides: dict | None) -> SshSettings:
-    o = overrides or {}
+    if not overrides:
+        return base  # most nodes: the fleet's settings, one value shared
+    o = overrides
     return SshSettings(
         user=o.get("user", base.user),
         port=o.get("port", base.port),
