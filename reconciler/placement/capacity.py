@@ -9,6 +9,7 @@ Placer's hold and release.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from functools import lru_cache
 from typing import Iterator
 
 from reconciler.model import ObservedNode
@@ -39,9 +40,14 @@ def _model_disk(spec, obs: ObservedNode | None) -> tuple[str | None, float | Non
     """(path, GiB free) of the disk the node keeps weights on: its first model_dir, else the first disk seen."""
     if obs is None or not obs.disks:
         return None, None
-    want = spec.model_dirs[0] if spec.model_dirs else None
-    disk = next((d for d in obs.disks if d.path == want), None) if want else obs.disks[0]
-    return (disk.path, disk.free_bytes / (1 << 30)) if disk is not None else (None, None)
+    if not spec.model_dirs:
+        disk = obs.disks[0]
+        return disk.path, disk.free_bytes / (1 << 30)
+    want = spec.model_dirs[0]
+    for disk in obs.disks:
+        if disk.path == want:
+            return disk.path, disk.free_bytes / (1 << 30)
+    return None, None
 
 
 def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
@@ -53,12 +59,18 @@ def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
 
 def _all_linked(nvlink: dict[int, tuple[int, ...]]) -> bool:
     """Whether every GPU is NVLinked to every other (any set of them is then one domain)."""
-    count = len(nvlink)
-    if count < 2:
+    if len(nvlink) < 2:
         return False
-    indices = set(nvlink)
+    # A fleet has a handful of topologies (the same 8-GPU mesh on thousands of nodes): asked once each.
+    return _topology_all_linked(tuple(nvlink.items()))
+
+
+@lru_cache(maxsize=256)
+def _topology_all_linked(topology: tuple[tuple[int, tuple[int, ...]], ...]) -> bool:
+    count = len(topology)
+    indices = {g for g, _ in topology}
     # Too few peers settles it without a set (PCIe-only nodes list none): most nodes stop here.
-    return all(len(peers) >= count - 1 and indices.issubset((*peers, g)) for g, peers in nvlink.items())
+    return all(len(peers) >= count - 1 and indices.issubset((*peers, g)) for g, peers in topology)
 
 
 class NodeCapacity:
