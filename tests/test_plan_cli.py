@@ -206,9 +206,10 @@ def test_snapshot_that_is_not_yaml_is_refused_with_position(cli, repo, tmp_path)
     assert r.returncode == 1 and "not valid YAML or JSON" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_snapshot_read_ahead_reports_as_before(cli, repo, tmp_path):
-    """The snapshot is read on a thread while the catalog loads (SnapshotPrefetch): a broken
-    snapshot still says where, and a broken catalog is still the only thing reported."""
+def test_snapshot_read_beside_the_catalog_reports_as_before(cli, repo, tmp_path):
+    """The catalog loads in a child process while the snapshot is read (_observe.catalog_apart): a
+    broken snapshot still says where, a broken catalog is still the only thing reported, and explain's
+    unknown model is still a usage error."""
     snap = tmp_path / "nodes.yaml"
     snap.write_text("nodes:\n  - id: a\n   bad: [\n")
     r = cli("plan", str(repo), "--inventory", str(snap), "--format", "json")
@@ -220,6 +221,10 @@ def test_snapshot_read_ahead_reports_as_before(cli, repo, tmp_path):
     assert "not valid YAML or JSON" not in both.stderr and "Traceback" not in both.stderr
     r = cli("explain", "qwen2.5-7b", str(repo), "--inventory", str(SNAPSHOT))
     assert r.returncode == 1 and "fleet.yaml" in r.stderr and "Traceback" not in r.stderr
+    (repo / "fleet.yaml").write_text((repo / "fleet.yaml").read_text().replace("nodez:", "nodes:", 1))
+    r = cli("explain", "no-such-model", str(repo), "--inventory", str(snap))
+    assert r.returncode == 2 and "model no-such-model is not in the catalog" in r.stderr
+    assert "not valid YAML or JSON" not in r.stderr
 
 
 def test_write_status_writes_predicted_status_that_matches_the_schemas(cli, repo):

@@ -8,9 +8,8 @@ import time
 
 import orjson
 
-from reconciler.catalog import load_catalog
 from reconciler.commands import leave_to_exit
-from reconciler.commands._observe import SnapshotPrefetch, observe
+from reconciler.commands._observe import catalog_and_snapshot
 from reconciler.constants import Exit
 from reconciler.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Placement
@@ -158,9 +157,8 @@ def main(args) -> int:
     # frees them at exit: cyclic collection only re-walks them. Measured at 4,000 nodes it
     # costs a third of the run.
     gc.disable()
-    with SnapshotPrefetch(args.inventory) as prefetched:
-        catalog, scaling = scaled_catalog(load_catalog(args.catalog))
-        inventory = observe(catalog, args.inventory, prefetched)
+    catalog, inventory = catalog_and_snapshot(args.catalog, args.inventory)
+    catalog, scaling = scaled_catalog(catalog)
     # The same memory `apply` keeps on this host (when each node went unreachable, what it ran,
     # restart backoff), so `plan` predicts what `apply` does, grace periods included.
     pl = planned(catalog, inventory, now=time.time())

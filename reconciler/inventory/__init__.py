@@ -5,16 +5,16 @@ and text; validation: every problem of a document, and load_inventory, which rea
 """
 
 from reconciler.inventory.reading import inventory_from_document, node_from_document, read_snapshot_document
-from reconciler.inventory.validation import load_inventory, read_snapshot, validate_inventory_document
+from reconciler.inventory.validation import drop_unknown_nodes, load_inventory, validate_inventory_document
 from reconciler.inventory.writing import inventory_to_document, node_to_document, snapshot_text, utc_text
 
 __all__ = [
+    "drop_unknown_nodes",
     "inventory_from_document",
     "inventory_to_document",
     "load_inventory",
     "node_from_document",
     "node_to_document",
-    "read_snapshot",
     "read_snapshot_document",
     "snapshot_text",
     "utc_text",

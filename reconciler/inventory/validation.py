@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from reconciler.errors import InventoryInvalid, Problem
 from reconciler.inventory.reading import SnapshotSyntaxError, inventory_from_document, read_snapshot_document
@@ -319,23 +319,16 @@ def _read_snapshot(path: Path, fast: bool = True) -> Any:
         raise InventoryInvalid([Problem(str(path), 1, 1, "not valid YAML or JSON: not UTF-8 text")]) from None
 
 
-def read_snapshot(path: str | Path) -> Any:
-    """The snapshot file's document, read by the fast readers, unchecked (load_inventory's first
-    step, which a caller may take ahead of it: on another thread, while the catalog loads).
-    InventoryInvalid when it cannot be read or parsed at all."""
-    return _read_snapshot(Path(path))
-
-
 def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_nodes: str = "error",
-                   dropped: list[str] | None = None, document: Callable[[], Any] | None = None) -> Inventory:
+                   dropped: list[str] | None = None) -> Inventory:
     """Read and check a snapshot (YAML or JSON); InventoryInvalid lists every problem.
 
     Nodes not in the fleet are dropped when unknown_nodes == "ignore", and their ids
-    appended to `dropped` when it is given (so the caller can say which). `document`, when
-    given, returns what read_snapshot(path) returns (or raises what it raises): read already.
+    appended to `dropped` when it is given (so the caller can say which). With "ignore" the
+    fleet is needed for that drop only: load with fleet None, then drop_unknown_nodes.
     """
     path = Path(path)
-    doc = document() if document is not None else _read_snapshot(path)
+    doc = _read_snapshot(path)
     errors = _check_document(doc, fleet, unknown_nodes)
     if errors:
         # A refused snapshot is read again by the reference reader (a value YAML 1.1 and 1.2
@@ -347,8 +340,14 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
         raise InventoryInvalid(_problems(errors, str(path), path.read_text(errors="replace")))
     inv = inventory_from_document(doc)
     if fleet is not None and unknown_nodes == "ignore":
-        known = {n.id for n in fleet.nodes}
-        if dropped is not None:
-            dropped.extend(n.id for n in inv.nodes if n.id not in known)
-        inv = Inventory(tuple(n for n in inv.nodes if n.id in known))
+        inv = drop_unknown_nodes(inv, fleet, dropped)
     return inv
+
+
+def drop_unknown_nodes(inv: Inventory, fleet: Fleet, dropped: list[str] | None = None) -> Inventory:
+    """The inventory without the nodes fleet.yaml does not have; their ids appended to `dropped`."""
+    known = {n.id for n in fleet.nodes}
+    kept = tuple(n for n in inv.nodes if n.id in known)
+    if dropped is not None:
+        dropped.extend(n.id for n in inv.nodes if n.id not in known)
+    return inv if len(kept) == len(inv.nodes) else Inventory(kept)

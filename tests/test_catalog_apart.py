@@ -1,0 +1,46 @@
+"""plan and explain load the catalog in a forked child while they read the snapshot (_observe)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from reconciler.catalog import load_catalog
+from reconciler.commands._observe import catalog_and_snapshot, load_snapshot
+from reconciler.errors import CatalogInvalid, InventoryInvalid
+from tests.conftest import REPO
+
+CATALOG = REPO / "catalog"
+SNAPSHOT = CATALOG / "status" / "nodes.yaml"
+
+
+def test_the_catalog_from_the_child_is_the_one_loaded_here():
+    catalog, inventory = catalog_and_snapshot(str(CATALOG), str(SNAPSHOT))
+    here = load_catalog(CATALOG)
+    assert catalog == here  # frozen maps, hosts, profiles: every value travelled
+    assert catalog.fleet.nodes[0].labels == here.fleet.nodes[0].labels
+    assert inventory == load_snapshot(str(SNAPSHOT), here)
+
+
+def test_a_catalog_problem_is_raised_here_and_wins_over_a_broken_snapshot(tmp_path):
+    snap = tmp_path / "nodes.yaml"
+    snap.write_text("nodes: [\n")
+    with pytest.raises(CatalogInvalid) as caught:
+        catalog_and_snapshot(str(tmp_path / "no-such-catalog"), str(snap))
+    assert "catalog directory does not exist" in str(caught.value.problems[0])
+    with pytest.raises(InventoryInvalid):
+        catalog_and_snapshot(str(CATALOG), str(snap))
+
+
+def test_a_check_of_the_catalog_runs_before_the_snapshot_is_judged(tmp_path):
+    copy = tmp_path / "catalog"
+    shutil.copytree(CATALOG, copy)
+    snap = tmp_path / "nodes.yaml"
+    snap.write_text("nodes: [\n")
+
+    def refuse(catalog):
+        raise LookupError(f"{len(catalog.models)} models")
+
+    with pytest.raises(LookupError, match="models"):
+        catalog_and_snapshot(str(copy), str(snap), check=refuse)
