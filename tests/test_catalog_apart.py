@@ -33,6 +33,20 @@ def test_a_catalog_problem_is_raised_here_and_wins_over_a_broken_snapshot(tmp_pa
         catalog_and_snapshot(str(CATALOG), str(snap))
 
 
+def test_beside_other_threads_it_loads_in_line_and_gives_the_same(monkeypatch):
+    """No fork() from a process with threads (a lock another thread holds would stay held in the child)."""
+    import os
+    import threading
+
+    def no_fork():
+        raise AssertionError("forked beside other threads")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    catalog, inventory = catalog_and_snapshot(str(CATALOG), str(SNAPSHOT))
+    assert catalog == load_catalog(CATALOG) and inventory.nodes
+
+
 def test_a_check_of_the_catalog_runs_before_the_snapshot_is_judged(tmp_path):
     copy = tmp_path / "catalog"
     shutil.copytree(CATALOG, copy)

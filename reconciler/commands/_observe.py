@@ -14,6 +14,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 from types import MappingProxyType
@@ -60,7 +61,11 @@ def catalog_and_snapshot(catalog_dir: str, inventory_path: str | None,
     this one reads the snapshot (catalog_apart): each is a third of a 4,000-node `plan`, neither
     needs the other until the snapshot's retired nodes are dropped, and Python runs one of them at a
     time per process. The catalog comes back pickled (0.06 s to read at 4,000 nodes)."""
-    if inventory_path is None or not Path(inventory_path).is_file() or not hasattr(os, "fork"):
+    # fork() only from a process with one thread: a lock another thread held (the import lock, a
+    # logging handler's) would stay held in the child forever. The CLI has one; a test or a
+    # dashboard calling this beside its server threads loads in line.
+    alone = hasattr(os, "fork") and threading.active_count() == 1
+    if inventory_path is None or not Path(inventory_path).is_file() or not alone:
         catalog = load_catalog(catalog_dir)
         check(catalog)
         return catalog, observe(catalog, inventory_path)
