@@ -15,8 +15,21 @@ CATALOG = REPO / "catalog"
 SNAPSHOT = CATALOG / "status" / "nodes.yaml"
 
 
-def test_the_catalog_from_the_child_is_the_one_loaded_here():
+def test_the_catalog_from_the_child_is_the_one_loaded_here(monkeypatch):
+    import os
+    import threading
+
+    forks = []
+    real_fork = os.fork
+
+    def counted_fork():
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # whatever else this test process runs
     catalog, inventory = catalog_and_snapshot(str(CATALOG), str(SNAPSHOT))
+    assert forks == [1]  # loaded in the child, not in line
     here = load_catalog(CATALOG)
     assert catalog == here  # frozen maps, hosts, profiles: every value travelled
     assert catalog.fleet.nodes[0].labels == here.fleet.nodes[0].labels
