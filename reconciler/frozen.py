@@ -29,6 +29,7 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T", bound=type)
 
 _FACTORY_SENTINEL = object()  # "no value given" for a field with a default_factory
+_WRITTEN_HERE = frozenset({"__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__"})
 
 
 def frozen(cls: T | None = None, /, **options: Any) -> T | Callable[[T], T]:
@@ -38,6 +39,9 @@ def frozen(cls: T | None = None, /, **options: Any) -> T | Callable[[T], T]:
         raise TypeError(f"@frozen takes no options (given {', '.join(options)}): use @dataclass for those")
 
     def wrap(c: T) -> T:
+        own = sorted(_WRITTEN_HERE & set(c.__dict__))
+        if own:  # @dataclass would keep them; here they would be replaced without a word
+            raise TypeError(f"{c.__name__} defines {', '.join(own)}: @frozen writes those, use @dataclass")
         # The dataclass machinery reads the fields (defaults, factories, ClassVar, kw_only) and
         # generates nothing; the methods come from here. A class without a docstring is given the
         # one @dataclass would give it, written here: its way (inspect.signature) costs more than

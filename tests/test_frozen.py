@@ -84,6 +84,14 @@ def test_what_it_cannot_build_is_refused_when_the_class_is_made():
             a: int
             b: InitVar[int]
 
+    with pytest.raises(TypeError, match="defines __repr__"):
+        @frozen
+        class OwnRepr:
+            a: int
+
+            def __repr__(self) -> str:
+                return "mine"
+
     with pytest.raises(TypeError, match="no options"):
         frozen(slots=True)
 
