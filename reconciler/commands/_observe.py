@@ -109,10 +109,13 @@ def catalog_apart(catalog_dir: str) -> Iterator[Callable[[], Catalog]]:
             os._exit(code)
     os.close(write_end)
     reader = os.fdopen(read_end, "rb")
+    reaped = False
 
     def wait() -> Catalog:
+        nonlocal reaped
         data = reader.read()
         os.waitpid(pid, 0)
+        reaped = True
         if not data:
             raise ReconcilerError("loading the catalog failed: its process ended without an answer")
         kind, value = pickle.loads(data)
@@ -126,11 +129,12 @@ def catalog_apart(catalog_dir: str) -> Iterator[Callable[[], Catalog]]:
         yield wait
     finally:
         reader.close()
-        try:  # still running (this process was interrupted): it is stopped, and reaped
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        if not reaped:  # never waited for (this process was interrupted): stopped, and reaped
+            try:  # (once reaped, its pid may be another process's: never signalled then)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
 
 def _catalog_pickler(out) -> pickle.Pickler:
