@@ -30,6 +30,7 @@ from reconciler.model import (
 )
 from reconciler.vocabulary import FailureKind, GpuHealth, NodeState
 
+
 class SnapshotSyntaxError(ValueError):
     """The reference reader (PyYAML) refused the file: where, and its words."""
 
