@@ -36,14 +36,14 @@ def action_document(a: Action) -> dict:
         doc["nodes"] = [{"node": n.node, "rank": n.rank} for n in a.placement.nodes] if a.placement else []
         return doc
     p = a.placement
-    if p is None:
-        doc["reason"] = a.reason
-        doc["nodes"] = []
-    else:  # one dict literal in SPEC section 5's key order: 10,000 of them in a fleet-sized plan
-        doc = {"action": a.action, "replica": a.replica, "model": a.model, "profile": p.profile,
-               "fabric": p.fabric, "pool": p.pool, "reason": a.reason, "nodes": _nodes(p)}
-        if p.dist_port is not None:
-            doc["dist_port"] = p.dist_port
+    if p is not None:
+        doc["profile"] = p.profile
+        doc["fabric"] = p.fabric
+        doc["pool"] = p.pool
+    doc["reason"] = a.reason
+    doc["nodes"] = _nodes(p)
+    if p is not None and p.dist_port is not None:
+        doc["dist_port"] = p.dist_port
     if a.action == ActionKind.REPLACE:
         doc["stop_first"] = a.stop_first
     return doc

@@ -9,7 +9,6 @@ Placer's hold and release.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from functools import lru_cache
 from typing import Iterator
 
 from reconciler.model import ObservedNode
@@ -40,14 +39,9 @@ def _model_disk(spec, obs: ObservedNode | None) -> tuple[str | None, float | Non
     """(path, GiB free) of the disk the node keeps weights on: its first model_dir, else the first disk seen."""
     if obs is None or not obs.disks:
         return None, None
-    if not spec.model_dirs:
-        disk = obs.disks[0]
-        return disk.path, disk.free_bytes / (1 << 30)
-    want = spec.model_dirs[0]
-    for disk in obs.disks:
-        if disk.path == want:
-            return disk.path, disk.free_bytes / (1 << 30)
-    return None, None
+    want = spec.model_dirs[0] if spec.model_dirs else None
+    disk = next((d for d in obs.disks if d.path == want), None) if want else obs.disks[0]
+    return (disk.path, disk.free_bytes / (1 << 30)) if disk is not None else (None, None)
 
 
 def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
@@ -59,18 +53,12 @@ def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
 
 def _all_linked(nvlink: dict[int, tuple[int, ...]]) -> bool:
     """Whether every GPU is NVLinked to every other (any set of them is then one domain)."""
-    if len(nvlink) < 2:
+    count = len(nvlink)
+    if count < 2:
         return False
-    # A fleet has a handful of topologies (the same 8-GPU mesh on thousands of nodes): asked once each.
-    return _topology_all_linked(tuple(nvlink.items()))
-
-
-@lru_cache(maxsize=256)
-def _topology_all_linked(topology: tuple[tuple[int, tuple[int, ...]], ...]) -> bool:
-    count = len(topology)
-    indices = {g for g, _ in topology}
+    indices = set(nvlink)
     # Too few peers settles it without a set (PCIe-only nodes list none): most nodes stop here.
-    return all(len(peers) >= count - 1 and indices.issubset((*peers, g)) for g, peers in topology)
+    return all(len(peers) >= count - 1 and indices.issubset((*peers, g)) for g, peers in nvlink.items())
 
 
 class NodeCapacity:
@@ -107,32 +95,15 @@ class NodeCapacity:
         # gpu index -> why it is not usable (SPEC section 9): unhealthy, lost, quarantined, cordoned, or
         # memory held by no process. Never free, not even when a replica on it is released.
         self.unusable: dict[int, str] = {}
-        if obs is not None:
-            self._add_gpus(obs, spec)
+        cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
+        own = {i for r in obs.replicas for i in r.gpus} if obs is not None else set()
+        for g in obs.gpus if obs is not None else ():
+            self._add_gpu(g, spec.gpu_class or g.gpu_class, gpu_unusable(g, g.index in cordoned, g.index in own))
         self.all_nvlinked = _all_linked(self.nvlink)
         self.ranks = 0
         self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
         self.ports_used: set[int] = set(self.ports_observed)
-
-    def _add_gpus(self, obs: ObservedNode, spec) -> None:
-        cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
-        own = {i for r in obs.replicas for i in r.gpus}
-        for g in obs.gpus:
-            cls = spec.gpu_class or g.gpu_class
-            if (g.health is GpuHealth.OK and g.quarantined is None and not g.held_by and not g.processes
-                    and g.memory_used_mb <= LEAK_MIN_MB and g.index not in cordoned):
-                # A healthy, idle GPU (nearly all of a fleet's 30,000): free, without gpu_unusable's questions.
-                self.gpu_class[g.index] = cls
-                self.total[cls] = self.total.get(cls, 0) + 1
-                self.nvlink[g.index] = g.nvlink_peers
-                free = self.free.get(cls)
-                if free is None:
-                    self.free[cls] = {g.index}
-                else:
-                    free.add(g.index)
-                continue
-            self._add_gpu(g, cls, gpu_unusable(g, g.index in cordoned, g.index in own))
 
     def _add_gpu(self, g, cls: str, unusable: str = "") -> None:
         self.gpu_class[g.index] = cls
