@@ -19,7 +19,6 @@ import yaml
 from reconciler.autoscale import (
     AutoscaleState,
     decide,
-    initial_state,
     kept_states,
     new_unknowns,
     next_pass_at,
@@ -415,16 +414,23 @@ def test_status_cli_and_json_show_the_count(tmp_path):
     assert doc["models"][0]["autoscale"]["current"] == 2
 
 
-@pytest.mark.process
-def test_plan_takes_the_count_from_status_and_says_the_range(tmp_path):
-    root = catalog_dir(tmp_path, model_text())
+def _scaled_to_three(root, tmp_path, reason: str):
+    """status/models/m.yaml holding an autoscale count of 3 (for `reason`), and a one-node snapshot:
+    (the status/models directory, the snapshot's path)."""
     status = root / "status" / "models"
     status.mkdir(parents=True)
     (status / "m.yaml").write_text(yaml.safe_dump({"name": "m", "autoscale": {
-        "current": 3, "wanted": 3, "reason": "requests 12 over 3 replicas = target 4"}}))
+        "current": 3, "wanted": 3, "reason": reason}}))
     snapshot = tmp_path / "snap.yaml"
     snapshot.write_text(yaml.safe_dump({"nodes": [{"id": "local", "state": "ready", "memory_total_mb": 65536,
                                                    "engines": {"llama.cpp": "b1"}, "gpus": [], "replicas": []}]}))
+    return status, snapshot
+
+
+@pytest.mark.process
+def test_plan_takes_the_count_from_status_and_says_the_range(tmp_path):
+    root = catalog_dir(tmp_path, model_text())
+    status, snapshot = _scaled_to_three(root, tmp_path, "requests 12 over 3 replicas = target 4")
     md = run_cli("plan", str(root), "--inventory", str(snapshot), "--format", "markdown")
     assert md.returncode == 0, md.stderr
     assert "| `m` | 1-4 (now 3) | requests 12 over 3 replicas = target 4 |" in md.stdout
@@ -436,13 +442,7 @@ def test_plan_takes_the_count_from_status_and_says_the_range(tmp_path):
 @pytest.mark.process
 def test_a_scale_up_that_cannot_be_placed_has_rejections_and_status_says_what_the_load_wanted(tmp_path):
     root = catalog_dir(tmp_path, model_text().replace("spread: preferred\n", ""))  # one node, spread required
-    status = root / "status" / "models"
-    status.mkdir(parents=True)
-    (status / "m.yaml").write_text(yaml.safe_dump({"name": "m", "autoscale": {
-        "current": 3, "wanted": 3, "reason": "requests 12 over 1 replica > target 4: 1 -> 3 after 10 s above"}}))
-    snapshot = tmp_path / "snap.yaml"
-    snapshot.write_text(yaml.safe_dump({"nodes": [{"id": "local", "state": "ready", "memory_total_mb": 65536,
-                                                   "engines": {"llama.cpp": "b1"}, "gpus": [], "replicas": []}]}))
+    status, snapshot = _scaled_to_three(root, tmp_path, "requests 12 over 1 replica > target 4: 1 -> 3 after 10 s above")
     done = run_cli("plan", str(root), "--inventory", str(snapshot), "--write-status")
     assert done.returncode == 0, done.stderr
     doc = yaml.safe_load((status / "m.yaml").read_text())

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 import yaml
 
-from tests.apply_support.local import example_catalog, free_port, kill_recorded, wait_for
+from tests.apply_support.local import example_catalog, free_port, kill_recorded, stop_group, wait_for
 from tests.conftest import REPO, run_cli
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -83,13 +81,7 @@ class Dashboard:
         return int(head.split()[1]), body
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, timeout=10)
 
 
 def resources_same_origin(driver, origin: str) -> list[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.apply_support.local import stop_group
 from tests.fleet import TestFleet
 from tests.real_llama import gemma_model, llama_bin
 
@@ -128,13 +128,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, timeout=20)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

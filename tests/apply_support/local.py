@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -106,6 +107,18 @@ def kill_recorded(state_dir: Path) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def stop_group(proc, timeout: float) -> None:
+    """Teardown of a program the test started in a session of its own (start_new_session): SIGTERM to
+    its process group, SIGKILL if it is still there after `timeout` seconds."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def example_catalog(tmp_path: Path) -> Path:
