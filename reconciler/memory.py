@@ -13,7 +13,6 @@ went (`backoff_after`), since only the act stage sees that.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key
 from reconciler.errors import PERMANENT, TEMPORARY
-from reconciler.inventory import inventory_from_document, inventory_to_document
+from reconciler.inventory import inventory_from_document, inventory_to_document, utc_text
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
 from reconciler.outcomes import FAILED, GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
 from reconciler.status import write_rendered
@@ -268,7 +267,7 @@ def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now
         kept[key] = d
         if key in draining:
             load = f"{d.running:g} request{'s' * (d.running != 1)} running" if d.running is not None else d.note
-            step = f"{load}; stopped once no request runs, at the latest after {iso_time(d.until)}"
+            step = f"{load}; stopped once no request runs, at the latest after {utc_text(d.until)}"
         else:  # begins now: no clock time in the message, so `plan` says the same thing on every run
             step = f"stopped once no request runs, at most {d.until - d.started:g} s from now"
         waiting.append(Waiting(a.replica, a.model, f"draining ({a.reason}): out of every gateway file; {step}",
@@ -277,10 +276,6 @@ def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now
         return plan
     return dataclasses.replace(plan, actions=tuple(actions), waiting=tuple(sorted(waiting, key=lambda w: w.replica)),
                                draining=kept)
-
-
-def iso_time(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def memory_to_document(memory: PassMemory) -> dict:

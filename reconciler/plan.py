@@ -30,7 +30,6 @@ Stops come first so that what they free is free by the time anything starts.
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace as _replace
@@ -40,6 +39,7 @@ from typing import Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key, backoff_delay
 from reconciler.frozen import frozen
+from reconciler.inventory import utc_text
 from reconciler.model import (
     Action,
     Assignment,
@@ -130,10 +130,6 @@ class Plan:
     def restarts(self) -> dict[str, int]:
         """Per replica, how many times the reconciler restarted it (for status)."""
         return {rid: b.restarts for rid, b in self.backoff.items() if b.restarts}
-
-
-def _iso(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --------------------------------------------------------------------------
@@ -512,8 +508,8 @@ class _Diff:
         first = min(since.get(n, now) for n in lost)
         lost_text = f"node {', '.join(lost)} unreachable"
         if any(n in since for n in lost):
-            lost_text += f" since {_iso(first)}"
-            when = f"after {_iso(first + grace_s)} (grace {int(grace_s)} s)"
+            lost_text += f" since {utc_text(first)}"
+            when = f"after {utc_text(first + grace_s)} (grace {int(grace_s)} s)"
         else:
             when = f"if it stays unreachable for {int(grace_s)} s"
         self.waiting.append(Waiting(rid, model.name, f"{lost_text}; replaced elsewhere {when}",
@@ -540,7 +536,7 @@ class _Diff:
         what = [f"rank {r.rank} on {n} is dead" for n, r in dead] + [f"rank {k} is missing" for k in missing]
         until = tries.held_until(self.now)
         if until is not None:
-            wait = f"waiting for backoff until {_iso(until)} (restart {tries.restarts + 1})"
+            wait = f"waiting for backoff until {utc_text(until)} (restart {tries.restarts + 1})"
             self.waiting.append(Waiting(rid, model.name, f"{'; '.join(what)}; {wait}", until,
                                         kind=WaitKind.BACKOFF, next_step=wait))
             self.new_backoff[rid] = tries
@@ -663,9 +659,9 @@ def _held_start(start: Action, tries: Backoff) -> Waiting:
     if tries.stalled:
         where = f"node {', '.join(tries.nodes)}" if tries.nodes else "the node"
         reason = (f"{tries.message}; stalled until the catalog or {where} changes ({failed}; checked again after "
-                  f"{_iso(tries.retry_at)})")
+                  f"{utc_text(tries.retry_at)})")
         return Waiting(start.replica, start.model, reason, tries.retry_at, kind=WaitKind.STALLED, nodes=tries.nodes)
-    reason = f"{tries.message}; retried after {_iso(tries.retry_at)} ({failed}, backing off)"
+    reason = f"{tries.message}; retried after {utc_text(tries.retry_at)} ({failed}, backing off)"
     return Waiting(start.replica, start.model, reason, tries.retry_at, kind=WaitKind.START_BACKOFF, nodes=tries.nodes)
 
 
