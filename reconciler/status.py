@@ -379,7 +379,8 @@ def write_catalog_status(catalog_root: str | os.PathLike, st: CatalogStatus) -> 
 
 
 def status_dir(catalog_root: str | os.PathLike) -> Path:
-    """<catalog>/status, refusing to write anywhere it (or status/models) leads outside the catalog.
+    """<catalog>/status, refusing to write anywhere it (or status/models) leads outside the catalog,
+    with its .gitignore for the temporaries every write goes through.
 
     A committed `status` symlink to /etc, or to another repository, would otherwise have the
     reconciler rewrite files there on every pass.
@@ -393,7 +394,17 @@ def status_dir(catalog_root: str | os.PathLike) -> Path:
             link = f" (a symbolic link to {os.readlink(p)})" if p.is_symlink() else ""
             raise StatusWriteError(str(p), f"it leads outside the catalog{link}, to {real}; refusing to write there "
                                    "(status/ is the reconciler's own: remove the link)")
+    try:
+        write_if_changed(d / ".gitignore", _IGNORE_TEMPORARIES)
+    except StatusWriteError:
+        pass  # status/ itself cannot be written: the status file written next says so, naming itself
     return d
+
+
+# Every status file is written through a hidden `.<name>.*.tmp` beside it and renamed into place.
+# Without this, a person's `git add -A` in the deployed checkout can list such a file and then
+# fail with "unable to stat" when the rename removes it; git skips ignored files without a stat.
+_IGNORE_TEMPORARIES = "# written by the reconciler: its half-written status files, renamed into place when whole\n.*.tmp\n"
 
 
 def predicted_revisions(plan: Plan, observed: Mapping[str, str | None] | None = None) -> dict[str, str | None]:

@@ -39,3 +39,24 @@ def test_status_files_get_the_mode_of_a_normal_file(tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
     finally:
         os.umask(old)
+
+
+def test_git_add_in_the_deployed_checkout_never_sees_a_status_temporary(tmp_path):
+    """The daemon writes status/ while a person commits there: a temporary that `git add -A` lists
+    and the rename then removes made it fail with "unable to stat" (a CI run met this)."""
+    import subprocess
+    import tempfile
+
+    from reconciler.status import CatalogStatus, write_catalog_status
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    write_catalog_status(tmp_path, CatalogStatus(attempted=None, applied=None, message="no revision"))
+    for directory in (tmp_path / "status", tmp_path / "status" / "models"):
+        directory.mkdir(exist_ok=True)
+        fd, half_written = tempfile.mkstemp(prefix=".alpha.yaml.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        ignored = subprocess.run(["git", "-C", str(tmp_path), "check-ignore", "-q", half_written])
+        assert ignored.returncode == 0, f"{half_written} is not ignored by git"
+    listed = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout
+    assert ".tmp" not in listed and "status/catalog.yaml" in listed
