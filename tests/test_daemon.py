@@ -158,6 +158,55 @@ def test_a_second_daemon_on_the_same_catalog_refuses_and_names_the_holder(repo, 
     assert first.proc.poll() is None
 
 
+LOCAL_FLEET = "nodes:\n  - id: here\n    address: 127.0.0.1\n    transport: local\n"
+
+
+def test_apply_refuses_while_a_daemon_acts_on_the_catalog_and_changes_nothing(repo, daemon, cli, tmp_path):
+    repo.write("fleet.yaml", LOCAL_FLEET)  # were the lock ignored, apply would act on this host only
+    repo.commit("a local node")
+    d = daemon(*QUIET)
+    d.wait_pass(repo.head())
+    before = (repo.path / "status" / "catalog.yaml").read_bytes()
+    result = cli("apply", str(repo.path), cwd=tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "xdg")})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"reconciler daemon (pid {d.pid}) is already acting on {repo.path}" in result.stderr
+    assert "nothing was applied" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert (repo.path / "status" / "catalog.yaml").read_bytes() == before
+    assert d.proc.poll() is None
+
+
+def test_a_daemon_started_while_apply_holds_the_lock_names_it_and_exits(repo, daemon):
+    import os
+
+    from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
+    from reconciler.gitrev import GitCatalog
+
+    held = CatalogLock(lock_path(repo.path, GitCatalog.open(repo.path)), str(repo.path), APPLY)
+    assert held.acquire() is None
+    try:
+        d = daemon(*QUIET)
+        assert d.wait_exit() == 1
+        assert f"reconciler apply (pid {os.getpid()}) is acting on" in d.logfile.read_text()
+        assert d.passes("begin") == []
+    finally:
+        held.release()
+    after = daemon(*QUIET, name="after")  # released: the next one takes it
+    after.wait_pass()
+
+
+def test_a_lock_file_written_before_roles_names_a_daemon(tmp_path):
+    from reconciler.daemon.lock import DAEMON, CatalogLock, Holder
+
+    path = tmp_path / "daemon.lock"
+    path.write_text("4242\n")  # a bare pid, as daemons wrote it; its holder is gone (no flock)
+    lock = CatalogLock(path, "the catalog")
+    assert lock.acquire() == Holder(4242, DAEMON)
+    assert path.read_text().split()[1] == DAEMON
+    lock.release()
+    assert path.read_text() == ""
+
+
 def test_a_lock_left_by_a_killed_daemon_is_taken_over(repo, daemon):
     first = daemon(*QUIET)
     first.wait_pass()

@@ -11,6 +11,7 @@ from reconciler.memory import PassMemory, load_memory, memory_path
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
+from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
 from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
@@ -63,17 +64,16 @@ def main(args) -> int:
         line = json.dumps(decision.as_dict()) if as_json else str(decision)
         print(line, flush=True)
 
-    memory_file = memory_path(catalog.root)
-    transports = TransportPool()  # LocalTransport for `transport: local` nodes, SSH otherwise
+    # One reconciler acts on a catalog at a time: a pass of ours beside a daemon's would start what
+    # it starts a second time. A dry run changes nothing and takes no lock.
+    lock = None if args.dry_run else CatalogLock(lock_path(Path(catalog.root), _git_of(catalog)), catalog.root, APPLY)
+    if lock is not None:
+        lock.acquire()  # DaemonLocked (exit 1) names the holder
     try:
-        result = run_pass(catalog, transports=transports, dry_run=args.dry_run, log=log,
-                          history=load_memory(memory_file))
+        result = _apply_once(catalog, args.dry_run, log)
     finally:
-        transports.close()
-    if result.memory is not None and not args.dry_run:
-        save_memory(memory_file, result.memory)
-    if not args.dry_run:
-        write_catalog_status(catalog)
+        if lock is not None:
+            lock.release()
 
     nodes = result.inventory.nodes if result.inventory is not None else ()
     if nodes and all(n.state == NodeState.UNREACHABLE for n in nodes):
@@ -91,6 +91,29 @@ def main(args) -> int:
         print(f"reconciler: {len(failed)} decision{'s' if len(failed) != 1 else ''} failed", file=sys.stderr)
         return Exit.FAILED
     return Exit.OK
+
+
+def _apply_once(catalog, dry_run: bool, log):
+    """One pass, its memory saved and status/catalog.yaml written (unless a dry run)."""
+    memory_file = memory_path(catalog.root)
+    transports = TransportPool()  # LocalTransport for `transport: local` nodes, SSH otherwise
+    try:
+        result = run_pass(catalog, transports=transports, dry_run=dry_run, log=log, history=load_memory(memory_file))
+    finally:
+        transports.close()
+    if result.memory is not None and not dry_run:
+        save_memory(memory_file, result.memory)
+    if not dry_run:
+        write_catalog_status(catalog)
+    return result
+
+
+def _git_of(catalog) -> GitCatalog | None:
+    """The catalog's repository, for where the lock lives; None outside git, or when git cannot say."""
+    try:
+        return GitCatalog.open(catalog.root)
+    except GitError:
+        return None
 
 
 class _Say:

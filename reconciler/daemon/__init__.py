@@ -3,7 +3,7 @@
   loop.py       the loop: waking, signals and shutdown, one pass at a time, status written after each
   revisions.py  which revision is in force: pull, read what is committed, load it, status/catalog.yaml
   watch.py      the file watcher thread (git refs or working-tree files changed)
-  lock.py       one daemon per catalog (flock)
+  lock.py       one reconciler acting on a catalog at a time, daemon or apply (flock)
   events.py     the log, text or JSON lines
   observe.py    metrics and node events from a pass result (served by metrics.MetricsServer)
 """

@@ -24,7 +24,7 @@ from typing import Callable
 from reconciler import status as status_files
 from reconciler.constants import Exit
 from reconciler.daemon.events import EventLog
-from reconciler.daemon.lock import LOCK_NAME, CatalogLock
+from reconciler.daemon.lock import DAEMON, CatalogLock, lock_path
 from reconciler.daemon.observe import node_events, observe_pass
 from reconciler.daemon.revisions import DaemonState, LoadFn, Revisions, short as _short
 from reconciler.daemon.watch import FILE_CHANGE, GIT_CHANGE, Watcher
@@ -86,8 +86,7 @@ class Daemon:
         self._wake = threading.Event()
         self._stopping: str | None = None
         self._autoscale_at: float | None = None  # wall time the last pass asked to pass again (autoscaling)
-        lock_path = self.git.private_dir / "daemon.lock" if self.git else self.root / LOCK_NAME
-        self.lock = CatalogLock(lock_path, str(self.root))
+        self.lock = CatalogLock(lock_path(self.root, self.git), str(self.root), DAEMON)
 
     # ------------------------------------------------------------ waking
 
@@ -125,7 +124,12 @@ class Daemon:
 
     def serve(self) -> int:
         """Run until a stop signal (or --max-passes). Must be called on the main thread."""
-        self.state.took_over_from = self.lock.acquire(self.log)
+        previous = self.lock.acquire()
+        if previous is not None:
+            self.log("lock.taken-over", previous_pid=previous.pid, previous_role=previous.role, lock=str(self.lock.path),
+                     msg=f"the previous holder, {previous}, ended without releasing the lock (the kernel released "
+                         "it); taking over, its engines are adopted from their records")
+            self.state.took_over_from = previous.pid
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         for s in previous:
             signal.signal(s, self._on_signal)
