@@ -243,6 +243,18 @@ def drain_done(d: Drain, now: float) -> str | None:
     return None
 
 
+# How soon the daemon asks a draining copy's engine again while it still runs requests: a drain ends
+# the pass after its last request does, not a resync interval (60 s) later.
+DRAIN_RECHECK_S = 5.0
+
+
+def next_drain_check(draining: Mapping[str, Drain], now: float) -> float | None:
+    """When a pass should run next for the drains left going (pure, epoch seconds): each one's deadline,
+    or sooner to ask its engine again; None without drains."""
+    due = [min(d.until, now + DRAIN_RECHECK_S) for d in draining.values()]
+    return max(now, min(due)) if due else None
+
+
 def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float) -> Plan:
     """The plan with each stop of a serving copy turned into a Draining wait until the copy has drained
     (pure; SPEC section 10). A drain begins in the pass that first decides the stop: that pass writes the

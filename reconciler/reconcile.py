@@ -42,7 +42,7 @@ from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
-from reconciler.memory import PassMemory, attempt_keys, plan_remembering, remember, with_quarantines
+from reconciler.memory import PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, with_quarantines
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
@@ -132,6 +132,7 @@ def run_pass(
     status files included.
     """
     now = time.time() if now is None else now
+    began = time.monotonic()  # `now` plus the pass's own length: when it ended, on now's clock
     memory = history or PassMemory()
     # 0. The count in force of each autoscaled model, as status/ holds it (min without it): the
     #    catalog's `replicas` for this pass. The catalog itself is never written.
@@ -185,11 +186,19 @@ def run_pass(
                                  drains_begun=actor.drains_begun)
         # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
+        # A drain still going wants a pass at its deadline, or sooner to ask its engine again.
+        ended = now + (time.monotonic() - began)
+        result.next_pass_at = _earliest(result.next_pass_at, next_drain_check(result.memory.draining, ended))
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
             write_status_at_end(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
     return result
+
+
+def _earliest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
 
 
 def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], autoscale: LoadReader | None,

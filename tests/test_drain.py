@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from reconciler.memory import PassMemory, hold_drains, memory_from_document, memory_to_document, plan_remembering, remember
+from reconciler.memory import (
+    DRAIN_RECHECK_S, PassMemory, hold_drains, memory_from_document, memory_to_document, next_drain_check,
+    plan_remembering, remember,
+)
 from reconciler.model import spec_hash
 from reconciler.plan import WaitKind, plan
 from reconciler.status import endpoints_document, model_status_document, predicted_pass, predicted_phases
@@ -232,3 +235,12 @@ def test_a_replica_on_a_gpu_gone_bad_moves_at_once_without_draining():
     assert (a.action, a.drain) == ("replace", False)
     p = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
     assert kinds(p) == [("replace", "m-0")] and p.waiting == ()
+
+
+def test_a_drain_going_on_asks_for_a_pass_at_its_deadline_or_sooner_to_ask_its_engine_again():
+    cat, inv = setup(2, drain_s=60)
+    memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
+    assert next_drain_check({}, 1000.0) is None
+    assert next_drain_check(memory.draining, 1000.0) == 1000.0 + DRAIN_RECHECK_S  # the engine asked again soon
+    assert next_drain_check(memory.draining, 1058.0) == 1060.0  # the deadline comes first
+    assert next_drain_check(memory.draining, 1075.0) == 1075.0  # past it: now, never in the past

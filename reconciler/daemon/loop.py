@@ -85,7 +85,7 @@ class Daemon:
         self._reasons_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping: str | None = None
-        self._autoscale_at: float | None = None  # wall time the last pass asked to pass again (autoscaling)
+        self._asked_at: float | None = None  # wall time the last pass asked to pass again (autoscaling, drains)
         self.lock = CatalogLock(lock_path(self.root, self.git), str(self.root), DAEMON)
 
     # ------------------------------------------------------------ waking
@@ -186,11 +186,11 @@ class Daemon:
                 self.refresh_status()
 
     def _next_resync(self) -> float:
-        """When the loop passes again unasked, from now: the resync interval, or sooner when autoscaling
-        asked (a count moved, its replicas start or stop now, or a move falls due before the resync)."""
+        """When the loop passes again unasked, from now: the resync interval, or sooner when the pass
+        asked (autoscaling: a count moved or a move falls due; a drain's deadline or its next look)."""
         next_resync = self.clock() + self.options.interval
-        if self._autoscale_at is not None:
-            next_resync = min(next_resync, self.clock() + max(0.0, self._autoscale_at - time.time()))
+        if self._asked_at is not None:
+            next_resync = min(next_resync, self.clock() + max(0.0, self._asked_at - time.time()))
         return next_resync
 
     def _wants_pass(self, reasons: set[str]) -> bool:
@@ -207,7 +207,7 @@ class Daemon:
         """One cycle: pull, read the revision, load it, run the pass, write status (always)."""
         started = self.clock()
         result_kind = "error"
-        self._autoscale_at = None
+        self._asked_at = None
         self.passes += 1
         try:
             if pull and self.options.git_pull and self.git is not None:
@@ -225,7 +225,7 @@ class Daemon:
             else:
                 self.log("pass.start", trigger=trigger, revision=_short(catalog.revision))
                 result = self.pass_fn(catalog, self.log, trigger=trigger)
-                self._autoscale_at = getattr(result, "next_pass_at", None)
+                self._asked_at = getattr(result, "next_pass_at", None)
                 self._observe(result, catalog)
                 result_kind = "applied"
         except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass
