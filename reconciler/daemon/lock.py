@@ -78,8 +78,9 @@ class CatalogLock:
     def _refusal(self, holder: Holder | None) -> str:
         who = str(holder) if holder is not None else "another reconciler process"
         if self.role == APPLY:
+            now = f" (`kill -HUP {holder.pid}` asks it for a pass now)" if holder is not None and holder.role == DAEMON else ""
             return (f"{who} is already acting on {self.what} (lock {self.path}); nothing was applied: "
-                    "a running daemon applies what is committed, or stop it to apply by hand")
+                    f"the daemon applies what is committed{now}, or stop it to apply by hand")
         if holder is not None and holder.role == APPLY:
             return f"{who} is acting on {self.what} (lock {self.path}); exiting: start the daemon once it is done"
         who = f"another {holder}" if holder is not None else who
