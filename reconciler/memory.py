@@ -250,9 +250,10 @@ DRAIN_RECHECK_S = 5.0
 
 def next_drain_check(draining: Mapping[str, Drain], now: float) -> float | None:
     """When a pass should run next for the drains left going (pure, epoch seconds): each one's deadline,
-    or sooner to ask its engine again; None without drains."""
-    due = [min(d.until, now + DRAIN_RECHECK_S) for d in draining.values()]
-    return max(now, min(due)) if due else None
+    or sooner to ask its engine again; None without drains. Never now: a drain kept past its deadline
+    (its stop failed) is looked at again DRAIN_RECHECK_S later, not in a loop of passes."""
+    due = [d.until if now < d.until < now + DRAIN_RECHECK_S else now + DRAIN_RECHECK_S for d in draining.values()]
+    return min(due) if due else None
 
 
 def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float) -> Plan:

@@ -186,9 +186,8 @@ def run_pass(
                                  drains_begun=actor.drains_begun)
         # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
-        # A drain still going wants a pass at its deadline, or sooner to ask its engine again.
-        ended = now + (time.monotonic() - began)
-        result.next_pass_at = _earliest(result.next_pass_at, next_drain_check(result.memory.draining, ended))
+        # The daemon passes again when something this pass left waiting can move (not only on its interval).
+        result.next_pass_at = next_pass_wanted(result, ended=now + (time.monotonic() - began))
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
@@ -196,7 +195,23 @@ def run_pass(
     return result
 
 
-def _earliest(*times: float | None) -> float | None:
+# How soon the daemon looks again at a replica it left Starting (it judges starts on later passes):
+# the period of a Kubernetes readiness probe.
+START_RECHECK_S = 10.0
+
+
+def next_pass_wanted(result: PassResult, ended: float) -> float | None:
+    """When the pass wants the next one (pure, epoch seconds; `ended`: when this one ended): an
+    autoscaling move falls due, a drain's next look or deadline, a wait that ends (a restart backoff, a
+    grace period), a start still to be judged. None: the resync interval will do. A wait whose end has
+    passed asks for nothing, so a wait that outlives its time never spins the daemon."""
+    times = [result.next_pass_at]
+    if result.memory is not None:
+        times.append(next_drain_check(result.memory.draining, ended))
+    if result.plan is not None:
+        times += [w.until for w in result.plan.waiting if w.until is not None and w.until > ended]
+    if any(st.phase == STARTING for st in result.replicas.values()):
+        times.append(ended + START_RECHECK_S)
     known = [t for t in times if t is not None]
     return min(known) if known else None
 

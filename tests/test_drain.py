@@ -243,4 +243,4 @@ def test_a_drain_going_on_asks_for_a_pass_at_its_deadline_or_sooner_to_ask_its_e
     assert next_drain_check({}, 1000.0) is None
     assert next_drain_check(memory.draining, 1000.0) == 1000.0 + DRAIN_RECHECK_S  # the engine asked again soon
     assert next_drain_check(memory.draining, 1058.0) == 1060.0  # the deadline comes first
-    assert next_drain_check(memory.draining, 1075.0) == 1075.0  # past it: now, never in the past
+    assert next_drain_check(memory.draining, 1075.0) == 1075.0 + DRAIN_RECHECK_S  # kept past it: never a loop

@@ -1,10 +1,10 @@
-"""The real daemon ends a drain when the engine's last request ends, not a resync interval later
-(SPEC section 10: a draining replica is a wait, like a backoff, and the daemon passes again for it).
+"""The real daemon passes again when what a pass left waiting can move, not a resync interval later:
+a start it left to judge (it does not wait for /health within the pass), and a drain, which ends on
+the pass after the engine's last request (SPEC section 10: a draining replica is a wait, like a backoff).
 
 This machine is the node (`transport: local`); the engine is tests/apply_support/load_engine.py,
-which reports the requests it runs on /metrics. The test holds one real request open on the copy
-that is scaled away, under a daemon whose resync interval is an hour: only the drain's own wake-ups
-can stop it.
+which reports the requests it runs on /metrics. Each daemon here resyncs once an hour: only the
+wake-ups its passes ask for can move anything.
 """
 
 from __future__ import annotations
@@ -35,15 +35,23 @@ def _running(endpoint: str) -> float:
     return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith("load:requests_running"))
 
 
+def test_a_start_is_judged_on_the_pass_it_asked_for_not_at_the_next_resync(e2e):
+    e2e.repo.write("models/held.yaml", held_model("held", 1, e2e.port, e2e.marker, e2e.tmp / "never"))
+    e2e.repo.commit("held: 1 replica")
+    d = e2e.daemon("--interval", "3600")
+    [first] = d.wait_event("pass.end")
+    assert e2e.model_status("held")["replicas"][0]["phase"] == "Starting"  # the first pass did not wait
+    ready = e2e.wait_ready("held", 1, timeout=60)
+    assert ready["replicas"][0]["phase"] == "Ready"
+    assert [e["trigger"] for e in d.events("pass.start")][:2] == ["start", "interval"]  # the wake-up
+    assert first["trigger"] == "start"
+
+
 def test_a_drain_ends_on_the_pass_after_its_last_request_not_at_the_next_resync(e2e):
     release = e2e.tmp / "release-the-request"
     e2e.repo.write("models/held.yaml", held_model("held", 2, e2e.port, e2e.marker, release))
     e2e.repo.commit("held: 2 replicas")
-    starter = e2e.daemon()  # a 1 s resync, until both are Ready (a start is judged on later passes)
-    e2e.wait_ready("held", 2)
-    starter.stop()  # engines keep running; the next daemon adopts them
-    d = e2e.daemon("--interval", "3600", name="hourly")
-    d.wait_event("pass.end")
+    d = e2e.daemon("--interval", "3600")
     up = e2e.wait_ready("held", 2)
     endpoint = {r["id"]: r["nodes"][0]["endpoint"] for r in up["replicas"]}["held-1"]
 

@@ -1,0 +1,38 @@
+"""When a daemon pass asks for the next one (reconcile.next_pass_wanted): pure, on a PassResult."""
+
+from __future__ import annotations
+
+from reconciler.memory import DRAIN_RECHECK_S, PassMemory
+from reconciler.outcomes import PassResult, ReplicaState
+from reconciler.plan import Drain, Plan, Waiting, WaitKind
+from reconciler.reconcile import START_RECHECK_S, next_pass_wanted
+from reconciler.vocabulary import Phase
+
+
+def result(*, waiting=(), draining=None, phases=(), autoscale_at=None) -> PassResult:
+    replicas = {f"m-{i}": ReplicaState(f"m-{i}", "m", "p", phase) for i, phase in enumerate(phases)}
+    plan = Plan(actions=(), outcomes={}, unplaced=(), waiting=tuple(waiting), observed={}, backoff={})
+    return PassResult(None, None, plan, replicas=replicas,
+                      memory=PassMemory(draining=draining or {}), next_pass_at=autoscale_at)
+
+
+def test_a_quiet_pass_leaves_the_next_one_to_the_resync_interval():
+    assert next_pass_wanted(result(phases=[Phase.READY, Phase.FAILED]), ended=100.0) is None
+
+
+def test_a_start_left_to_judge_asks_for_a_look_soon():
+    assert next_pass_wanted(result(phases=[Phase.READY, Phase.STARTING]), ended=100.0) == 100.0 + START_RECHECK_S
+
+
+def test_a_wait_that_ends_asks_for_a_pass_then_and_one_already_over_asks_for_nothing():
+    backoff = Waiting("m-0", "m", "crashed; waiting for backoff", until=104.0, kind=WaitKind.BACKOFF)
+    over = Waiting("m-1", "m", "stalled", until=90.0, kind=WaitKind.STALLED)
+    assert next_pass_wanted(result(waiting=[backoff, over]), ended=100.0) == 104.0
+    assert next_pass_wanted(result(waiting=[over]), ended=100.0) is None  # never a loop of passes
+
+
+def test_the_earliest_of_a_drain_an_autoscaling_move_and_a_start_wins():
+    drain = Drain("m-2", "m", ("a",), 8002, "vllm", started=95.0, until=200.0, running=3.0)
+    both = result(draining={"m-2@a": drain}, phases=[Phase.STARTING], autoscale_at=150.0)
+    assert next_pass_wanted(both, ended=100.0) == 100.0 + DRAIN_RECHECK_S
+    assert next_pass_wanted(result(autoscale_at=101.0, phases=[Phase.STARTING]), ended=100.0) == 101.0
