@@ -124,8 +124,8 @@ class PassResult:
     probe_seconds: dict[str, float] | None = None
     # Autoscaled model -> its count and why after this pass (SPEC section 11; status/models `autoscale:`).
     autoscale: dict[str, AutoscaleState] = field(default_factory=dict)
-    # Epoch seconds the daemon should pass again: an autoscaling move falls due, or a drain's deadline
-    # or its next look at the engine's load comes; None: the resync interval will do.
+    # Epoch seconds the daemon should pass again (reconcile.next_pass_wanted): a start to judge, a drain's
+    # next look or deadline, a wait that ends, an autoscaling move; None: the resync interval will do.
     next_pass_at: float | None = None
 
     @property

@@ -29,7 +29,7 @@ class Holder:
     role: str
 
     def __str__(self) -> str:
-        return f"reconciler {self.role} (pid {self.pid})" if self.role == APPLY else f"reconciler daemon (pid {self.pid})"
+        return f"reconciler {self.role} (pid {self.pid})"
 
 
 def lock_path(root: Path, git) -> Path:

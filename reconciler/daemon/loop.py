@@ -85,7 +85,7 @@ class Daemon:
         self._reasons_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping: str | None = None
-        self._asked_at: float | None = None  # wall time the last pass asked to pass again (autoscaling, drains)
+        self._asked_at: float | None = None  # wall time the last pass asked to pass again (reconcile.next_pass_wanted)
         self.lock = CatalogLock(lock_path(self.root, self.git), str(self.root), DAEMON)
 
     # ------------------------------------------------------------ waking
@@ -124,12 +124,13 @@ class Daemon:
 
     def serve(self) -> int:
         """Run until a stop signal (or --max-passes). Must be called on the main thread."""
-        previous = self.lock.acquire()
-        if previous is not None:
-            self.log("lock.taken-over", previous_pid=previous.pid, previous_role=previous.role, lock=str(self.lock.path),
-                     msg=f"the previous holder, {previous}, ended without releasing the lock (the kernel released "
-                         "it); taking over, its engines are adopted from their records")
-            self.state.took_over_from = previous.pid
+        died_holding = self.lock.acquire()
+        if died_holding is not None:
+            self.log("lock.taken-over", previous_pid=died_holding.pid, previous_role=died_holding.role,
+                     lock=str(self.lock.path),
+                     msg=f"the previous holder, {died_holding}, ended without releasing the lock (the kernel "
+                         "released it); taking over, its engines are adopted from their records")
+            self.state.took_over_from = died_holding.pid
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         for s in previous:
             signal.signal(s, self._on_signal)
@@ -186,8 +187,8 @@ class Daemon:
                 self.refresh_status()
 
     def _next_resync(self) -> float:
-        """When the loop passes again unasked, from now: the resync interval, or sooner when the pass
-        asked (autoscaling: a count moved or a move falls due; a drain's deadline or its next look)."""
+        """When the loop passes again unasked, from now: the resync interval, or sooner when the last pass
+        asked (PassResult.next_pass_at: a start to judge, a drain, a wait that ends, an autoscaling move)."""
         next_resync = self.clock() + self.options.interval
         if self._asked_at is not None:
             next_resync = min(next_resync, self.clock() + max(0.0, self._asked_at - time.time()))
