@@ -59,6 +59,7 @@ The modules, top layer first; a module imports only from the layers below it
     owner               owner id (stable across clones), which every record on a node carries
     outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
     plan                desired x observed -> ordered actions (pure)
+    copies              what runs, for the plan: node records grouped into one copy per replica (pure)
     rollout, backoff    how a spec change rolls out: surge or in place, one at a time (pure); the one
                         backoff: per replica how its tries went (crashes, failed starts), when it may be
                         tried next, and whether a try due now waits (pure)

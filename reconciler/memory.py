@@ -26,8 +26,8 @@ from reconciler.inventory import inventory_from_document, inventory_to_document,
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
 from reconciler.outcomes import FAILED, GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
 from reconciler.status import write_rendered
-from reconciler.plan import Drain, Plan, Waiting, WaitKind, drain_key, plan as make_plan
-from reconciler.vocabulary import ActionKind, FailureKind, NodeState
+from reconciler.plan import Drain, Plan, Waiting, drain_key, plan as make_plan
+from reconciler.vocabulary import ActionKind, FailureKind, NodeState, WaitKind
 
 # SPEC section 9, the crash-loop breaker: this many failed starts (or crashes before Ready) in a row
 # of one replica on the same GPUs quarantine those GPUs for fleet.yaml's gpu_quarantine_s.

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace as _replace
-from enum import Enum
+from dataclasses import field, replace as _replace
 from functools import cached_property, partial
 from typing import Iterable, Mapping
 
@@ -42,7 +41,6 @@ from reconciler.frozen import frozen
 from reconciler.inventory import utc_text
 from reconciler.model import (
     Action,
-    Assignment,
     Catalog,
     Inventory,
     Model,
@@ -50,11 +48,13 @@ from reconciler.model import (
     Profile,
     RunningRank,
     replica_ordinal,
-    spec_hash,
+)
+from reconciler.copies import (
+    Copy, SpecHashes, as_placement, collect_records, effective_state, serving, split_copies, stop_placement,
 )
 from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 from reconciler.rollout import WAIT, SpecChange, roll_out
-from reconciler.vocabulary import ActionKind, GpuHealth, NodeState
+from reconciler.vocabulary import ActionKind, GpuHealth, NodeState, WaitKind
 
 # A replica with no tries behind it.
 _NO_TRIES = Backoff()
@@ -68,7 +68,7 @@ class Waiting:
     model: str
     reason: str
     until: float | None = None  # backoff: the earliest time the restart is allowed; grace: when it ends
-    kind: "WaitKind | None" = None
+    kind: WaitKind | None = None
     nodes: tuple[str, ...] = ()  # the nodes that do not answer, for the unreachable kinds
     # What the plan does about it, without what is wrong ("waiting for backoff until ..."): for a
     # message that already says what is wrong (an observed crash names its dead ranks itself).
@@ -133,144 +133,6 @@ class Plan:
 
 
 # --------------------------------------------------------------------------
-# Observed copies
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class _Copy:
-    replica: str
-    model: str
-    profile: str
-    nnodes: int
-    ranks: list[tuple[str, RunningRank]] = field(default_factory=list)  # (node, rank), rank order
-
-    @property
-    def nodes(self) -> list[str]:
-        return [n for n, _ in self.ranks]
-
-
-def _effective_state(catalog: Catalog, inventory: Inventory, node_id: str) -> str:
-    spec = catalog.fleet.node(node_id)
-    obs = inventory.node(node_id)
-    if obs is None or obs.state == NodeState.UNREACHABLE:
-        return NodeState.UNREACHABLE
-    return spec.state if spec is not None else obs.state
-
-
-def _collect(catalog: Catalog, inventory: Inventory, last_seen: Inventory | None) -> dict[str, list[tuple[str, RunningRank]]]:
-    """replica id -> every (node, rank) record found for it on nodes of the fleet.
-
-    Nodes in the snapshot but not in fleet.yaml are ignored (SPEC section 3). An
-    unreachable node shows no records; what it ran when it was last seen still
-    counts (from `last_seen`), so its replicas are not started twice within the grace period.
-    """
-    found: dict[str, list[tuple[str, RunningRank]]] = {}
-    for spec in sorted(catalog.fleet.nodes, key=lambda n: n.id):
-        obs = inventory.node(spec.id)
-        ranks = obs.replicas if obs is not None else ()
-        if (obs is None or obs.state == NodeState.UNREACHABLE) and not ranks and last_seen is not None:
-            prev = last_seen.node(spec.id)
-            ranks = prev.replicas if prev is not None else ()
-        for r in ranks:
-            found.setdefault(r.id, []).append((spec.id, r))
-    return found
-
-
-class _SpecHashes:
-    """spec_hash per (model, profile), computed once per pass: a pass compares it with every
-    running rank, and hashing the spec costs more than the rest of the comparison."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[str, str], str] = {}
-
-    def of(self, model: Model, profile: Profile) -> str:
-        key = (model.name, profile.name)
-        digest = self._known.get(key)
-        if digest is None:
-            digest = self._known[key] = spec_hash(model, profile)
-        return digest
-
-
-def _rank_preference(catalog, inventory, model: Model | None, preferred_nodes: tuple[str, ...], hashes: _SpecHashes):
-    def key(item: tuple[str, RunningRank]):
-        node, r = item
-        state = _effective_state(catalog, inventory, node)
-        prof = model.profile(r.profile) if model else None
-        current = prof is not None and hashes.of(model, prof) == r.spec_hash
-        return (
-            state == NodeState.UNREACHABLE,
-            state == NodeState.DRAINED,
-            not r.alive,
-            not current,
-            node not in preferred_nodes,
-            node,
-        )
-    return key
-
-
-def _split(
-    catalog: Catalog, inventory: Inventory, rid: str, entries: list[tuple[str, RunningRank]],
-    model: Model | None, preferred_nodes: tuple[str, ...], hashes: _SpecHashes,
-) -> tuple[_Copy, list[tuple[str, RunningRank]]]:
-    """The copy of a replica to keep reasoning about, and the stale ranks beside it."""
-    by_rank: dict[int, list[tuple[str, RunningRank]]] = {}
-    for e in entries:
-        by_rank.setdefault(e[1].rank, []).append(e)
-    key = _rank_preference(catalog, inventory, model, preferred_nodes, hashes)
-    chosen, stale = [], []
-    for rank in sorted(by_rank):
-        options = sorted(by_rank[rank], key=key)
-        chosen.append(options[0])
-        stale.extend(options[1:])
-    head = chosen[0][1]
-    nnodes = max(r.nnodes for _, r in chosen)
-    return _Copy(rid, head.model, head.profile, nnodes, chosen), stale
-
-
-def _fabric_of(catalog: Catalog, inventory: Inventory, nodes: list[str]) -> tuple[str | None, dict[str, tuple[str, ...]]]:
-    """The fabric a running multi-node replica uses: the first in name order all its nodes share."""
-    if len(nodes) < 2:
-        return None, {}
-    per_node = []
-    for node in nodes:
-        spec = catalog.fleet.node(node)
-        if spec is not None and spec.fabrics:
-            per_node.append({k: tuple(v) for k, v in spec.fabrics.items()})
-        else:
-            obs = inventory.node(node)
-            per_node.append({f.name: f.hcas for f in obs.fabrics} if obs is not None else {})
-    shared = set(per_node[0]).intersection(*per_node[1:]) if per_node else set()
-    if not shared:
-        return None, {}
-    fabric = sorted(shared)[0]
-    return fabric, {node: fab[fabric] for node, fab in zip(nodes, per_node)}
-
-
-def _as_placement(catalog: Catalog, inventory: Inventory, copy: _Copy, model: Model | None) -> Placement:
-    fabric, hcas = _fabric_of(catalog, inventory, copy.nodes)
-    prof = model.profile(copy.profile) if model else None
-    pool = pool_name(fabric, prof) if prof is not None else f"{fabric or 'none'}/unknown"
-    return Placement(
-        replica=copy.replica, model=copy.model, profile=copy.profile, fabric=fabric, pool=pool,
-        nodes=tuple(Assignment(node=n, rank=r.rank, gpus=r.gpus, hcas=hcas.get(n, ()), port=r.port) for n, r in copy.ranks),
-    )
-
-
-def _serving(entries: Iterable[tuple[str, RunningRank]]) -> bool:
-    """Every rank alive and running (not queued by a scheduler): the copy may hold requests."""
-    entries = list(entries)
-    return any(r.rank == 0 for _, r in entries) and all(r.alive and not r.waiting for _, r in entries)
-
-
-def _stop_placement(rid: str, model: str, entries: list[tuple[str, RunningRank]]) -> Placement:
-    return Placement(
-        replica=rid, model=model, profile=entries[0][1].profile, fabric=None, pool="",
-        nodes=tuple(Assignment(node=n, rank=r.rank, gpus=r.gpus, port=r.port) for n, r in entries),
-    )
-
-
-# --------------------------------------------------------------------------
 # The diff
 # --------------------------------------------------------------------------
 
@@ -308,22 +170,6 @@ def _no_gc():
             gc.enable()
 
 
-class WaitKind(str, Enum):
-    """Why a replica waits; status and phases read this, never the message."""
-
-    STOP_WHEN_BACK = "stop_when_back"  # not desired, on a node that does not answer: stopped when it does
-    NODE_UNREACHABLE = "node_unreachable"  # within the grace period of a node that does not answer
-    BACKOFF = "backoff"  # crashed, waiting for its restart backoff
-    ONE_AT_A_TIME = "one_at_a_time"  # spec changed, another replica of the model is being replaced first
-    UPDATE_POLICY = "update_policy"  # spec changed, the model's update policy allows no more changes this pass
-    # A start that failed and left nothing running (reconciler/backoff.py):
-    START_BACKOFF = "start_backoff"  # temporary failure: retried after a backoff with jitter
-    STALLED = "stalled"  # permanent failure: not retried until the catalog or the node changes
-    # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
-    # (memory.hold_drains; SPEC section 10).
-    DRAINING = "draining"
-
-
 @_no_gc()
 def plan(
     catalog: Catalog,
@@ -358,7 +204,7 @@ def plan(
                  grace_s=grace_s, explain=frozenset(explain))
     placed_on = placed_on or {}
     # 1. Every replica found in node records, one case each (see _Diff.observe).
-    for rid, entries in sorted(_collect(catalog, inventory, last_seen).items()):
+    for rid, entries in sorted(collect_records(catalog, inventory, last_seen).items()):
         diff.observe(rid, entries, tuple(placed_on.get(rid, ())))
     # 2. Moves off bad nodes, once every running copy holds its resources.
     diff.replace_all()
@@ -387,7 +233,7 @@ class _Diff:
         self.explain = explain
         self.models = {m.name: m for m in catalog.models}
         self.placer = Placer(catalog.fleet, inventory, catalog.models)
-        self.hashes = _SpecHashes()
+        self.hashes = SpecHashes()
         self.stops_removed: list[Action] = []
         self.stops_scaled: list[Action] = []
         self.stops_stale: list[Action] = []
@@ -403,7 +249,7 @@ class _Diff:
         self.serving_old: set[str] = set()  # spec changes whose old copy drains before it stops
 
     def state(self, node: str) -> str:
-        return _effective_state(self.catalog, self.inventory, node)
+        return effective_state(self.catalog, self.inventory, node)
 
     def tries(self, rid: str) -> Backoff:
         """How the replica's tries went before this pass (a replica never tried: none)."""
@@ -414,8 +260,8 @@ class _Diff:
     def observe(self, rid: str, entries: list[tuple[str, RunningRank]], preferred_nodes: tuple[str, ...]) -> None:
         model_name = entries[0][1].model
         model = self.models.get(model_name)
-        copy, stale = _split(self.catalog, self.inventory, rid, entries, model, preferred_nodes, self.hashes)
-        current = _as_placement(self.catalog, self.inventory, copy, model)
+        copy, stale = split_copies(self.catalog, self.inventory, rid, entries, model, preferred_nodes, self.hashes)
+        current = as_placement(self.catalog, self.inventory, copy, model)
         self.observed[rid] = current
         ordinal = replica_ordinal(model_name, rid)
         if model is None or ordinal is None or ordinal >= model.replicas:
@@ -445,7 +291,7 @@ class _Diff:
         else:
             self.healthy(rid, model_name, current, tries)
 
-    def bad_gpus(self, copy: _Copy) -> str:
+    def bad_gpus(self, copy: Copy) -> str:
         """`gpu 3 of h100-a1 is unhealthy: Xid 79 ...` for the copy's GPUs that are not ok or are
         quarantined (the crash-loop breaker's: it is placed elsewhere, not restarted there), else ""."""
         said = []
@@ -466,8 +312,8 @@ class _Diff:
         reachable = [(n, r) for n, r in entries if self.state(n) != NodeState.UNREACHABLE]
         away = sorted({n for n, r in entries if self.state(n) == NodeState.UNREACHABLE})
         if reachable:
-            stop = Action(ActionKind.STOP, rid, model_name, why, _stop_placement(rid, model_name, reachable),
-                          drain=not away and _serving(reachable))
+            stop = Action(ActionKind.STOP, rid, model_name, why, stop_placement(rid, model_name, reachable),
+                          drain=not away and serving(reachable))
             (self.stops_removed if model is None else self.stops_scaled).append(stop)
             self.hold_if_draining(stop, model)
         if away:
@@ -475,14 +321,14 @@ class _Diff:
             self.waiting.append(Waiting(rid, model_name, f"{why}; stopped on {', '.join(away)} when it answers again",
                                         kind=WaitKind.STOP_WHEN_BACK, nodes=tuple(away)))
 
-    def stop_stale(self, rid: str, model_name: str, copy: _Copy, stale: list[tuple[str, RunningRank]]) -> None:
+    def stop_stale(self, rid: str, model_name: str, copy: Copy, stale: list[tuple[str, RunningRank]]) -> None:
         """Ranks beside the copy kept (left on a node that came back after the replica moved)."""
         reachable_stale = [(n, r) for n, r in stale if self.state(n) != NodeState.UNREACHABLE]
         if reachable_stale:
             where = ", ".join(sorted({n for n, _ in copy.ranks}))
             stop = Action(ActionKind.STOP, rid, model_name, f"stale copy: the replica runs on {where}",
-                          _stop_placement(rid, model_name, reachable_stale),
-                          drain=len(reachable_stale) == len(stale) and _serving(reachable_stale))
+                          stop_placement(rid, model_name, reachable_stale),
+                          drain=len(reachable_stale) == len(stale) and serving(reachable_stale))
             self.stops_stale.append(stop)
             self.hold_if_draining(stop, self.models.get(model_name))
 
@@ -515,19 +361,19 @@ class _Diff:
         self.waiting.append(Waiting(rid, model.name, f"{lost_text}; replaced elsewhere {when}",
                                     first + grace_s, kind=WaitKind.NODE_UNREACHABLE, nodes=tuple(lost)))
 
-    def spec_changed(self, model: Model, profile: Profile, copy: _Copy) -> bool:
+    def spec_changed(self, model: Model, profile: Profile, copy: Copy) -> bool:
         digest = copy.ranks[0][1].spec_hash
         return self.hashes.of(model, profile) != digest or any(r.spec_hash != digest for _, r in copy.ranks)
 
-    def complete_and_alive(self, copy: _Copy) -> bool:
+    def complete_and_alive(self, copy: Copy) -> bool:
         """Every rank there and alive: the copy may be serving, so stopping it drains it first."""
-        return not self.missing_ranks(copy) and _serving(copy.ranks)
+        return not self.missing_ranks(copy) and serving(copy.ranks)
 
     @staticmethod
-    def missing_ranks(copy: _Copy) -> list[int]:
+    def missing_ranks(copy: Copy) -> list[int]:
         return sorted(set(range(copy.nnodes)) - {r.rank for _, r in copy.ranks})
 
-    def crashed(self, rid: str, model: Model, ordinal: int, current: Placement, copy: _Copy, profile: Profile,
+    def crashed(self, rid: str, model: Model, ordinal: int, current: Placement, copy: Copy, profile: Profile,
                 tries: Backoff) -> None:
         """A dead or missing rank: restart in place after the backoff (placed again when a rank is missing)."""
         dead = [(n, r) for n, r in copy.ranks if not r.alive]

@@ -48,7 +48,7 @@ from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
 from reconciler.vocabulary import Phase
 from reconciler.placement import Outcome
-from reconciler.plan import Plan, WaitKind, Waiting
+from reconciler.plan import Plan, Waiting
 from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
@@ -56,7 +56,7 @@ from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import NodeState, WaitKind
 
 DRAINING = Phase.DRAINING
 

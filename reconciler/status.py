@@ -28,8 +28,8 @@ from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Reject
 from reconciler import gateway
 from reconciler.outcomes import Decision, PassResult, ReplicaState
 from reconciler.placement import port_windows, summarize
-from reconciler.plan import Plan, WaitKind
-from reconciler.vocabulary import ActionKind, FailureKind, Phase
+from reconciler.plan import Plan
+from reconciler.vocabulary import ActionKind, FailureKind, Phase, WaitKind
 
 @functools.cache
 def _status_dumper() -> type:

@@ -75,4 +75,18 @@ class CheckResult(StrEnum):
     UNSUPPORTED = "unsupported"  # the driver or the GPU does not offer it
 
 
-VOCABULARY = (Phase, NodeState, ActionKind, FailureKind, GpuHealth, CheckResult)
+
+class WaitKind(StrEnum):
+    """Why a replica waits (plan.Waiting.kind); status and phases read this, never the message."""
+
+    STOP_WHEN_BACK = "stop_when_back"  # not desired, on a node that does not answer: stopped when it does
+    NODE_UNREACHABLE = "node_unreachable"  # within the grace period of a node that does not answer
+    BACKOFF = "backoff"  # crashed, waiting for its restart backoff
+    ONE_AT_A_TIME = "one_at_a_time"  # spec changed, another replica of the model is being replaced first
+    UPDATE_POLICY = "update_policy"  # spec changed, the model's update policy allows no more changes this pass
+    # A start that failed and left nothing running (reconciler/backoff.py):
+    START_BACKOFF = "start_backoff"  # temporary failure: retried after a backoff with jitter
+    STALLED = "stalled"  # permanent failure: not retried until the catalog or the node changes
+    # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
+    # (memory.hold_drains; SPEC section 10).
+    DRAINING = "draining"

@@ -397,7 +397,8 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
     from types import SimpleNamespace
 
     from reconciler.reconcile import replica_states
-    from reconciler.plan import WaitKind, Waiting
+    from reconciler.plan import Waiting
+    from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)
     model = tiny_model("m", nodes=2)
@@ -416,7 +417,8 @@ def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unre
     from types import SimpleNamespace
 
     from reconciler.reconcile import replica_states
-    from reconciler.plan import WaitKind, Waiting
+    from reconciler.plan import Waiting
+    from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)
     cat = catalog(tmp_path, fleet, tiny_model("m", nodes=2))

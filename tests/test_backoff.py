@@ -12,7 +12,7 @@ from reconciler.backoff import BACKOFF_RESET_S, JITTER_FRACTION, PERMANENT_RECHE
 from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.memory import PassMemory, load_memory, memory_from_document, plan_remembering, save_memory
 from reconciler.model import spec_hash
-from reconciler.plan import WaitKind
+from reconciler.vocabulary import WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 NOW = 1_000_000.0

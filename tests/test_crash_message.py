@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from reconciler.backoff import Backoff
 from reconciler.model import spec_hash
-from reconciler.plan import WaitKind, plan
+from reconciler.plan import plan
+from reconciler.vocabulary import WaitKind
 from reconciler.reconcile import replica_states
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 

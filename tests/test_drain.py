@@ -10,7 +10,8 @@ from reconciler.memory import (
     plan_remembering, remember,
 )
 from reconciler.model import spec_hash
-from reconciler.plan import WaitKind, plan
+from reconciler.plan import plan
+from reconciler.vocabulary import WaitKind
 from reconciler.status import endpoints_document, model_status_document, predicted_pass, predicted_phases
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 

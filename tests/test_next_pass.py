@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from reconciler.memory import DRAIN_RECHECK_S, PassMemory
 from reconciler.outcomes import PassResult, ReplicaState
-from reconciler.plan import Drain, Plan, Waiting, WaitKind
+from reconciler.plan import Drain, Plan, Waiting
 from reconciler.reconcile import START_RECHECK_S, next_pass_wanted
-from reconciler.vocabulary import Phase
+from reconciler.vocabulary import Phase, WaitKind
 
 
 def result(*, waiting=(), draining=None, phases=(), autoscale_at=None) -> PassResult:

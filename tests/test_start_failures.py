@@ -15,7 +15,7 @@ from reconciler.memory import (
 )
 from reconciler.model import Assignment
 from reconciler.outcomes import FAILED, STARTING, ReplicaState
-from reconciler.plan import WaitKind
+from reconciler.vocabulary import WaitKind
 from reconciler.memory import plan_remembering as default_planner
 from reconciler.status import model_status_document, predicted_pass
 from tests.builders import catalog, fleet, inventory, model, node_spec, observed, profile
