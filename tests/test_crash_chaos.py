@@ -135,13 +135,18 @@ def test_apply_sigkilled_at_random_points_converges_without_duplicates_or_orphan
             kills.append(round(delay, 2))
             status_files_parse(root)
 
+        # Quiet: nothing done and nothing held. A rank the kills left dead is restarted with backoff
+        # (10 s, doubling), and a pass inside that backoff only says it waits: that is no convergence.
         converged = None
-        for _ in range(6):
+        deadline = time.monotonic() + 330  # the backoff's cap, and the passes around it
+        while converged is None and time.monotonic() < deadline:
             out = apply()
-            acted = [line for line in out.stdout.splitlines() if any(f"  {a}  " in line for a in ("start", "stop", "replace"))]
-            if out.returncode == 0 and not acted:
+            busy = [line for line in out.stdout.splitlines()
+                    if any(f"  {a}  " in line for a in ("start", "stop", "replace", "restart", "waiting", "unknown"))]
+            if out.returncode == 0 and not busy:
                 converged = out
-                break
+            else:
+                time.sleep(3)
         assert converged is not None, f"{where} kills at {kills}: no quiet pass: {out.stdout}{out.stderr}"
         status_files_parse(root)
 
@@ -149,7 +154,8 @@ def test_apply_sigkilled_at_random_points_converges_without_duplicates_or_orphan
         owner = catalog_owner(cat)
         running = engines(records)
         wanted = {f"{owner}.pair-0.rank0", f"{owner}.pair-0.rank1", f"{owner}.one-0.rank0", f"{owner}.two-0.rank0"}
-        assert {n: len(p) for n, p in running.items()} == {n: 1 for n in wanted}, f"{where} kills at {kills}: {running}"
+        assert {n: len(p) for n, p in running.items()} == {n: 1 for n in wanted}, \
+            f"{where} kills at {kills}: {running}; the quiet pass said:\n{converged.stdout}"
 
         with TransportPool() as pool:
             launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes}, owner=owner)
