@@ -43,7 +43,7 @@ def test_a_start_is_judged_on_the_pass_it_asked_for_not_at_the_next_resync(e2e):
     assert e2e.model_status("held")["replicas"][0]["phase"] == "Starting"  # the first pass did not wait
     ready = e2e.wait_ready("held", 1, timeout=60)
     assert ready["replicas"][0]["phase"] == "Ready"
-    assert [e["trigger"] for e in d.events("pass.start")][:2] == ["start", "interval"]  # the wake-up
+    assert [e["trigger"] for e in d.events("pass.start")][:2] == ["start", "wake"]  # the wake-up, not a resync
     assert first["trigger"] == "start"
 
 
@@ -79,4 +79,4 @@ def test_a_drain_ends_on_the_pass_after_its_last_request_not_at_the_next_resync(
         request.join(timeout=60)
     assert stop["replica"] == "held-1" and "drained: its engine runs no request" in stop["reason"], stop
     assert not any(k.startswith("held-1.") for k in e2e.records())
-    assert [e.get("trigger") for e in d.events("pass.start")][-1] == "interval"  # the wake-up, not a commit
+    assert [e.get("trigger") for e in d.events("pass.start")][-1] == "wake"  # the wake-up, not a commit or a resync

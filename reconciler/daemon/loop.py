@@ -51,7 +51,8 @@ class DaemonOptions:
 class Daemon:
     """Owns the loop. `pass_fn(catalog, log, trigger=...)` does one reconcile of a valid catalog.
 
-    trigger: "start", "commit", "files", "SIGHUP" or "interval": why this pass runs.
+    trigger: "start", "commit", "files", "SIGHUP", "interval" or "wake" (the time the last pass asked
+    for came): why this pass runs.
     """
 
     def __init__(
@@ -164,39 +165,45 @@ class Daemon:
             self.lock.release()
 
     def _run_until_stopped(self, watcher: Watcher | None) -> None:
-        """The loop: wait for a reason (or the resync interval), then pass or only refresh status."""
+        """The loop: wait for a reason (the resync interval, or the time the last pass asked for), then
+        pass or only refresh status. A pass the last one asked for ("wake") neither pulls nor moves the
+        resync, so a long drain or start, looked at every few seconds, never postpones the next pull."""
         self.request("start")
         next_resync = self.clock() + self.options.interval
         while self._stopping is None:
             reasons = self._take()
             now = self.clock()
+            wake_at = self._wake_at(now)
             if not reasons and now >= next_resync:
                 reasons = {"interval"}
+            elif not reasons and wake_at is not None and now >= wake_at:
+                reasons = {"wake"}
             if not reasons:
-                self._wake.wait(timeout=max(0.0, next_resync - now))
+                self._wake.wait(timeout=max(0.0, min(next_resync, wake_at if wake_at is not None else next_resync) - now))
                 continue
             if "watcher-failed" in reasons and watcher is not None:
                 self.state.watcher_error = watcher.error
                 self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
             if self._wants_pass(reasons):
                 self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
-                next_resync = self._next_resync()
+                if reasons != {"wake"}:
+                    next_resync = self.clock() + self.options.interval
                 if self.options.max_passes is not None and self.passes >= self.options.max_passes:
                     self.stop("max-passes")
             else:
                 self.refresh_status()
 
-    def _next_resync(self) -> float:
-        """When the loop passes again unasked, from now: the resync interval, or sooner when the last pass
-        asked (PassResult.next_pass_at: a start to judge, a drain, a wait that ends, an autoscaling move)."""
-        next_resync = self.clock() + self.options.interval
-        if self._asked_at is not None:
-            next_resync = min(next_resync, self.clock() + max(0.0, self._asked_at - time.time()))
-        return next_resync
+    def _wake_at(self, now: float) -> float | None:
+        """The time the last pass asked for the next one (PassResult.next_pass_at: a start to judge, a
+        drain, a wait that ends, an autoscaling move) on the loop's clock, where it reads `now`; None
+        when it asked for none. Once that time has come this is `now` itself."""
+        if self._asked_at is None:
+            return None
+        return now + max(0.0, self._asked_at - time.time())
 
     def _wants_pass(self, reasons: set[str]) -> bool:
         """A full pass, or only a status refresh? Status commits and editor saves need no pass."""
-        if reasons & {"start", "interval", "SIGHUP"}:
+        if reasons & {"start", "interval", "SIGHUP", "wake"}:
             return True
         if self.git is None:
             return FILE_CHANGE in reasons
@@ -275,7 +282,7 @@ class Daemon:
 
 
 def _trigger_name(reasons: set[str]) -> str:
-    for name in ("SIGHUP", "start", GIT_CHANGE, FILE_CHANGE, "interval"):
+    for name in ("SIGHUP", "start", GIT_CHANGE, FILE_CHANGE, "interval", "wake"):
         if name in reasons:
             return {"git": "commit"}.get(name, name)
     return ",".join(sorted(reasons))
