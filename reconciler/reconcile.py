@@ -46,7 +46,6 @@ from reconciler.memory import PassMemory, attempt_keys, next_drain_check, plan_r
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
-from reconciler.vocabulary import Phase
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, Waiting
 from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
@@ -56,7 +55,7 @@ from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import NodeState, WaitKind
+from reconciler.vocabulary import NodeState, Phase, WaitKind
 
 DRAINING = Phase.DRAINING
 

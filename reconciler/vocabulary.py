@@ -75,7 +75,6 @@ class CheckResult(StrEnum):
     UNSUPPORTED = "unsupported"  # the driver or the GPU does not offer it
 
 
-
 class WaitKind(StrEnum):
     """Why a replica waits (plan.Waiting.kind); status and phases read this, never the message."""
 

@@ -2,9 +2,9 @@
 
 A one-shot command that builds a fleet's worth of values (plan, explain: a 4,000-node catalog and
 snapshot are millions of objects) may leave them to the process's exit: freeing them one by one
-took 0.12 s of a 1.5 s `plan`, for memory the OS takes back at once. `python -m reconciler`
-(reconciler/__main__.py) then flushes stdout and stderr and ends with os._exit. Called in a
-process that is not `python -m reconciler` (tests, a daemon), leave_to_exit keeps nothing.
+took 0.12 s of a 1.5 s `plan`, for memory the OS takes back at once. cli.run (the `reconciler`
+console script and `python -m reconciler`) then flushes stdout and stderr and ends with os._exit.
+In any other process (tests, a daemon) leave_to_exit keeps nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ _left_to_exit: list[Any] | None = None
 
 
 def exit_without_teardown() -> None:
-    """For reconciler/__main__.py only: values handed to leave_to_exit from now on are kept."""
+    """For cli.run only: values handed to leave_to_exit from now on are kept."""
     global _left_to_exit
     _left_to_exit = []
 

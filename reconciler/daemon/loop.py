@@ -179,7 +179,8 @@ class Daemon:
             elif not reasons and wake_at is not None and now >= wake_at:
                 reasons = {"wake"}
             if not reasons:
-                self._wake.wait(timeout=max(0.0, min(next_resync, wake_at if wake_at is not None else next_resync) - now))
+                until = next_resync if wake_at is None else min(next_resync, wake_at)
+                self._wake.wait(timeout=max(0.0, until - now))
                 continue
             if "watcher-failed" in reasons and watcher is not None:
                 self.state.watcher_error = watcher.error
