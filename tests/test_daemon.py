@@ -549,3 +549,21 @@ def test_probe_durations_stand_through_a_pass_that_probed_nothing_and_go_with_th
     assert durations(m) == {"a": 0.25}
     m.fleet(FleetFigures(node_up={"a": True}, probe_seconds={}))  # a probe that ended for no node
     assert durations(m) == {}
+
+
+def test_apply_beside_an_apply_waits_for_it_not_for_a_daemon(tmp_path):
+    from reconciler.daemon.lock import APPLY, CatalogLock, DaemonLocked
+
+    path = tmp_path / "daemon.lock"
+    first = CatalogLock(path, "the catalog", APPLY)
+    assert first.acquire() is None
+    try:
+        with pytest.raises(DaemonLocked) as refused:
+            CatalogLock(path, "the catalog", APPLY).acquire()
+    finally:
+        first.release()
+    import os
+
+    assert str(refused.value).startswith(f"a reconciler apply (pid {os.getpid()}) is already acting on the catalog")
+    then = str(refused.value).split("nothing was applied: ")[1]
+    assert then == "run it again once that one is done"  # no word of a daemon: none runs

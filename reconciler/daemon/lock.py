@@ -76,11 +76,15 @@ class CatalogLock:
         return previous
 
     def _refusal(self, holder: Holder | None) -> str:
-        who = str(holder) if holder is not None else "another reconciler process"
+        # After the command line's own "reconciler: " prefix, "a reconciler daemon (pid N) ..."
+        who = f"a {holder}" if holder is not None else "another reconciler process"
         if self.role == APPLY:
-            now = f" (`kill -HUP {holder.pid}` asks it for a pass now)" if holder is not None and holder.role == DAEMON else ""
-            return (f"{who} is already acting on {self.what} (lock {self.path}); nothing was applied: "
-                    f"the daemon applies what is committed{now}, or stop it to apply by hand")
+            if holder is not None and holder.role == DAEMON:
+                then = (f"the daemon applies what is committed (`kill -HUP {holder.pid}` asks it for a pass now), "
+                        "or stop it to apply by hand")
+            else:
+                then = "run it again once that one is done"
+            return f"{who} is already acting on {self.what} (lock {self.path}); nothing was applied: {then}"
         if holder is not None and holder.role == APPLY:
             return f"{who} is acting on {self.what} (lock {self.path}); exiting: start the daemon once it is done"
         who = f"another {holder}" if holder is not None else who
