@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from reconciler.errors import InventoryInvalid, Problem
-from reconciler.inventory.reading import SnapshotSyntaxError, inventory_from_document, read_snapshot_document
-from reconciler.model import Fleet, Inventory
+from reconciler.inventory.reading import (
+    PartUnreadable,
+    SnapshotSyntaxError,
+    inventory_from_document,
+    node_from_document,
+    read_snapshot_document,
+    read_snapshot_parts,
+)
+from reconciler.model import Fleet, Inventory, ObservedNode
 from reconciler.schemas import is_valid, schema, validator
 
 
@@ -328,6 +336,34 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
     fleet is needed for that drop only: load with fleet None, then drop_unknown_nodes.
     """
     path = Path(path)
+    inv = _load_in_parts(path, fleet, unknown_nodes)
+    if inv is None:
+        inv = _load_whole(path, fleet, unknown_nodes)
+    if fleet is not None and unknown_nodes == "ignore":
+        inv = drop_unknown_nodes(inv, fleet, dropped)
+    return inv
+
+
+def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str) -> Inventory | None:
+    """The snapshot checked and built part by part as read_snapshot_parts parses it, when every part
+    is fine; None when anything is not (a part that does not parse or has a problem, a node id in
+    two parts, a file that cannot be read): _load_whole then reads it again as one document and says
+    its problems as before, with their lines."""
+    nodes: list[ObservedNode] = []
+    try:
+        with closing(read_snapshot_parts(path)) as parts:
+            for part in parts:
+                if _check_document(part, fleet, unknown_nodes):
+                    return None
+                nodes.extend(node_from_document(n) for n in part.get("nodes") or ())
+    except (PartUnreadable, SnapshotSyntaxError, OSError, UnicodeDecodeError):
+        return None
+    if len({n.id for n in nodes}) != len(nodes):
+        return None
+    return Inventory(tuple(nodes))
+
+
+def _load_whole(path: Path, fleet: Fleet | None, unknown_nodes: str) -> Inventory:
     doc = _read_snapshot(path)
     errors = _check_document(doc, fleet, unknown_nodes)
     if errors:
@@ -338,10 +374,7 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
         errors = _check_document(doc, fleet, unknown_nodes)
     if errors:
         raise InventoryInvalid(_problems(errors, str(path), path.read_text(errors="replace")))
-    inv = inventory_from_document(doc)
-    if fleet is not None and unknown_nodes == "ignore":
-        inv = drop_unknown_nodes(inv, fleet, dropped)
-    return inv
+    return inventory_from_document(doc)
 
 
 def drop_unknown_nodes(inv: Inventory, fleet: Fleet, dropped: list[str] | None = None) -> Inventory:
