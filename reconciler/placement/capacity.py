@@ -9,6 +9,7 @@ Placer's hold and release.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from functools import lru_cache
 from typing import Iterator
 
 from reconciler.model import ObservedNode
@@ -49,6 +50,13 @@ def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
     if spec.fabrics:
         return {name: tuple(hcas) for name, hcas in spec.fabrics.items()}
     return {f.name: tuple(f.hcas) for f in obs.fabrics} if obs is not None else {}
+
+
+@lru_cache(maxsize=256)
+def _all_linked_topology(topology: tuple[tuple[int, tuple[int, ...]], ...]) -> bool:
+    """_all_linked of (gpu index, its NVLink peers) pairs, once per topology: a fleet has a few
+    shapes of node (eight H100s linked all to all) and thousands of each."""
+    return _all_linked(dict(topology))
 
 
 def _all_linked(nvlink: dict[int, tuple[int, ...]]) -> bool:
@@ -95,15 +103,37 @@ class NodeCapacity:
         # gpu index -> why it is not usable (SPEC section 9): unhealthy, lost, quarantined, cordoned, or
         # memory held by no process. Never free, not even when a replica on it is released.
         self.unusable: dict[int, str] = {}
-        cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
-        own = {i for r in obs.replicas for i in r.gpus} if obs is not None else set()
-        for g in obs.gpus if obs is not None else ():
-            self._add_gpu(g, spec.gpu_class or g.gpu_class, gpu_unusable(g, g.index in cordoned, g.index in own))
-        self.all_nvlinked = _all_linked(self.nvlink)
+        gpus = obs.gpus if obs is not None else ()
+        if gpus:
+            self._add_gpus(gpus, spec, obs)
+        self.all_nvlinked = _all_linked_topology(tuple((g.index, g.nvlink_peers) for g in gpus)) if gpus else False
         self.ranks = 0
         self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
         self.ports_used: set[int] = set(self.ports_observed)
+
+    def _add_gpus(self, gpus, spec, obs: ObservedNode) -> None:
+        cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
+        own = {i for r in obs.replicas for i in r.gpus} if obs.replicas else ()
+        forced = spec.gpu_class
+        gpu_class, total, nvlink, free = self.gpu_class, self.total, self.nvlink, self.free
+        for g in gpus:
+            i = g.index
+            if (g.health is GpuHealth.OK and g.quarantined is None and not g.processes and not g.held_by
+                    and not g.memory_used_mb and i not in cordoned):
+                # The common GPU (healthy, nobody's, no memory in use, not cordoned) is free: none of
+                # gpu_unusable's questions can say otherwise. A snapshot has 30,000 of them.
+                cls = forced or g.gpu_class
+                gpu_class[i] = cls
+                total[cls] = total.get(cls, 0) + 1
+                nvlink[i] = g.nvlink_peers
+                members = free.get(cls)
+                if members is None:
+                    free[cls] = {i}
+                else:
+                    members.add(i)
+            else:
+                self._add_gpu(g, forced or g.gpu_class, gpu_unusable(g, i in cordoned, i in own))
 
     def _add_gpu(self, g, cls: str, unusable: str = "") -> None:
         self.gpu_class[g.index] = cls
