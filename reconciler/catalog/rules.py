@@ -5,7 +5,6 @@ resolved, one fabric per HCA, owned engine flags, llama.cpp over IPv6.
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Iterator, Mapping
 
@@ -235,6 +234,8 @@ def _placeholder_problems(doc: Document, base: tuple, prof: dict, resolvable: bo
         for name in names:
             if resolvable and field in ("command", "env"):
                 if name not in known:
+                    import difflib  # only for a catalog with a problem: plan starts sooner
+
                     hint = difflib.get_close_matches(name, PLACEHOLDERS, n=1)
                     extra = f" (did you mean ${{{hint[0]}}}?)" if hint else f"; known: {', '.join('${' + k + '}' for k in PLACEHOLDERS)}"
                     yield doc.at(path, f"profile {prof['name']}: unknown placeholder ${{{name}}} in {field}{extra}; write $$ for a literal $")

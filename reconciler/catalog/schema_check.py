@@ -4,7 +4,6 @@ enums), each error said in the words of YAML at the position of the value.
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,8 @@ def schema_problems(doc: Document, schema_name: str) -> list[Problem]:
         if err.validator == "additionalProperties":
             allowed = list((err.schema.get("properties") or {}).keys())
             for extra in _unexpected_keys(err):
+                import difflib  # only for a catalog with a problem: plan starts sooner
+
                 hint = difflib.get_close_matches(extra, allowed, n=1)
                 suggestion = f" (did you mean '{hint[0]}'?)" if hint else f"; known fields: {', '.join(allowed)}"
                 problems.append(doc.at(path + (extra,), f"unknown field '{extra}'{suggestion}", key=True))

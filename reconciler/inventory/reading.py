@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -117,6 +116,8 @@ def read_snapshot_parts(path: str | Path) -> Iterator[Any]:
     if parts is None:
         yield _document(data)
         return
+    from concurrent.futures import ThreadPoolExecutor  # here: a JSON snapshot never needs it, and plan starts sooner
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-parts") as pool:
         ahead = [pool.submit(_parse_part, part) for part in parts]
         try:
