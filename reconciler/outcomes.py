@@ -127,6 +127,8 @@ class PassResult:
     # Epoch seconds the daemon should pass again (reconcile.next_pass_wanted): a start to judge, a drain's
     # next look or deadline, a wait that ends, an autoscaling move; None: the resync interval will do.
     next_pass_at: float | None = None
+    # The nodes that pass is about (reconcile.wake_nodes): the daemon probes only these for it.
+    next_pass_nodes: frozenset[str] = frozenset()
 
     @property
     def ok(self) -> bool:

@@ -84,6 +84,24 @@ class ProbeFleet:
         return replace(probed, inventory=fold_slurm(catalog, transports, probed.inventory))
 
 
+class ProbeOnly:
+    """A pass's probe of some nodes only (the daemon's wake-up passes, reconcile.wake_nodes): those
+    nodes probed afresh by `probe`, every other node as `last` (the inventory the last pass left) has
+    it. A pass that looks again at one start every few seconds does not probe a 4,000-node fleet."""
+
+    def __init__(self, probe: ProbeFn, last: Inventory, nodes: frozenset[str]):
+        self.probe, self.last, self.nodes = probe, last, nodes
+
+    def __call__(self, catalog: Catalog, transports: FleetTransports) -> "Inventory | FleetProbe":
+        wanted = tuple(n for n in catalog.fleet.nodes if n.id in self.nodes)
+        if not wanted:
+            return self.last
+        answer = self.probe(replace(catalog, fleet=replace(catalog.fleet, nodes=wanted)), transports)
+        fresh, _ = _probed(answer)
+        merged = Inventory(tuple(fresh.node(n.id) or n for n in self.last.nodes))
+        return replace(answer, inventory=merged) if isinstance(answer, FleetProbe) else merged
+
+
 def default_probe(catalog: Catalog, transports: FleetTransports) -> Inventory:
     return ProbeFleet()(catalog, transports).inventory
 
@@ -187,6 +205,7 @@ def run_pass(
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
         # The daemon passes again when something this pass left waiting can move (not only on its interval).
         result.next_pass_at = next_pass_wanted(result, ended=now + (time.monotonic() - began))
+        result.next_pass_nodes = wake_nodes(result)
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
@@ -213,6 +232,30 @@ def next_pass_wanted(result: PassResult, ended: float) -> float | None:
         times.append(ended + START_RECHECK_S)
     known = [t for t in times if t is not None]
     return min(known) if known else None
+
+
+def wake_nodes(result: PassResult) -> frozenset[str]:
+    """The nodes the pass next_pass_wanted asks for is about (pure): those of a start still to be
+    judged, of a copy draining, and of a wait that ends (the replica's own, and the nodes a grace
+    period waits on to answer). The daemon probes only these for it; every other node stays as this
+    pass left it until the resync, which probes every node. An autoscaling move needs none: it
+    reads the loads of Ready replicas from their engines, not from the probe."""
+    nodes: set[str] = set()
+    for st in result.replicas.values():
+        if st.phase == STARTING:
+            nodes.update(a.node for a in st.nodes)
+    if result.memory is not None:
+        for drain in result.memory.draining.values():
+            nodes.update(drain.nodes)
+    if result.plan is not None:
+        for w in result.plan.waiting:
+            if w.until is None:
+                continue
+            nodes.update(w.nodes)
+            st = result.replicas.get(w.replica)
+            if st is not None:
+                nodes.update(a.node for a in st.nodes)
+    return frozenset(nodes)
 
 
 def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], autoscale: LoadReader | None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from reconciler.commands.run import ApplyPass, ProbeFleet, ReusedInventory
+from reconciler.reconcile import ProbeOnly
 from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode
 from reconciler.transport import LocalTransport
 
@@ -88,6 +89,54 @@ def test_a_commit_pass_reuses_the_inventory_the_last_pass_left_only_while_fresh_
     now[0] += 31
     p(catalog("a", "b"), print, trigger="commit")  # too old: probe
     assert isinstance(run.calls[-1].probe, ProbeFleet)
+
+
+class WakingRunPass(RecordingRunPass):
+    """Each pass asks for the next one about node `a` (a start to judge there)."""
+
+    def __call__(self, catalog, **kw):
+        out = super().__call__(catalog, **kw)
+        out.inventory = Inventory(tuple(ObservedNode(id=n.id, reason=f"pass {self.n}") for n in catalog.fleet.nodes))
+        out.next_pass_nodes = frozenset({"a"})
+        return out
+
+
+def test_a_wake_pass_probes_only_the_nodes_it_is_about_while_every_node_was_probed_lately():
+    now = [100.0]
+    run = WakingRunPass()
+    p = apply_pass(run, reuse_inventory_s=30, clock=lambda: now[0])
+    logged = []
+    p(catalog("a", "b", "c"), lambda event, **k: logged.append((event, k)), trigger="start")
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
+
+    p(catalog("a", "b", "c"), lambda event, **k: logged.append((event, k)), trigger="wake")
+    partial = run.calls[-1].probe
+    assert isinstance(partial, ProbeOnly) and partial.nodes == {"a"}
+    assert [n.reason for n in partial.last.nodes] == ["pass 1"] * 3  # the others, as the last pass left them
+    assert [k["nodes"] for e, k in logged if e == "probe.partial"] == [["a"]]
+
+    now[0] += 20
+    p(catalog("a", "b", "c"), lambda *a, **k: None, trigger="wake")  # a wake after a wake: the age counts from the full probe
+    assert isinstance(run.calls[-1].probe, ProbeOnly)
+    now[0] += 11
+    p(catalog("a", "b", "c"), lambda *a, **k: None, trigger="wake")  # every node last probed 31 s ago: probe them all
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
+    p(catalog("a", "b"), lambda *a, **k: None, trigger="wake")  # fleet.yaml changed: probe
+    assert isinstance(run.calls[-1].probe, ProbeFleet)
+
+
+def test_a_partial_probe_merges_the_nodes_it_probed_into_the_last_inventory():
+    last = Inventory(tuple(ObservedNode(id=i, reason="last pass") for i in ("a", "b", "c")))
+    asked = []
+
+    def probe(cat, transports):
+        asked.append([n.id for n in cat.fleet.nodes])
+        return Inventory(tuple(ObservedNode(id=n.id, reason="probed now") for n in cat.fleet.nodes))
+
+    merged = ProbeOnly(probe, last, frozenset({"b", "gone"}))(catalog("a", "b", "c"), None)
+    assert asked == [["b"]]
+    assert [(n.id, n.reason) for n in merged.nodes] == [("a", "last pass"), ("b", "probed now"), ("c", "last pass")]
+    assert ProbeOnly(probe, last, frozenset())(catalog("a", "b", "c"), None) is last and asked == [["b"]]
 
 
 def test_a_node_removed_from_the_fleet_has_its_connection_dropped():

@@ -45,6 +45,9 @@ def test_a_start_is_judged_on_the_pass_it_asked_for_not_at_the_next_resync(e2e):
     assert ready["replicas"][0]["phase"] == "Ready"
     assert [e["trigger"] for e in d.events("pass.start")][:2] == ["start", "wake"]  # the wake-up, not a resync
     assert first["trigger"] == "start"
+    # The wake-ups probed only the node of the start they were about (test_daemon_pass: only those nodes).
+    partial = d.events("probe.partial")
+    assert partial and all(e["nodes"] == ["local"] and e["of"] == 1 for e in partial), partial
 
 
 def test_a_drain_ends_on_the_pass_after_its_last_request_not_at_the_next_resync(e2e):

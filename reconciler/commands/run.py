@@ -7,9 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler.reconcile import ProbeFleet, run_pass as run_apply_pass
+from reconciler.reconcile import ProbeFleet, ProbeOnly, run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
+from reconciler.launcher.slurm_launcher import has_slurm
 from reconciler.probe import FleetProber
 from reconciler.scaling import default_reader
 from reconciler.ssh import TransportPool
@@ -81,6 +82,11 @@ class ApplyPass:
     under a second. What that snapshot cannot know (an engine that died since, a
     port taken since) is caught by the node agent at launch or by the next resync,
     which always probes.
+
+    A pass the last one asked for (trigger "wake": a start to judge, a drain, a wait that
+    ends) probes only the nodes it is about (reconcile.wake_nodes) and takes every other
+    node as the last pass left it, under the same bound: younger than the resync interval
+    since every node was last probed, fleet.yaml unchanged, and no Slurm nodes.
     """
 
     def __init__(
@@ -100,6 +106,8 @@ class ApplyPass:
         self._reuse_s = reuse_inventory_s
         self._clock = clock
         self._last: tuple | None = None  # (fleet, inventory after the pass, when)
+        self._probed_at: float | None = None  # when a pass last probed every node
+        self._wake_nodes: frozenset[str] = frozenset()  # what the pass the last one asked for is about
         self._prober = FleetProber()  # probes outlive a pass: a silent node is not waited on twice
         # Set by the daemon: whether work waits for the loop (a commit arrived during this pass).
         self.pending = lambda: False
@@ -115,7 +123,8 @@ class ApplyPass:
         if not self._memory_loaded:
             self._history = self._memory[0](catalog.root)
             self._memory_loaded = True
-        kwargs = {"probe": ProbeFleet(self._prober, log, self.pending)}
+        probe_all = ProbeFleet(self._prober, log, self.pending)
+        kwargs = {"probe": probe_all}
         if trigger == "commit" and self._last is not None:
             fleet, inventory, when = self._last
             age = self._clock() - when
@@ -123,6 +132,16 @@ class ApplyPass:
                 kwargs["probe"] = ReusedInventory(inventory)
                 log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
                     "pass left; the next resync probes every node")
+        elif trigger == "wake" and self._last is not None and self._probed_at is not None:
+            fleet, inventory, _ = self._last
+            age = self._clock() - self._probed_at
+            # Slurm's view comes from its controller for the whole fleet at once: such a fleet is probed whole.
+            if fleet == catalog.fleet and inventory is not None and age < self._reuse_s and not has_slurm(fleet):
+                nodes = sorted(self._wake_nodes & {n.id for n in fleet.nodes})
+                kwargs["probe"] = ProbeOnly(probe_all, inventory, frozenset(nodes))
+                log("probe.partial", nodes=nodes, of=len(fleet.nodes), age_s=round(age, 1),
+                    msg="a pass the last one asked for probes only the nodes it is about; the others stay as "
+                        "the last pass left them until the resync, which probes every node")
         if any(m.autoscale is not None for m in catalog.models):
             # The daemon decides counts, from the loads of what the last pass left Ready; apply keeps them.
             kwargs["autoscale"] = self._read_loads
@@ -135,6 +154,9 @@ class ApplyPass:
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, result.inventory, self._clock())
+        if kwargs["probe"] is probe_all:
+            self._probed_at = self._last[2]
+        self._wake_nodes = getattr(result, "next_pass_nodes", frozenset())
         return result
 
     def close(self) -> None:
