@@ -144,3 +144,14 @@ def test_no_parsing_thread_outlives_a_refused_part(tmp_path, in_parts):
         load_inventory(path, FLEET)
     assert threading.active_count() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("snapshot-parts")]
+
+
+def test_a_part_that_is_not_utf8_is_read_whole_and_said_as_before(tmp_path, in_parts, monkeypatch):
+    doc = _doc()
+    doc["nodes"][30]["reason"] = "to be broken"
+    path = tmp_path / "nodes.yaml"
+    path.write_bytes(dump_yaml(doc).encode().replace(b"reason: to be broken", b"reason: broken \xff here"))
+    with pytest.raises(reading.PartUnreadable):
+        list(read_snapshot_parts(path))
+    got = _parts(path)
+    assert isinstance(got, list) and got == _whole(monkeypatch, path)

@@ -53,8 +53,8 @@ SNAPSHOT_PARTS = 8
 PARTS_MIN_BYTES = 256 * 1024
 # A line at column 0 of a `nodes:` list's body that is not an item's start, a comment or blank (another
 # top-level key, a `---` or `...` marker, a directive): the file is of some other shape, read whole.
-_NOT_AN_ITEM_LINE = re.compile(r"^(?:[^\s#-]|-[^ \r\n])", re.M)
-_NODES_KEY = re.compile(r"nodes:[ \t]*\r?\n")
+_NOT_AN_ITEM_LINE = re.compile(rb"\n(?:[^ \t\r\n#-]|-[^ \r\n])")
+_NODES_KEY = re.compile(rb"nodes:[ \t]*\r?\n")
 
 
 def read_snapshot_document(path: str | Path, *, fast: bool = True) -> Any:
@@ -128,26 +128,22 @@ def read_snapshot_parts(path: str | Path) -> Iterator[Any]:
                 future.cancel()
 
 
-def _block_node_parts(data: bytes) -> list[str] | None:
+def _block_node_parts(data: bytes) -> list[bytes] | None:
     """The item texts of a snapshot that is a block `nodes:` list and nothing else, cut into up to
-    SNAPSHOT_PARTS runs of whole items (each a YAML sequence of its own); None for any other shape."""
+    SNAPSHOT_PARTS runs of whole items (each a YAML sequence of its own); None for any other shape.
+    Bytes, searched at memchr speed (a regex anchored at every line start walks every character);
+    each part is decoded where it is parsed."""
     head = _after_comments(data)
-    if not head.startswith(b"nodes:"):
-        return None
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    key = _NODES_KEY.match(text)
+    key = _NODES_KEY.match(head)
     if key is None:
         return None
-    body = text[key.end():]
-    if not body.startswith("- ") or _NOT_AN_ITEM_LINE.search(body):
+    body = head[key.end():]
+    if not body.startswith(b"- ") or _NOT_AN_ITEM_LINE.search(body):
         return None
     cuts = [0]
     step = len(body) // SNAPSHOT_PARTS
     for k in range(1, SNAPSHOT_PARTS):
-        at = body.find("\n- ", max(cuts[-1], k * step))
+        at = body.find(b"\n- ", max(cuts[-1], k * step))
         if at == -1:
             break
         cuts.append(at + 1)
@@ -155,10 +151,11 @@ def _block_node_parts(data: bytes) -> list[str] | None:
     return [body[a:b] for a, b in zip(cuts, cuts[1:]) if a < b]
 
 
-def _parse_part(text: str) -> list:
+def _parse_part(part: bytes) -> list:
     try:
-        items = yaml_rs.loads(text, parse_datetime=False, duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
-    except Exception as exc:  # noqa: BLE001 - any refusal: the whole file is read again
+        items = yaml_rs.loads(part.decode("utf-8"), parse_datetime=False,
+                              duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
+    except Exception as exc:  # noqa: BLE001 - any refusal (not UTF-8 included): the whole file is read again
         raise PartUnreadable(str(exc)) from None
     if not isinstance(items, list):
         raise PartUnreadable("a part is not a list of nodes")
