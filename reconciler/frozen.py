@@ -1,5 +1,5 @@
-"""`@frozen`: a frozen dataclass whose __init__ sets every field in one step, and that costs
-one generated function to define instead of six.
+"""`@frozen`: a frozen dataclass whose __init__ sets its fields without a call per field, and
+that costs one generated function to define instead of six.
 
 A frozen dataclass's generated __init__ sets each field with its own
 object.__setattr__ call (its __setattr__ refuses). A 4,000-node pass builds
@@ -34,7 +34,7 @@ _WRITTEN_HERE = frozenset({"__init__", "__repr__", "__eq__", "__hash__", "__seta
 
 
 def frozen(cls: T | None = None, /, **options: Any) -> T | Callable[[T], T]:
-    """@dataclass(frozen=True) with the one-step __init__; used as @frozen."""
+    """@dataclass(frozen=True) with an __init__ that makes no call per field; used as @frozen."""
 
     if options:
         raise TypeError(f"@frozen takes no options (given {', '.join(options)}): use @dataclass for those")
@@ -156,7 +156,7 @@ def _one_step_init(cls: type) -> Callable[..., None]:
     signature = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
     # Stored one by one into the instance's own __dict__, in field order: CPython then keeps it a
     # key-sharing dict, the keys held once by the class (288 bytes a GPU, against 560 for a dict
-    # of its own, and attribute reads a third faster), at the speed of the one-step dict literal.
+    # of its own, and attribute reads a third faster), as fast to build as the dict literal it replaced.
     body = "    _d = self.__dict__\n" + "".join(f"    _d[{key}] = {value}\n" for key, value in entries)
     if hasattr(cls, "__post_init__"):
         body += "    self.__post_init__()\n"

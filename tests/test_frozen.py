@@ -1,4 +1,4 @@
-"""@frozen builds the same values as @dataclass(frozen=True), with its one-step __init__."""
+"""@frozen builds the same values as @dataclass(frozen=True), with its own faster __init__."""
 
 from __future__ import annotations
 
