@@ -155,3 +155,14 @@ def test_a_part_that_is_not_utf8_is_read_whole_and_said_as_before(tmp_path, in_p
         list(read_snapshot_parts(path))
     got = _parts(path)
     assert isinstance(got, list) and got == _whole(monkeypatch, path)
+    line = path.read_bytes()[:path.read_bytes().index(b"\xff")].count(b"\n") + 1
+    assert got == [(line, "not valid YAML or JSON: not UTF-8 text (byte 0xff)")]
+
+
+def test_a_character_the_reference_reader_refuses_is_said_on_its_line_and_column(tmp_path):
+    path = tmp_path / "nodes.yaml"
+    path.write_text("nodes:\n- id: node-000\n  reason: é, then a bell \x07 here\n")
+    with pytest.raises(reading.SnapshotSyntaxError) as err:
+        read_snapshot_document(path, fast=False)  # PyYAML, as a refused snapshot is read again
+    assert (err.value.line, err.value.column) == (3, 26)
+    assert err.value.problem == "character U+0007 is not allowed in YAML"

@@ -169,10 +169,28 @@ def _read_with_pyyaml(data: bytes) -> Any:
 
     try:
         return yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.reader.ReaderError as exc:  # bytes YAML does not take: said where, in a person's words
+        raise _reader_error(data, exc) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
         raise SnapshotSyntaxError(line, col, getattr(exc, "problem", None) or str(exc)) from None
+
+
+def _reader_error(data: bytes, exc) -> SnapshotSyntaxError:
+    """PyYAML's ReaderError (bytes that are not UTF-8, a control character) on the line and column it
+    is at, instead of its `in "<byte string>", position N` (whose unit depends on the reader)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        before = data[:bad.start].decode("utf-8")
+        problem = f"not UTF-8 text (byte 0x{data[bad.start]:02x})"
+    else:  # a character YAML does not allow: the reader stopped at its first one
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        before = text[:max(text.find(char), 0)]
+        problem = f"character U+{ord(char):04X} is not allowed in YAML"
+    line = before.count("\n") + 1
+    return SnapshotSyntaxError(line, len(before) - (before.rfind("\n") + 1) + 1, problem)
 
 
 def inventory_from_document(doc: dict) -> Inventory:
