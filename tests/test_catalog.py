@@ -156,6 +156,11 @@ CASES = {
         "models/llama.yaml:2:19",
         "not valid UTF-8 (byte 0xe9)",
     ),
+    "control_character": (
+        {"models/llama.yaml": MODEL.replace("replicas: 2\n", "replicas: 2\n\x07\n")},
+        "models/llama.yaml:4:1",
+        "character U+0007 is not allowed in YAML",
+    ),
     "duplicate_node_id": (
         {"fleet.yaml": FLEET.replace("id: gpu-2", "id: gpu-1")},
         "fleet.yaml:9:9",

@@ -101,9 +101,16 @@ def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
     ):
         return None, Problem(rel, 1, 1, "file is empty; expected a mapping of fields")
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from ruamel.yaml.reader import ReaderError
 
     try:
         return _yaml().load(text), None
+    except ReaderError as exc:  # a character YAML does not allow: placed at its first one in the text
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        before = text[:max(text.find(char), 0)]
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        return None, Problem(rel, line, col, f"character U+{ord(char):04X} is not allowed in YAML; remove it "
+                                             "or write it as an escape in a double-quoted string")
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
