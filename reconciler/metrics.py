@@ -14,6 +14,7 @@ instead of lingering at its last value.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -155,6 +156,16 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _ScrapeServer(ThreadingHTTPServer):
+    """A scraper that hangs up mid-request (a scrape timeout, a reset) is passed over: socketserver
+    would print a traceback on the daemon's stderr for each one. Anything else is still printed."""
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 class MetricsServer:
     """GET /metrics on a daemon thread; any other path is 404."""
 
@@ -177,11 +188,11 @@ class MetricsServer:
             def log_message(self, *args):  # scrapes are not decisions: keep them out of the log
                 pass
 
-        server_cls = ThreadingHTTPServer
+        server_cls = _ScrapeServer
         if ":" in host:
             import socket
 
-            class _V6(ThreadingHTTPServer):
+            class _V6(_ScrapeServer):
                 address_family = socket.AF_INET6
 
             server_cls = _V6
