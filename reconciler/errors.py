@@ -50,6 +50,20 @@ class Problem:
         return f"{self.file}:{self.line}:{self.column}: {self.message}"
 
 
+def position_after(before: str | bytes) -> tuple[int, int]:
+    """(line, column), from 1, of the point that `before` (all of a file that precedes it) ends at."""
+    newline = "\n" if isinstance(before, str) else b"\n"
+    return before.count(newline) + 1, len(before) - (before.rfind(newline) + 1) + 1
+
+
+def refused_character(text: str, character: str | int) -> tuple[str, tuple[int, int]]:
+    """A YAML reader's refused character (ReaderError.character: the character, or its code point, by
+    reader) and the (line, column) of its first occurrence in `text`, where the reader stopped: not
+    its `position`, which counts bytes in one reader and characters in another."""
+    char = character if isinstance(character, str) else chr(character)
+    return char, position_after(text[:max(text.find(char), 0)])
+
+
 from reconciler.vocabulary import FailureKind  # noqa: E402
 
 TEMPORARY, PERMANENT, BUG = FailureKind.TEMPORARY, FailureKind.PERMANENT, FailureKind.BUG

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml_rs
 
-from reconciler.errors import Problem
+from reconciler.errors import Problem, position_after, refused_character
 
 # ruamel (the positioned reader) and PyYAML (the reader of anchors and aliases) are imported where
 # they are used: a catalog that yaml_rs reads and that has no problem needs neither, and together
@@ -88,9 +88,7 @@ def _decode(rel: str, raw: bytes) -> tuple[str | None, Problem | None]:
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
-        before = raw[: exc.start]
-        line = before.count(b"\n") + 1
-        col = exc.start - (before.rfind(b"\n") + 1) + 1
+        line, col = position_after(raw[: exc.start])
         return None, Problem(rel, line, col, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")
 
 
@@ -106,9 +104,7 @@ def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
     try:
         return _yaml().load(text), None
     except ReaderError as exc:  # a character YAML does not allow: placed at its first one in the text
-        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
-        before = text[:max(text.find(char), 0)]
-        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        char, (line, col) = refused_character(text, exc.character)
         return None, Problem(rel, line, col, f"character U+{ord(char):04X} is not allowed in YAML; remove it "
                                              "or write it as an escape in a double-quoted string")
     except MarkedYAMLError as exc:

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import orjson
 import yaml_rs
 
+from reconciler.errors import position_after, refused_character
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -182,15 +183,11 @@ def _reader_error(data: bytes, exc) -> SnapshotSyntaxError:
     is at, instead of its `in "<byte string>", position N` (whose unit depends on the reader)."""
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        before = data[:bad.start].decode("utf-8")
-        problem = f"not UTF-8 text (byte 0x{data[bad.start]:02x})"
-    else:  # a character YAML does not allow: the reader stopped at its first one
-        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
-        before = text[:max(text.find(char), 0)]
-        problem = f"character U+{ord(char):04X} is not allowed in YAML"
-    line = before.count("\n") + 1
-    return SnapshotSyntaxError(line, len(before) - (before.rfind("\n") + 1) + 1, problem)
+    except UnicodeDecodeError as bad:  # placed by characters, as the problems of a readable file are
+        line, col = position_after(data[:bad.start].decode("utf-8"))
+        return SnapshotSyntaxError(line, col, f"not UTF-8 text (byte 0x{data[bad.start]:02x})")
+    char, (line, col) = refused_character(text, exc.character)
+    return SnapshotSyntaxError(line, col, f"character U+{ord(char):04X} is not allowed in YAML")
 
 
 def inventory_from_document(doc: dict) -> Inventory:
