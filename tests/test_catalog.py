@@ -161,6 +161,17 @@ CASES = {
         "models/llama.yaml:4:1",
         "character U+0007 is not allowed in YAML",
     ),
+    # Inside a value yaml_rs (the fast reader) takes it: the file still goes to the reader that refuses it.
+    "control_character_in_a_plain_value": (
+        {"models/llama.yaml": MODEL.replace("/models/llama", "/models/ll\x01ama")},
+        "models/llama.yaml:2:19",
+        "character U+0001 is not allowed in YAML",
+    ),
+    "control_character_in_a_quoted_value_of_a_non_ascii_file": (
+        {"models/llama.yaml": MODEL.replace('"8"]', '"8"]\n    env: {NOTE: "caf\u00e9 \x1b[0m"}')},
+        "models/llama.yaml:13:",
+        "character U+001B is not allowed in YAML",
+    ),
     "duplicate_node_id": (
         {"fleet.yaml": FLEET.replace("id: gpu-2", "id: gpu-1")},
         "fleet.yaml:9:9",

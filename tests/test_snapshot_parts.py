@@ -166,3 +166,30 @@ def test_a_character_the_reference_reader_refuses_is_said_on_its_line_and_column
         read_snapshot_document(path, fast=False)  # PyYAML, as a refused snapshot is read again
     assert (err.value.line, err.value.column) == (3, 26)
     assert err.value.problem == "character U+0007 is not allowed in YAML"
+
+
+@pytest.mark.parametrize("text, where, char", [
+    ("nodes:\n- id: node-000\n  reason: a bell \x07 here\n", (3, 18), "U+0007"),
+    ("nodes:\n- id: node-000\n  reason: 'é, then an escape \x1b[0m'\n", (3, 30), "U+001B"),
+])
+def test_a_character_yaml_does_not_allow_is_refused_by_the_fast_reader_too(tmp_path, text, where, char):
+    """yaml_rs takes a control character into a value; the snapshot is read as the reference
+    reader reads it, whichever reader would be fastest: refused, and said where."""
+    path = tmp_path / "nodes.yaml"
+    path.write_text(text)
+    with pytest.raises(reading.SnapshotSyntaxError) as err:
+        read_snapshot_document(path)
+    assert (err.value.line, err.value.column) == where
+    assert err.value.problem == f"character {char} is not allowed in YAML"
+
+
+def test_a_part_with_a_character_yaml_does_not_allow_is_read_whole_and_said_where(tmp_path, in_parts, monkeypatch):
+    doc = _doc()
+    doc["nodes"][30]["reason"] = "to be broken"
+    path = tmp_path / "nodes.yaml"
+    path.write_text(dump_yaml(doc).replace("reason: to be broken", "reason: broken \x07 here"))
+    with pytest.raises(reading.PartUnreadable):
+        list(read_snapshot_parts(path))
+    got = _parts(path)
+    line = path.read_text()[:path.read_text().index("\x07")].count("\n") + 1
+    assert got == _whole(monkeypatch, path) == [(line, "not valid YAML or JSON: character U+0007 is not allowed in YAML")]

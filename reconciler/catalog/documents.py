@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml_rs
 
-from reconciler.errors import Problem, position_after, refused_character
+from reconciler.errors import Problem, has_refused_character, position_after, refused_character
 
 # ruamel (the positioned reader) and PyYAML (the reader of anchors and aliases) are imported where
 # they are used: a catalog that yaml_rs reads and that has no problem needs neither, and together
@@ -288,8 +288,11 @@ def read_native(root: Path, path: Path, rel: str) -> tuple[Document | None, list
     if file_problem(root, path, rel) is not None:
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     try:
-        text = read_bounded(path).decode("utf-8")
+        raw = read_bounded(path)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError):
+        return None, [Problem(rel, 1, 1, "needs the positioned reader")]
+    if has_refused_character(raw, text):  # yaml_rs would read it into a value: ruamel says where it is
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     if ("&" in text or "*" in text or "!" in text) and _NEEDS_PYYAML.search(text):  # `in` first: C speed
         return read_fast(root, path, rel)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import orjson
 import yaml_rs
 
-from reconciler.errors import position_after, refused_character
+from reconciler.errors import has_refused_character, position_after, refused_character
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -81,9 +81,12 @@ def _document(data: bytes, fast: bool = True) -> Any:
                 pass
     if fast:
         try:
-            # A key given twice: the last one wins, as PyYAML (the reference reader) has it.
-            return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False,
-                                 duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
+            text = data.decode("utf-8")
+            # A character YAML does not allow: yaml_rs would take it, PyYAML refuses it and says where.
+            if not has_refused_character(data, text):
+                # A key given twice: the last one wins, as PyYAML (the reference reader) has it.
+                return yaml_rs.loads(text, parse_datetime=False,
+                                     duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
         except Exception:  # noqa: BLE001 - any refusal: PyYAML reads it again and words the error
             pass
     return _read_with_pyyaml(data)
@@ -154,9 +157,14 @@ def _block_node_parts(data: bytes) -> list[bytes] | None:
 
 def _parse_part(part: bytes) -> list:
     try:
-        items = yaml_rs.loads(part.decode("utf-8"), parse_datetime=False,
-                              duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
-    except Exception as exc:  # noqa: BLE001 - any refusal (not UTF-8 included): the whole file is read again
+        text = part.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PartUnreadable(str(exc)) from None
+    if has_refused_character(part, text):  # yaml_rs would take it; PyYAML, reading the whole file, says where
+        raise PartUnreadable("a character YAML does not allow")
+    try:
+        items = yaml_rs.loads(text, parse_datetime=False, duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
+    except Exception as exc:  # noqa: BLE001 - any refusal: the whole file is read again
         raise PartUnreadable(str(exc)) from None
     if not isinstance(items, list):
         raise PartUnreadable("a part is not a list of nodes")
