@@ -180,6 +180,36 @@ def next_pass_at(catalog: Catalog, states: Mapping[str, AutoscaleState]) -> floa
     return min(due) if due else None
 
 
+# How often, at most, the daemon reads the loads between passes: a step of load is seen within this
+# rather than at the next resync (SPEC section 11). A second keeps each engine asked once a second.
+LOAD_LOOK_S = 1.0
+
+
+def look_every(interval: float) -> float:
+    """Seconds from one look at the loads between passes to the next (pure): LOAD_LOOK_S, or half the
+    resync interval where that is shorter, so a look always comes well within one interval."""
+    return min(LOAD_LOOK_S, interval / 2)
+
+
+def rising(policy: AutoscalePolicy, rng: ReplicaRange, state: AutoscaleState, loads: Mapping[str, float | None]) -> bool:
+    """Whether loads read between passes want more replicas than the last pass saw (pure): the daemon
+    then passes at once, and that pass starts up_delay_s's clock (decide) where the next resync would
+    have started it up to an interval later. A rise only: a fall waits down_delay_s anyway, and a rise
+    already pending has its pass asked for (next_pass_at). An unknown load counts as at target, as in decide."""
+    if not loads or state.direction == UP:
+        return False
+    metric_sum = sum(policy.target if v is None else v for v in loads.values())
+    return wanted_count(metric_sum, policy.target, rng) > rng.clamp(state.current)
+
+
+def rising_models(catalog: Catalog, states: Mapping[str, AutoscaleState],
+                  loads: Mapping[str, tuple[Mapping[str, float | None], Any]]) -> list[str]:
+    """The autoscaled models whose loads (model -> (replica -> in flight or None, ...)) are rising (pure)."""
+    return [m.name for m in catalog.models
+            if m.autoscale is not None and m.scale is not None and m.name in loads
+            and rising(m.autoscale, m.scale, states.get(m.name) or initial_state(m), loads[m.name][0])]
+
+
 # --------------------------------------------------------------------------
 # The status file's `autoscale:` block
 # --------------------------------------------------------------------------

@@ -45,20 +45,19 @@ def load_targets(catalog: Catalog, model: Model, replicas: Mapping[str, ReplicaS
     return targets, nowhere
 
 
-def scale_pass(catalog: Catalog, replicas: Mapping[str, ReplicaState], kept: Mapping[str, AutoscaleState],
-               now: float, read: LoadReader, log: Callable[[Decision], None]) -> dict[str, AutoscaleState]:
-    """Every autoscaled model's state after this pass: one read of all Ready replicas' loads at once
-    (a slow engine delays only itself), then autoscale.decide per model."""
+ModelLoads = tuple[dict[str, "float | None"], dict[str, str]]  # (replica -> in flight or None, replica -> why unknown)
+
+
+def read_model_loads(catalog: Catalog, replicas: Mapping[str, ReplicaState], read: LoadReader) -> dict[str, ModelLoads]:
+    """Every autoscaled model's Ready replicas' loads, in one read of them all at once (a slow engine
+    delays only itself): model -> (replica -> requests in flight, None where unknown; replica -> why)."""
     asked: dict[str, tuple[list[LoadTarget], dict[str, str]]] = {}
     for m in catalog.models:
         if m.scale is not None and m.autoscale is not None:
             asked[m.name] = load_targets(catalog, m, replicas)
     answers = read([t for targets, _ in asked.values() for t in targets]) if asked else {}
     out = {}
-    for m in catalog.models:
-        if m.name not in asked:
-            continue
-        targets, nowhere = asked[m.name]
+    for name, (targets, nowhere) in asked.items():
         loads: dict[str, float | None] = {}
         unknown = dict(nowhere)
         for t in targets:
@@ -70,6 +69,20 @@ def scale_pass(catalog: Catalog, replicas: Mapping[str, ReplicaState], kept: Map
                 loads[t.replica] = answer.in_flight
         for rid in nowhere:
             loads[rid] = None
+        out[name] = (loads, unknown)
+    return out
+
+
+def scale_pass(catalog: Catalog, replicas: Mapping[str, ReplicaState], kept: Mapping[str, AutoscaleState],
+               now: float, read: LoadReader, log: Callable[[Decision], None]) -> dict[str, AutoscaleState]:
+    """Every autoscaled model's state after this pass: one read of all Ready replicas' loads at once
+    (read_model_loads), then autoscale.decide per model."""
+    read_now = read_model_loads(catalog, replicas, read)
+    out = {}
+    for m in catalog.models:
+        if m.name not in read_now:
+            continue
+        loads, unknown = read_now[m.name]
         before = kept.get(m.name) or initial_state(m)
         after = decide(m.autoscale, m.scale, before.current, loads, now, before, unknown)
         for rid, why in sorted(new_unknowns(before, after).items(), key=lambda kv: replica_ordinal(m.name, kv[0]) or 0):

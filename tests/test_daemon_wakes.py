@@ -83,3 +83,30 @@ def test_a_drain_ends_on_the_pass_after_its_last_request_not_at_the_next_resync(
     assert stop["replica"] == "held-1" and "drained: its engine runs no request" in stop["reason"], stop
     assert not any(k.startswith("held-1.") for k in e2e.records())
     assert [e.get("trigger") for e in d.events("pass.start")][-1] == "wake"  # the wake-up, not a commit or a resync
+
+
+def test_a_step_of_load_is_seen_between_passes_and_scaled_for_not_at_the_next_resync(e2e):
+    release = e2e.tmp / "release-the-load"
+    e2e.repo.write("models/busy.yaml", autoscaled_model("busy", e2e.port, e2e.marker, release, hi=2))
+    e2e.repo.commit("busy: 1-2 replicas, autoscaled")
+    d = e2e.daemon("--interval", "3600")
+    first = e2e.wait_ready("busy", 1)
+    url = first["replicas"][0]["nodes"][0]["endpoint"] + "/v1/completions"
+    answers: list[int] = []
+    load = [threading.Thread(target=lambda: answers.append(urllib.request.urlopen(
+        urllib.request.Request(url, data=b"{}"), timeout=90).status)) for _ in range(3)]
+    for t in load:
+        t.start()
+    try:
+        # 3 in flight on one replica, target 1: wants 2. No commit, no signal, an hour to the resync:
+        # only a look at the load between passes can see it.
+        [scale] = wait_for(lambda: [e for e in d.events("decision") if e.get("action") == "scale"], 30,
+                           "busy scaled to 2:\n" + d.logfile.read_text()[-3000:])
+    finally:
+        release.touch()
+        for t in load:
+            t.join(timeout=60)
+    assert "1 -> 2" in scale["reason"], scale
+    assert answers == [200, 200, 200], "a request was cut"
+    assert [e["models"] for e in d.events("autoscale.load-rose")][:1] == [["busy"]]
+    assert "interval" not in [e.get("trigger") for e in d.events("pass.start")]

@@ -7,12 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+from reconciler.autoscale import rising_models, with_counts
 from reconciler.reconcile import ProbeFleet, ProbeOnly, run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
 from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
 from reconciler.launcher.slurm_launcher import has_slurm
 from reconciler.probe import FleetProber
-from reconciler.scaling import default_reader
+from reconciler.scaling import default_reader, read_model_loads
 from reconciler.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
@@ -98,6 +99,7 @@ class ApplyPass:
         self._run_pass = run_pass or run_apply_pass
         self._read_loads = read_loads or default_reader  # Ready replicas' loads, for autoscaling
         self._ready: dict = {}  # the last pass's replica states: whose loads the next pass reads
+        self._scaled: tuple | None = None  # (the catalog at its counts, model -> AutoscaleState) the last pass left
         self._pool = pool if pool is not None else TransportPool()
         self._history = None
         self._memory = memory or _memory_file_store()
@@ -151,6 +153,8 @@ class ApplyPass:
         )
         self._history = result.memory
         self._ready = getattr(result, "replicas", None) or {}
+        counts = getattr(result, "autoscale", None)
+        self._scaled = (with_counts(catalog, counts), counts) if counts else None
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, result.inventory, self._clock())
@@ -158,6 +162,15 @@ class ApplyPass:
             self._probed_at = self._last[2]
         self._wake_nodes = getattr(result, "next_pass_nodes", frozenset())
         return result
+
+    def load_rose(self) -> list[str]:
+        """Between passes (the daemon's loop, every autoscale.look_every): the autoscaled models whose
+        Ready replicas' loads, read now, want more replicas than the last pass saw; the daemon passes at
+        once for them, where the load would otherwise first be read by the next resync."""
+        if self._scaled is None or not self._ready:
+            return []
+        catalog, states = self._scaled
+        return rising_models(catalog, states, read_model_loads(catalog, self._ready, self._read_loads))
 
     def close(self) -> None:
         self._pool.close()

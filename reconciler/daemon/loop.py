@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import status as status_files
+from reconciler.autoscale import look_every
 from reconciler.constants import Exit
 from reconciler.daemon.events import EventLog
 from reconciler.daemon.lock import DAEMON, CatalogLock, lock_path
@@ -87,6 +88,7 @@ class Daemon:
         self._wake = threading.Event()
         self._stopping: str | None = None
         self._asked_at: float | None = None  # wall time the last pass asked to pass again (reconcile.next_pass_wanted)
+        self._look_at: float | None = None  # when the loop next reads the loads between passes (_load_rose)
         self.lock = CatalogLock(lock_path(self.root, self.git), str(self.root), DAEMON)
 
     # ------------------------------------------------------------ waking
@@ -178,8 +180,10 @@ class Daemon:
                 reasons = {"interval"}
             elif not reasons and wake_at is not None and now >= wake_at:
                 reasons = {"wake"}
+            if not reasons and self._load_rose(now):
+                reasons = {"wake"}
             if not reasons:
-                until = next_resync if wake_at is None else min(next_resync, wake_at)
+                until = min(t for t in (next_resync, wake_at, self._look_at) if t is not None)
                 self._wake.wait(timeout=max(0.0, until - now))
                 continue
             if "watcher-failed" in reasons and watcher is not None:
@@ -187,6 +191,7 @@ class Daemon:
                 self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
             if self._wants_pass(reasons):
                 self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
+                self._look_at = None  # the pass has just read the loads: the next look is a period from now
                 if reasons != {"wake"}:
                     next_resync = self.clock() + self.options.interval
                 if self.options.max_passes is not None and self.passes >= self.options.max_passes:
@@ -201,6 +206,28 @@ class Daemon:
         if self._asked_at is None:
             return None
         return now + max(0.0, self._asked_at - time.time())
+
+    def _load_rose(self, now: float) -> bool:
+        """Between passes, every autoscale.look_every(interval): whether the loads of what the last pass
+        left Ready want more replicas than it saw (the pass function's load_rose, where it has one). If
+        so the loop passes now, as for a wake-up: a step of load waits for no resync to be seen."""
+        look = getattr(self.pass_fn, "load_rose", None)
+        if look is None:
+            return False
+        if self._look_at is None or now < self._look_at:
+            if self._look_at is None:
+                self._look_at = now + look_every(self.options.interval)
+            return False
+        try:
+            rose = look()
+        except Exception as exc:  # a bug: said, and the loop goes on to its resync
+            self.log("autoscale.look-failed", error=f"{type(exc).__name__}: {exc}", msg="".join(traceback.format_exc()))
+            rose = []
+        self._look_at = self.clock() + look_every(self.options.interval)
+        if rose:
+            self.log("autoscale.load-rose", models=rose,
+                     msg="a look between passes found more load than the last pass read: passing now")
+        return bool(rose)
 
     def _wants_pass(self, reasons: set[str]) -> bool:
         """A full pass, or only a status refresh? Status commits and editor saves need no pass."""
