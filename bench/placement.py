@@ -13,7 +13,10 @@ the same snapshot as YAML), and prints:
 - end to end: wall time and peak RSS of `python -m reconciler plan CATALOG
   --inventory nodes.json --format json` (and the same with nodes.yaml), the child's
   own maxrss from wait4;
-- both again for smaller fleets, to show how they grow.
+- both again for smaller fleets, to show how they grow;
+- each paired run's read/write floor (issue 31): orjson parsing nodes.json,
+  yaml_rs fleet.yaml and every model, and orjson writes the plan's document; plan on JSON over it,
+  median of --runs (target at most 4x), and the sha256 of plan's output on each snapshot.
 
 Targets: >= 10,000 replicas/s in the core (issue 3); end to end at most 1.5 s on the JSON
 snapshot, and block YAML within 1.3x of JSON (issues 14 and 18), in every one of --runs paired
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import random
@@ -289,6 +293,40 @@ def machine_speed() -> float:
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
+# The read/write floor (issue 31): the time the fastest readers here take to parse every input plan reads
+# (orjson the JSON snapshot, yaml_rs fleet.yaml and each model) and orjson to write a document the size of
+# the plan's. Timed inside a child process started beside plan's runs, from the first read to the write's
+# end (no interpreter start or imports, as the issue measured it: plan's own start counts against it).
+FLOOR_CHILD = r"""
+import sys, time
+from pathlib import Path
+import orjson, yaml_rs
+root, doc_path = Path(sys.argv[1]), Path(sys.argv[2])
+doc = orjson.loads(doc_path.read_bytes())
+t, c = time.perf_counter(), time.process_time()
+orjson.loads((root / "nodes.json").read_bytes())
+yaml_rs.loads((root / "fleet.yaml").read_text())
+for path in sorted((root / "models").iterdir()):
+    yaml_rs.loads(path.read_text())
+out = orjson.dumps(doc)
+print(time.perf_counter() - t, time.process_time() - c)
+"""
+
+
+def floor(root: Path, plan_json: Path) -> tuple[float, float]:
+    """(wall s, CPU s) of the read/write floor (FLOOR_CHILD), timed in a child process."""
+    wall, cpu = subprocess.run([sys.executable, "-c", FLOOR_CHILD, str(root), str(plan_json)], capture_output=True,
+                               text=True, check=True).stdout.split()
+    return float(wall), float(cpu)
+
+
+def plan_output(root: Path, snapshot: str) -> bytes:
+    """What `reconciler plan --inventory SNAPSHOT --format json` prints (to compare before and after a change)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "reconciler", "plan", str(root), "--inventory", str(root / snapshot),
+                           "--format", "json"], capture_output=True, check=True, env=env).stdout
+
+
 def end_to_end(root: Path, snapshot: str) -> tuple[float, float, float, int]:
     """(wall s, CPU s, peak RSS MiB, exit code) of the child `reconciler plan --inventory ... --format json` > /dev/null."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -335,8 +373,12 @@ def main() -> int:
             runs = {name: end_to_end(root, name) for name in ("nodes.json", "nodes-flow.yaml", "nodes.yaml")}
             if n == args.nodes:
                 # Paired runs, JSON then block YAML, so a neighbour's load falls on both of a pair.
-                repeated = [(machine_speed(), end_to_end(root, "nodes.json"), end_to_end(root, "nodes.yaml"))
-                            for _ in range(args.runs)]
+                # Each run times the floor too, beside the plan it is compared with.
+                plan_json = root / "plan.json"
+                outputs = {name: plan_output(root, name) for name in ("nodes.json", "nodes.yaml")}
+                plan_json.write_bytes(outputs["nodes.json"])
+                repeated = [(machine_speed(), end_to_end(root, "nodes.json"), end_to_end(root, "nodes.yaml"),
+                             floor(root, plan_json)) for _ in range(args.runs)]
             mb = {name: (root / name).stat().st_size / 1e6 for name in runs}
             rows.append((n, len(models), total, unplaced, rate, secs, runs, mb, stages))
             if update is not None:
@@ -364,18 +406,30 @@ def main() -> int:
 
     print(f"\n{len(repeated)} end-to-end runs at {n} nodes (wall / CPU s, CPU counting the child that loads the "
           "catalog; block YAML against the JSON run before it; machine: the same fixed loop before each pair):")
-    for i, (speed, (wj, cj, _, _), (wy, cy, _, _)) in enumerate(repeated, 1):
+    for i, (speed, (wj, cj, _, _), (wy, cy, _, _), fl) in enumerate(repeated, 1):
         print(f"  run {i}: json {wj:.2f} / {cj:.2f}   block yaml {wy:.2f} / {cy:.2f}   yaml/json {wy / wj:.2f}x wall   "
+              f"floor {fl[0]:.3f} / {fl[1]:.3f}, json/floor {wj / fl[0]:.2f}x wall {cj / fl[1]:.2f}x CPU   "
               f"machine {speed:.3f} s")
-    walls = sorted(j[0] for _, j, _ in repeated)
-    ratios = sorted(y[0] / j[0] for _, j, y in repeated)
-    speeds = sorted(s for s, _, _ in repeated)
+    walls = sorted(j[0] for _, j, _, _ in repeated)
+    ratios = sorted(y[0] / j[0] for _, j, y, _ in repeated)
+    speeds = sorted(s for s, _, _, _ in repeated)
+    over_floor = sorted(j[0] / fl[0] for _, j, _, fl in repeated)
+    cpu_over_floor = sorted(j[1] / fl[1] for _, j, _, fl in repeated)
+    floors = sorted(fl[0] for _, _, _, fl in repeated)
     print(f"  median: json {walls[len(walls) // 2]:.2f} s, yaml/json {ratios[len(ratios) // 2]:.2f}x; the fixed loop "
           f"ranged {speeds[0]:.3f}-{speeds[-1]:.3f} s ({speeds[-1] / speeds[0] - 1:.0%} apart): the machine's own spread")
-    worst_wj = max(j[0] for _, j, _ in repeated)
-    worst_cj = max(j[1] for _, j, _ in repeated)
-    worst_ratio = max(y[0] / j[0] for _, j, y in repeated)
-    worst_cpu_ratio = max(y[1] / j[1] for _, j, y in repeated)
+    mid = len(over_floor) // 2
+    print(f"  the read/write floor (orjson nodes.json, yaml_rs fleet.yaml and {nm} models, orjson writing the plan's "
+          f"{len(outputs['nodes.json']) / 1e6:.1f} MB, timed in a child process): median {floors[mid]:.3f} s; plan on JSON over "
+          f"the floor, median of {len(over_floor)}: {over_floor[mid]:.2f}x (<= 4x: {met(over_floor[mid] <= 4)}; "
+          f"runs {', '.join(f'{r:.2f}' for r in over_floor)}); in CPU seconds (the child's, against the floor's): "
+          f"median {cpu_over_floor[mid]:.2f}x")
+    print(f"  plan output sha256: json {hashlib.sha256(outputs['nodes.json']).hexdigest()[:16]}, block yaml "
+          f"{hashlib.sha256(outputs['nodes.yaml']).hexdigest()[:16]} (compare before and after a change)")
+    worst_wj = max(j[0] for _, j, _, _ in repeated)
+    worst_cj = max(j[1] for _, j, _, _ in repeated)
+    worst_ratio = max(y[0] / j[0] for _, j, y, _ in repeated)
+    worst_cpu_ratio = max(y[1] / j[1] for _, j, y, _ in repeated)
     print(f"\ntargets at {n} nodes, in every run: core {rate:,.0f} replicas/s (>= 10,000: {met(rate >= 10_000)}); "
           f"end to end on JSON at most {worst_wj:.2f} s wall, {worst_cj:.2f} s CPU (<= 1.5 s: wall {met(worst_wj <= 1.5)}, "
           f"CPU {met(worst_cj <= 1.5)}); block YAML / JSON at most {worst_ratio:.2f}x wall, {worst_cpu_ratio:.2f}x CPU "
