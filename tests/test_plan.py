@@ -271,3 +271,27 @@ def test_copy_of_removed_model_on_unreachable_node_waits_until_it_answers():
     assert kinds(p) == [("stop", "old-0")]
     assert [(w.replica, w.reason) for w in p.waiting] == [
         ("old-1", "model removed from the catalog; stopped on b when it answers again")]
+
+
+def test_plan_json_names_each_waits_kind_so_no_client_parses_the_reason():
+    import orjson
+
+    from reconciler.commands.plan import plan_document
+
+    def waiting_json(p):  # as `plan --format json` writes it
+        return orjson.loads(orjson.dumps(plan_document(p)))["waiting"]
+
+    f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash="stale")],
+                       b=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash="stale")], c=True)
+    [turn] = waiting_json(plan(catalog(f, M), inv))
+    assert (turn["replica"], turn["kind"]) == ("m-1", "one_at_a_time") and "replaced first" in turn["reason"]
+
+    f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H, alive=False)])
+    hist = {"m-0": Backoff(restarts=3, streak=3, last_restart=1000)}
+    [crashed] = waiting_json(plan(catalog(f, model("m", P, replicas=1)), inv, now=1001, backoff=hist))
+    assert crashed == {"replica": "m-0", "model": "m", "kind": "backoff", "reason": crashed["reason"]}
+
+    f, inv = two_nodes(b_obs=observed("b", state="unreachable", reason="timed out"))
+    last = inventory(observed("b", gpu=gpus(8), replicas=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)]))
+    p = plan(catalog(f, model("m", P, replicas=2)), inv, now=100, unreachable_since={"b": 0}, grace_s=300, last_seen=last)
+    assert [(w["replica"], w["kind"]) for w in waiting_json(p)] == [("m-1", "node_unreachable")]
