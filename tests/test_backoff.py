@@ -121,3 +121,11 @@ def test_a_fresh_copy_forgets_its_crashes_not_its_failed_start_and_a_start_that_
     # A quiet spell resets the streak that sets the delay, not the count status shows.
     assert both.start_took().calmed(NOW + BACKOFF_RESET_S) == Backoff(restarts=4, streak=0, last_restart=NOW)
     assert both.start_took().calmed(NOW + BACKOFF_RESET_S - 1).streak == 3
+
+
+def test_a_failed_start_after_none_failed_counts_from_one_whatever_count_was_kept():
+    # failure None with a count left (an older memory file, one a person edited): no failed start is
+    # remembered, so this one is the first and waits the first step of the curve, not the fourth.
+    stale = Backoff(failed_starts=3)
+    failed = stale.start_failed(FailureKind.TEMPORARY, NOW, "k", "timed out", ("n1",), jitter=lambda: 0.0)
+    assert failed.failed_starts == 1 and failed.retry_at == NOW + 10.0

@@ -295,3 +295,65 @@ def test_plan_json_names_each_waits_kind_so_no_client_parses_the_reason():
     last = inventory(observed("b", gpu=gpus(8), replicas=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)]))
     p = plan(catalog(f, model("m", P, replicas=2)), inv, now=100, unreachable_since={"b": 0}, grace_s=300, last_seen=last)
     assert [(w["replica"], w["kind"]) for w in waiting_json(p)] == [("m-1", "node_unreachable")]
+
+
+FAB = {"ib": ["mlx5_0"]}
+MP = profile("mp", gpus_per_node=8, nodes=2)
+
+
+def two_node_model(replicas=1):
+    return model("mm", MP, replicas=replicas)
+
+
+def test_a_multi_node_copy_whose_ranks_carry_different_specs_is_replaced():
+    # rank 0 runs the current spec, rank 1 an older one (a half-finished change): the copy as a whole
+    # does not match the catalog.
+    mm = two_node_model()
+    h = spec_hash(mm, MP)
+    f = fleet(node_spec("a", fabrics=FAB), node_spec("b", fabrics=FAB), node_spec("c", fabrics=FAB))
+    inv = inventory(observed("a", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", gpus=range(8), spec_hash=h, nnodes=2)]),
+                    observed("b", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", 1, gpus=range(8), spec_hash="old", nnodes=2)]),
+                    observed("c", gpu=gpus(8), fabrics=FAB))
+    p = plan(catalog(f, mm), inv, now=5)
+    assert kinds(p) == [("replace", "mm-0")] and p.actions[0].reason.startswith("spec changed")
+
+
+def test_a_copy_not_desired_with_a_rank_on_a_node_away_is_stopped_where_it_answers_without_a_drain():
+    # The copy cannot serve with a rank away: there are no requests to let end.
+    mm = two_node_model(replicas=0)
+    h = spec_hash(mm, MP)
+    f = fleet(node_spec("a", fabrics=FAB), node_spec("b", fabrics=FAB))
+    inv = inventory(observed("a", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", gpus=range(8), spec_hash=h, nnodes=2)]),
+                    observed("b", state="unreachable", reason="timed out"))
+    last = inventory(observed("b", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", 1, gpus=range(8), spec_hash=h, nnodes=2)]))
+    p = plan(catalog(f, mm), inv, now=5, unreachable_since={"b": 0}, grace_s=300, last_seen=last)
+    [stop] = p.actions
+    assert (stop.action, stop.replica, stop.drain) == ("stop", "mm-0", False)
+    assert [w.kind for w in p.waiting] == ["stop_when_back"]
+
+
+def test_a_node_first_seen_unreachable_now_starts_its_grace_period_now():
+    b_obs = observed("b", state="unreachable", reason="timed out")
+    f, inv = two_nodes(b_obs=b_obs)
+    last = inventory(observed("b", gpu=gpus(8), replicas=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)]))
+    p = plan(catalog(f, model("m", P, replicas=2)), inv, now=10_000, unreachable_since={}, grace_s=300, last_seen=last)
+    assert kinds(p) == [("start", "m-0")]  # m-1 is not replaced: its node has been away for no time yet
+    assert [(w.replica, w.kind, w.until) for w in p.waiting] == [("m-1", "node_unreachable", 10_300)]
+
+
+def test_a_drained_stop_holds_its_gpus_this_pass_unless_the_model_drains_for_no_time():
+    from dataclasses import replace
+
+    def planned(drain_s):
+        m = replace(model("m", P, replicas=1), drain_s=drain_s)
+        other = model("n", profile("q", gpus_per_node=4), replicas=1)
+        hm = spec_hash(m, P)
+        f = fleet(node_spec("a"))
+        inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=hm),
+                                                            rank("m-1", "m", "p", gpus=(4, 5, 6, 7), port=8001, spec_hash=hm)]))
+        return plan(catalog(f, m, other), inv)
+
+    draining = planned(30.0)
+    assert ("stop", "m-1") in kinds(draining) and [o.replica for o in draining.unplaced] == ["n-0"]
+    at_once = planned(0.0)
+    assert ("stop", "m-1") in kinds(at_once) and ("start", "n-0") in kinds(at_once)
