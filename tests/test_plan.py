@@ -357,3 +357,23 @@ def test_a_drained_stop_holds_its_gpus_this_pass_unless_the_model_drains_for_no_
     assert ("stop", "m-1") in kinds(draining) and [o.replica for o in draining.unplaced] == ["n-0"]
     at_once = planned(0.0)
     assert ("stop", "m-1") in kinds(at_once) and ("start", "n-0") in kinds(at_once)
+
+
+def test_a_stale_copy_with_a_rank_on_a_node_away_is_stopped_where_it_answers_without_a_drain():
+    # mm-0 runs on a and b (where the last pass placed it); an older copy is left on c and on d, which
+    # does not answer: that copy cannot serve, so its rank on c stops at once rather than draining.
+    mm = two_node_model()
+    h = spec_hash(mm, MP)
+
+    def on(number):
+        return rank("mm-0", "mm", "mp", number, gpus=range(8), spec_hash=h, nnodes=2)
+
+    f = fleet(*(node_spec(n, fabrics=FAB) for n in "abcd"))
+    inv = inventory(*(observed(n, gpu=gpus(8), fabrics=FAB, replicas=[on(i)]) for n, i in (("a", 0), ("b", 1), ("c", 0))),
+                    observed("d", state="unreachable", reason="timed out"))
+    last = inventory(observed("d", gpu=gpus(8), fabrics=FAB, replicas=[on(1)]))
+    p = plan(catalog(f, mm), inv, now=5, unreachable_since={"d": 0}, grace_s=300, last_seen=last,
+             placed_on={"mm-0": ("a", "b")})
+    [stop] = p.actions
+    assert (stop.action, stop.reason, stop.drain) == ("stop", "stale copy: the replica runs on a, b", False)
+    assert [n.node for n in stop.placement.nodes] == ["c"]
