@@ -18,8 +18,9 @@ The modules, top layer first; a module imports only from the layers below it
     commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
                         run, engine_check, dashboard); plan_words and plan_markdown put a plan in words and
                         in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
-    dashboard/          status/ as read-only web pages, beside the commands whose builders it reuses (the
-                        `status` JSON, `plan`'s rejection groups): files (status/ read, cached, last good kept);
+    dashboard/          status/ as read-only web pages, served by commands (dashboard, run) and importing none:
+                        it shares the `status` JSON and words (status_view) and the rejection groups
+                        (placement) with them: files (status/ read, cached, last good kept);
                         what each page shows, pure: the snapshot cross-referenced (index) over the fleet
                         grid's GPU cells (cells) and an unplaced replica's rejections grouped (rejections),
                         the pages over it (overview, models, fleet) and what the URL narrows them to
@@ -73,7 +74,8 @@ The modules, top layer first; a module imports only from the layers below it
                         Inventory written as a document (writing), a document checked (validation);
     transport,          transports (argv in, bytes out); snapshot arithmetic (pure); Slurm's text
     snapshot, slurm,    outputs parsed (pure); the count the load wants inside the range git holds,
-    autoscale           and its status block (pure)
+    autoscale,          and its status block (pure); status/ documents read back as values and words,
+    status_view         for `status` and the dashboard alike (pure)
     model, errors,      frozen values; the exception tree; the JSON Schemas; names and exit codes
     schemas, constants
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with

@@ -82,18 +82,16 @@ def refused_character(text: str, character: str | int) -> tuple[str, tuple[int, 
 
 from reconciler.vocabulary import FailureKind  # noqa: E402
 
-TEMPORARY, PERMANENT, BUG = FailureKind.TEMPORARY, FailureKind.PERMANENT, FailureKind.BUG
-
 
 class ReconcilerError(Exception):
     temporary = False  # see the module docstring: most of these wait for the catalog or the node to change
 
 
-def kind_of(exc: BaseException) -> str:
+def kind_of(exc: BaseException) -> FailureKind:
     """temporary, permanent or bug: what a caller does about `exc` (retry, stall, log the traceback)."""
     if isinstance(exc, ReconcilerError):
-        return TEMPORARY if exc.temporary else PERMANENT
-    return BUG
+        return FailureKind.TEMPORARY if exc.temporary else FailureKind.PERMANENT
+    return FailureKind.BUG
 
 
 class UsageError(ReconcilerError):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from reconciler.constants import STATUS_DIR
 from reconciler.errors import ReconcilerError
+from reconciler.vocabulary import PullState
 
 STATUS_TRAILER = "Reconciler-Status-For"
 # Identity used for status commits only when the repository has none configured.
@@ -87,7 +88,7 @@ def catalog_revision_of(root: str | os.PathLike) -> str | None:
 class PullOutcome:
     """What `--git-pull` found. `state` is stable (goes into status); `message` says why."""
 
-    state: str  # up-to-date | fast-forwarded | followed-rewrite | ahead | refused | detached | no-upstream | fetch-failed
+    state: PullState
     upstream: str | None = None
     message: str = ""
     old_head: str | None = None
@@ -95,7 +96,7 @@ class PullOutcome:
 
     @property
     def problem(self) -> bool:
-        return self.state in ("refused", "fetch-failed")
+        return self.state in (PullState.REFUSED, PullState.FETCH_FAILED)
 
 
 @dataclass(frozen=True)
@@ -256,23 +257,23 @@ class GitCatalog:
         """
         branch = self.branch()
         if branch is None:
-            return PullOutcome("detached", None, "HEAD is detached: nothing to pull; the committed HEAD is applied as is")
+            return PullOutcome(PullState.DETACHED, None, "HEAD is detached: nothing to pull; the committed HEAD is applied as is")
         upstream = self.upstream()
         if upstream is None:
-            return PullOutcome("no-upstream", None, f"branch {branch} has no upstream: nothing to pull")
+            return PullOutcome(PullState.NO_UPSTREAM, None, f"branch {branch} has no upstream: nothing to pull")
         before_upstream = self._rev(upstream)
         failed = self._fetch(branch, upstream, timeout)
         if failed is not None:
             return failed
         head, up = self.head(), self._rev(upstream)
         if up is None:
-            return PullOutcome("no-upstream", upstream, f"upstream {upstream} has no commits")
+            return PullOutcome(PullState.NO_UPSTREAM, upstream, f"upstream {upstream} has no commits")
         if head == up:
-            return PullOutcome("up-to-date", upstream, "", head, head)
+            return PullOutcome(PullState.UP_TO_DATE, upstream, "", head, head)
         if head is None or self._is_ancestor(head, up):
             return self._fast_forward(upstream, head, up)
         if self._is_ancestor(up, head):
-            return PullOutcome("ahead", upstream, f"{branch} is ahead of {upstream}", head, head)
+            return PullOutcome(PullState.AHEAD, upstream, f"{branch} is ahead of {upstream}", head, head)
         return self._follow_rewrite(branch, upstream, before_upstream, head, up)
 
     def _fetch(self, branch: str, upstream: str, timeout: float) -> PullOutcome | None:
@@ -281,15 +282,15 @@ class GitCatalog:
         fetch = git(self.root, "fetch", "--quiet", "--no-tags", remote, check=False, timeout=timeout)
         if fetch.returncode != 0:
             msg = fetch.stderr.strip().splitlines()[-1:] or ["unknown error"]
-            return PullOutcome("fetch-failed", upstream, f"git fetch {remote} failed: {msg[0]}")
+            return PullOutcome(PullState.FETCH_FAILED, upstream, f"git fetch {remote} failed: {msg[0]}")
         return None
 
     def _fast_forward(self, upstream: str, head: str | None, up: str) -> PullOutcome:
         proc = git(self.root, "merge", "--ff-only", "--quiet", up, check=False)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["merge failed"])[0]
-            return PullOutcome("refused", upstream, f"cannot fast-forward to {upstream} {up[:12]}: {why}", head, head)
-        return PullOutcome("fast-forwarded", upstream, f"fast-forwarded {_short(head)}..{up[:12]}", head, up)
+            return PullOutcome(PullState.REFUSED, upstream, f"cannot fast-forward to {upstream} {up[:12]}: {why}", head, head)
+        return PullOutcome(PullState.FAST_FORWARDED, upstream, f"fast-forwarded {_short(head)}..{up[:12]}", head, up)
 
     def _follow_rewrite(self, branch: str, upstream: str, before_upstream: str | None, head: str, up: str) -> PullOutcome:
         """Diverged: upstream was rewritten, or both sides moved (someone, or our status commits,
@@ -301,7 +302,7 @@ class GitCatalog:
         personal = [c for c in local_only if not self._status_only(c)]
         if personal:
             return PullOutcome(
-                "refused", upstream,
+                PullState.REFUSED, upstream,
                 f"{how} and {branch} has {len(personal)} commit(s) made only here "
                 f"(newest {personal[0][:12]}); refusing to discard them, the revision in force stays; "
                 f"to follow upstream: git -C {self.toplevel} reset --hard {upstream}",
@@ -310,11 +311,11 @@ class GitCatalog:
         proc = git(self.root, "reset", "--keep", "--quiet", up, check=False)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["reset failed"])[0]
-            return PullOutcome("refused", upstream, f"{how}; cannot move to {up[:12]}: {why}", head, head)
+            return PullOutcome(PullState.REFUSED, upstream, f"{how}; cannot move to {up[:12]}: {why}", head, head)
         dropped = f"; {len(local_only)} unpushed status commit(s) dropped (the next pass writes status again)" \
             if local_only else ""
         return PullOutcome(
-            "followed-rewrite" if rewritten else "fast-forwarded", upstream,
+            PullState.FOLLOWED_REWRITE if rewritten else PullState.FAST_FORWARDED, upstream,
             f"{how}; moved from {head[:12]} to {up[:12]}{dropped}", head, up,
         )
 

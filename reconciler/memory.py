@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key
-from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.inventory import inventory_from_document, inventory_to_document, utc_text
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
-from reconciler.outcomes import FAILED, GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
+from reconciler.outcomes import GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
 from reconciler.status import write_rendered
 from reconciler.plan import Drain, Plan, Waiting, drain_key, plan as make_plan
-from reconciler.vocabulary import ActionKind, FailureKind, NodeState, WaitKind
+from reconciler.vocabulary import ActionKind, FailureKind, NodeState, Phase, WaitKind
 
 # SPEC section 9, the crash-loop breaker: this many failed starts (or crashes before Ready) in a row
 # of one replica on the same GPUs quarantine those GPUs for fleet.yaml's gpu_quarantine_s.
@@ -102,7 +101,7 @@ def placed_on_after(placed_on: Mapping[str, tuple[str, ...]], acted: Mapping[str
     """Where each replica was last placed, with where this pass put those it did not fail to place."""
     out = dict(placed_on)
     for rid, state in acted.items():
-        if state.nodes and state.phase != FAILED:
+        if state.nodes and state.phase != Phase.FAILED:
             out[rid] = tuple(a.node for a in state.nodes)
     return out
 
@@ -117,11 +116,11 @@ def crash_loops_after(strikes: Mapping[str, GpuStrikes], quarantines: Mapping[tu
     strikes = dict(strikes)
     quarantines = live_quarantines(quarantines, inventory, now)
     for rid, state in acted.items():
-        if state.phase != FAILED:
+        if state.phase != Phase.FAILED:
             strikes.pop(rid, None)
             continue
         where = tuple((a.node, tuple(a.gpus)) for a in state.nodes if a.gpus)
-        if not where or state.failure == PERMANENT:  # a missing binary is not the GPU's doing
+        if not where or state.failure == FailureKind.PERMANENT:  # a missing binary is not the GPU's doing
             continue
         before = strikes.get(rid)
         count = before.count + 1 if before is not None and before.where == where else 1
@@ -197,7 +196,7 @@ def backoff_after(before: Mapping[str, Backoff], inventory: Inventory, acted: Ma
     out = dict(before)
     for rid, state in acted.items():
         tries = out.get(rid)
-        if state.phase != FAILED:
+        if state.phase != Phase.FAILED:
             if tries is not None:
                 out[rid] = tries.start_took()
             continue
@@ -365,7 +364,7 @@ def _backoff(doc: Mapping[str, Any]) -> Backoff:
     nor permanent, a failure with no retry time: ValueError (the memory is forgotten)."""
     unknown = set(doc) - set(_BACKOFF_FIELDS)
     failure, last, retry = doc.get("failure"), doc.get("last_restart"), doc.get("retry_at")
-    if unknown or failure not in (None, TEMPORARY, PERMANENT) or (failure is not None and retry is None):
+    if unknown or failure not in (None, FailureKind.TEMPORARY, FailureKind.PERMANENT) or (failure is not None and retry is None):
         raise ValueError(f"backoff {dict(doc)!r}")
     return Backoff(
         restarts=int(doc.get("restarts", 0)), streak=int(doc.get("streak", 0)),

@@ -18,7 +18,8 @@ from typing import Mapping, NamedTuple
 
 from reconciler.host import Host, parse_host
 from reconciler.frozen import frozen
-from reconciler.vocabulary import INTENT_STATES, ActionKind, FailureKind, GpuHealth, NodeState, Phase
+from reconciler.vocabulary import (INTENT_STATES, ActionKind, FailureKind, GpuHealth, LauncherKind, NodeState, Phase,
+                                   SecretKind, TransportKind)
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 # Engines that can serve a model with no GPU at all.
@@ -78,14 +79,14 @@ class NodeSpec:
     # fabric name -> HCAs of this node on that fabric, as declared by the operator
     fabrics: Mapping[str, tuple[str, ...]] = _empty()
     ssh: SshSettings = SshSettings()
-    transport: str = "ssh"  # ssh | local
+    transport: TransportKind = TransportKind.SSH
     gpu_class: str | None = None  # operator override of the probed class
     state_dir: str = "~/.local/state/llm-reconciler"
     # Network interface that carries data_address (e.g. "ib0", "eth1"). NCCL and
     # Gloo pick their bootstrap socket by interface NAME, not by address; Gloo
     # otherwise resolves the hostname, which on many distros is 127.0.1.1.
     socket_ifname: str | None = None
-    launcher: str = "ssh"  # ssh | slurm
+    launcher: LauncherKind = LauncherKind.SSH
     slurm_name: str = ""  # its NodeName in Slurm; "" means the node id
     cordon_gpus: tuple[int, ...] = ()  # GPU indices the operator keeps out of placement (SPEC section 9)
     # data_address parsed once; every spelling of it (bare, bracketed, URL) comes from here.
@@ -93,6 +94,10 @@ class NodeSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_host", parse_host(self.data_address))
+        # Typed however the spec was built (the catalog's text, a test's literal): a word outside the
+        # vocabulary is a ValueError here, not a node that silently matches no branch.
+        object.__setattr__(self, "transport", TransportKind(self.transport))
+        object.__setattr__(self, "launcher", LauncherKind(self.launcher))
 
     @property
     def slurm_node_name(self) -> str:
@@ -147,11 +152,14 @@ class SecretRef:
     printed and written anywhere is this reference.
     """
 
-    kind: str  # "from_file" | "from_env"
+    kind: SecretKind
     name: str  # the path, or the variable's name
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", SecretKind(self.kind))  # a word outside the vocabulary: ValueError
+
     def document(self) -> dict[str, str]:
-        return {self.kind: self.name}
+        return {self.kind.value: self.name}
 
     def __str__(self) -> str:
         return f"{{{self.kind}: {self.name}}}"

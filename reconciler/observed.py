@@ -9,7 +9,8 @@ from dataclasses import replace
 from reconciler.errors import TransportError
 from reconciler.launcher import Launcher
 from reconciler.model import Assignment, Catalog, Fleet, Model
-from reconciler.outcomes import FAILED, READY, UNKNOWN, ReplicaState
+from reconciler.outcomes import ReplicaState
+from reconciler.vocabulary import Phase
 from reconciler.readiness import (
     DEFAULT_START_TIMEOUT_S,
     LOG_LINES_IN_MESSAGE,
@@ -45,17 +46,17 @@ def observe_replica(
     head_node, head = next(((n, r) for n, r in ranks if r.rank == 0), ranks[0])
     profile = model.profile(head.profile)
     nodes = tuple(Assignment(n.id, r.rank, tuple(r.gpus), (), r.port) for n, r in ranks)
-    base = ReplicaState(replica, model.name, head.profile, UNKNOWN, "", nodes,
+    base = ReplicaState(replica, model.name, head.profile, Phase.UNKNOWN, "", nodes,
                         catalog.fleet.endpoint(head_node.id, head.port), revision=head.revision)
     settled = judge_records(base, ranks)
-    if settled is not None and settled.phase == FAILED:
+    if settled is not None and settled.phase == Phase.FAILED:
         return with_crash_logs(settled, ranks, replica, launcher)
     if settled is not None:
         return settled
     answered, seen = health(head_host(catalog.fleet, head_node.id), head.port,
                             profile.health_path if profile is not None else "/health")
     if answered:
-        return replace(base, phase=READY)
+        return replace(base, phase=Phase.READY)
     try:
         states = launcher.ranks(head_node.id, replica, log_lines=LOG_LINES_IN_MESSAGE)
     except TransportError as exc:

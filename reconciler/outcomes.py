@@ -18,12 +18,7 @@ from reconciler.backoff import Backoff
 from reconciler.frozen import frozen
 from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
 from reconciler.plan import Drain, Plan
-from reconciler.vocabulary import ActionKind, FailureKind, Phase
-
-# The phases of SPEC section 2, by their old names (the vocabulary is reconciler.vocabulary.Phase).
-PENDING, STARTING, READY, FAILED, STOPPING, UNKNOWN = (
-    Phase.PENDING, Phase.STARTING, Phase.READY, Phase.FAILED, Phase.STOPPING, Phase.UNKNOWN)
-FETCHING = Phase.FETCHING
+from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, Phase
 
 
 @frozen
@@ -32,7 +27,7 @@ class Decision:
 
     replica: str
     node: str  # "-" when the decision is about no node in particular
-    action: str  # an ActionKind, or adopt | fail | skip | keep | health
+    action: DecisionAction  # an ActionKind's word, or another step of the pass (fail, health, drain, ...)
     reason: str
     ok: bool = True
 
@@ -139,7 +134,7 @@ class PassResult:
         apply's summary and the gateway files read this)."""
         out: dict[str, list[str]] = {}
         for state in sorted(self.replicas.values(), key=_replica_sort_key):
-            if state.phase == READY and state.endpoint:
+            if state.phase == Phase.READY and state.endpoint:
                 out.setdefault(state.model, []).append(state.endpoint)
         return out
 

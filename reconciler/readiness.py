@@ -1,7 +1,7 @@
 """Is a replica serving? Phase judgement as pure functions, and the one health request.
 
 A replica judged Failed here crashed or did not become Ready in time: a temporary failure
-(errors.TEMPORARY), restarted with the plan's capped backoff.
+(FailureKind.TEMPORARY), restarted with the plan's capped backoff.
 
 Ready means the head answers its health path with 200, asked from the
 management host at the head's data address, AND every rank's process is
@@ -18,13 +18,12 @@ import http.client
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
-from reconciler.errors import TEMPORARY
 from reconciler.frozen import frozen
 from reconciler.launcher import RankState
 from reconciler.model import Placement, Profile, RankLaunch
-from reconciler.outcomes import FAILED, PENDING, READY, STARTING, UNKNOWN, ReplicaState
+from reconciler.outcomes import ReplicaState
 from reconciler.snapshot import RankRecords
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import FailureKind, NodeState, Phase
 
 HEALTH_TIMEOUT_S = 2.0
 # Health is one cheap local request; liveness is a round trip to every node of the replica,
@@ -116,20 +115,20 @@ def judge_started(base: ReplicaState, started: StartedReplica, *, answered: bool
     """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
     dead = liveness.dead(started.launches)
     if dead:
-        return replace(base, phase=FAILED, message=failure_message(dead, liveness.states, "exited"),
-                       failure=TEMPORARY)
+        return replace(base, phase=Phase.FAILED, message=failure_message(dead, liveness.states, "exited"),
+                       failure=FailureKind.TEMPORARY)
     if answered and not liveness.unreachable:
-        return replace(base, phase=READY)
+        return replace(base, phase=Phase.READY)
     queued = queued_message(liveness.states.values())
     if queued:
         # Queued by a scheduler: not started, so its start timeout has not begun either.
-        return replace(base, phase=PENDING, message=queued) if final else None
+        return replace(base, phase=Phase.PENDING, message=queued) if final else None
     timeout = started.profile.start_timeout_s
     if now - started.started_at >= timeout:
         message = failure_message(started.launches, liveness.states, f"not Ready after {timeout:g}s: {seen}")
-        return replace(base, phase=FAILED, message=message, start_timed_out=True, failure=TEMPORARY)
+        return replace(base, phase=Phase.FAILED, message=message, start_timed_out=True, failure=FailureKind.TEMPORARY)
     if final:
-        return replace(base, phase=STARTING, message=f"waiting for {seen or 'all ranks'}")
+        return replace(base, phase=Phase.STARTING, message=f"waiting for {seen or 'all ranks'}")
     return None
 
 
@@ -157,18 +156,18 @@ def judge_records(base: ReplicaState, ranks: RankRecords) -> ReplicaState | None
     missing); None when only its health can tell."""
     gone = [n for n, _ in ranks if n.state == NodeState.UNREACHABLE]
     if gone:
-        return replace(base, phase=UNKNOWN, message="; ".join(f"node {n.id} unreachable: {n.reason}" for n in gone))
+        return replace(base, phase=Phase.UNKNOWN, message="; ".join(f"node {n.id} unreachable: {n.reason}" for n in gone))
     dead = [(n, r) for n, r in ranks if not r.alive]
     if dead:
-        return replace(base, phase=FAILED, message="; ".join(f"rank {r.rank} on {n.id} is not running" for n, r in dead),
-                       failure=TEMPORARY)
+        return replace(base, phase=Phase.FAILED, message="; ".join(f"rank {r.rank} on {n.id} is not running" for n, r in dead),
+                       failure=FailureKind.TEMPORARY)
     head = next((r for _, r in ranks if r.rank == 0), ranks[0][1])
     missing = head.nnodes - len(ranks)
     if missing > 0:
-        return replace(base, phase=FAILED, message=f"{missing} of {head.nnodes} ranks are missing", failure=TEMPORARY)
+        return replace(base, phase=Phase.FAILED, message=f"{missing} of {head.nnodes} ranks are missing", failure=FailureKind.TEMPORARY)
     queued = queued_message(r for _, r in ranks)
     if queued:
-        return replace(base, phase=PENDING, message=queued)
+        return replace(base, phase=Phase.PENDING, message=queued)
     return None
 
 
@@ -186,7 +185,7 @@ def judge_unanswered(base: ReplicaState, *, seen: str, head_state: RankState | N
     """A replica from an earlier pass whose head does not answer: still starting, or stuck.
     The head's launch time (node wall clock) tells which."""
     if head_state is not None and head_state.started_at is not None and wall_now - head_state.started_at < timeout_s:
-        return replace(base, phase=STARTING, message=f"waiting for {seen}")
+        return replace(base, phase=Phase.STARTING, message=f"waiting for {seen}")
     tail = " | ".join(head_state.log_tail) if head_state is not None and head_state.log_tail else "(no log)"
-    return replace(base, phase=FAILED, message=f"not Ready after {timeout_s:g}s: {seen}; last log lines: {tail}",
-                   start_timed_out=head_state is not None, failure=TEMPORARY)
+    return replace(base, phase=Phase.FAILED, message=f"not Ready after {timeout_s:g}s: {seen}; last log lines: {tail}",
+                   start_timed_out=head_state is not None, failure=FailureKind.TEMPORARY)

@@ -38,14 +38,14 @@ from reconciler.engine_metrics import (
     read_loads,
     series_for,
 )
-from reconciler.errors import TEMPORARY, ReconcilerError
+from reconciler.errors import ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, with_quarantines
 from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
-from reconciler.outcomes import PENDING, READY, STARTING, UNKNOWN, FAILED, Decision, PassResult, ReplicaState
+from reconciler.outcomes import Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, Waiting
 from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
@@ -55,7 +55,7 @@ from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import NodeState, Phase, WaitKind
+from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, WaitKind
 
 DRAINING = Phase.DRAINING
 
@@ -228,7 +228,7 @@ def next_pass_wanted(result: PassResult, ended: float) -> float | None:
         times.append(next_drain_check(result.memory.draining, ended))
     if result.plan is not None:
         times += [w.until for w in result.plan.waiting if w.until is not None and w.until > ended]
-    if any(st.phase == STARTING for st in result.replicas.values()):
+    if any(st.phase == Phase.STARTING for st in result.replicas.values()):
         times.append(ended + START_RECHECK_S)
     known = [t for t in times if t is not None]
     return min(known) if known else None
@@ -242,7 +242,7 @@ def wake_nodes(result: PassResult) -> frozenset[str]:
     reads the loads of Ready replicas from their engines, not from the probe."""
     nodes: set[str] = set()
     for st in result.replicas.values():
-        if st.phase == STARTING:
+        if st.phase == Phase.STARTING:
             nodes.update(a.node for a in st.nodes)
     if result.memory is not None:
         for drain in result.memory.draining.values():
@@ -282,7 +282,7 @@ def plan_with_idle_drains(planner: Callable[..., Plan], catalog: Catalog, invent
 
 def unjudged_starts(actor: Actor) -> list[str]:
     """The replicas this pass started that no action has judged yet (a replace judges its own new copy)."""
-    return [r for r in actor.pending if r not in actor.states or actor.states[r].phase == STARTING]
+    return [r for r in actor.pending if r not in actor.states or actor.states[r].phase == Phase.STARTING]
 
 
 def end_stalled_starts(actor: Actor, replicas: Mapping[str, ReplicaState]) -> None:
@@ -360,7 +360,7 @@ def with_unanswered(inventory: Inventory, unanswered: Mapping[str, str]) -> Inve
         return inventory
     return Inventory(tuple(
         replace(n, state=NodeState.UNREACHABLE, reason=f"stopped answering during the pass: {unanswered[n.id]}",
-                failure=TEMPORARY)
+                failure=FailureKind.TEMPORARY)
         if n.id in unanswered and n.state != NodeState.UNREACHABLE else n
         for n in inventory.nodes
     ))
@@ -399,7 +399,7 @@ def predicted_decisions(plan: Plan, log: LogFn) -> list[Decision]:
     decisions = []
     for a in plan.actions:
         nodes = ",".join(x.node for x in a.placement.nodes) if a.placement and a.placement.nodes else "-"
-        d = Decision(a.replica, nodes, a.action, f"would {a.action}: {a.reason}")
+        d = Decision(a.replica, nodes, DecisionAction(a.action), f"would {a.action}: {a.reason}")
         decisions.append(d)
         log(d)
     return decisions
@@ -474,15 +474,15 @@ def _not_running_state(rid: str, model: str, w: Waiting | None, plan: Plan, unpl
     if w is not None and w.kind is WaitKind.NODE_UNREACHABLE:
         # Its node does not answer: we cannot say how it is, only where it was.
         where = plan.observed.get(rid)
-        return ReplicaState(rid, model, where.profile if where else None, UNKNOWN, w.reason, where.nodes if where else ())
+        return ReplicaState(rid, model, where.profile if where else None, Phase.UNKNOWN, w.reason, where.nodes if where else ())
     if w is not None and w.kind in (WaitKind.START_BACKOFF, WaitKind.STALLED):
         # Its last start failed: Failed, with the kind that decides when it is tried again.
-        return ReplicaState(rid, model, None, FAILED, w.reason, failure=predicted_failures(plan)[rid])
+        return ReplicaState(rid, model, None, Phase.FAILED, w.reason, failure=predicted_failures(plan)[rid])
     if unplaced is not None:
         why = unplaced_message(unplaced)
     else:
         why = action_reason if action_reason is not None else (w.reason if w else "not started yet")
-    return ReplicaState(rid, model, None, PENDING, why)
+    return ReplicaState(rid, model, None, Phase.PENDING, why)
 
 
 def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
@@ -490,22 +490,22 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
     if w is None:
         return state
     said = w.reason
-    if w.kind is WaitKind.BACKOFF and state.phase == FAILED and w.next_step:
+    if w.kind is WaitKind.BACKOFF and state.phase == Phase.FAILED and w.next_step:
         said = w.next_step  # the observed state already says which ranks died (and their last lines): once is enough
     message = f"{state.message}; {said}" if state.message else w.reason
-    if w.kind is WaitKind.DRAINING and state.phase == READY:
+    if w.kind is WaitKind.DRAINING and state.phase == Phase.READY:
         # Serving still, but out of every gateway file: the plan stops it once its requests end.
         return replace(state, phase=DRAINING, message=message)
     if w.kind in (WaitKind.ONE_AT_A_TIME, WaitKind.UPDATE_POLICY):
         # Serving, on the spec it was started with: the message says it is the old one, and why it waits.
         return replace(state, message=message)
-    if state.phase not in (FAILED, UNKNOWN):
+    if state.phase not in (Phase.FAILED, Phase.UNKNOWN):
         return state
     phase = state.phase
-    if phase == FAILED and w.kind is WaitKind.NODE_UNREACHABLE and all(r.alive for _, r in records):
+    if phase == Phase.FAILED and w.kind is WaitKind.NODE_UNREACHABLE and all(r.alive for _, r in records):
         # The plan holds it because a node of it does not answer: the ranks there are
         # unseen, not dead. Failed stays for a rank seen dead on a node that answers.
-        phase = UNKNOWN
+        phase = Phase.UNKNOWN
     return replace(state, phase=phase, message=message)
 
 

@@ -15,11 +15,11 @@ from reconciler.autoscale import AutoscaleState, decide, initial_state, new_unkn
 from reconciler.engine_metrics import METRICS_TIMEOUT_S, LoadAnswer, LoadTarget, LoadUnknown, profile_series, read_loads
 from reconciler.model import Catalog, Model, replica_ordinal
 from reconciler.outcomes import Decision, ReplicaState
-from reconciler.vocabulary import Phase
+from reconciler.vocabulary import DecisionAction, Phase
 
 LoadReader = Callable[[Sequence[LoadTarget]], Mapping[str, LoadAnswer]]
-METRICS_ACTION = "metrics"  # a Decision line about a replica's load that could not be read
-SCALE_ACTION = "scale"  # a Decision line about a model whose count moved
+METRICS_ACTION = DecisionAction.METRICS  # a Decision line about a replica's load that could not be read
+SCALE_ACTION = DecisionAction.SCALE  # a Decision line about a model whose count moved
 
 
 def default_reader(targets: Sequence[LoadTarget]) -> Mapping[str, LoadAnswer]:

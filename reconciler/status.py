@@ -29,7 +29,7 @@ from reconciler import gateway
 from reconciler.outcomes import Decision, PassResult, ReplicaState
 from reconciler.placement import port_windows, summarize
 from reconciler.plan import Plan
-from reconciler.vocabulary import ActionKind, FailureKind, Phase, WaitKind
+from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, Phase, WaitKind
 
 @functools.cache
 def _status_dumper() -> type:
@@ -436,7 +436,7 @@ def write_pass(catalog: Catalog, result: PassResult, *, nodes: bool = True) -> l
         changed.append(root / "endpoints.yaml")
     gateway_written, edited = write_gateway_files(catalog.root, catalog, result.replicas)
     changed += gateway_written
-    result.decisions += [Decision("-", "-", "warn", line, ok=True) for line in edited]
+    result.decisions += [Decision("-", "-", DecisionAction.WARN, line, ok=True) for line in edited]
     if nodes and result.inventory is not None:
         changed += write_nodes_status(catalog.root, result.inventory, catalog.models)
     return changed

@@ -89,3 +89,57 @@ class WaitKind(StrEnum):
     # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
     # (memory.hold_drains; SPEC section 10).
     DRAINING = "draining"
+
+
+class DecisionAction(StrEnum):
+    """What one line of the pass log did (outcomes.Decision.action): an ActionKind's word, or a step of one."""
+
+    START = "start"
+    STOP = "stop"
+    REPLACE = "replace"
+    RESTART = "restart"
+    ADOPT = "adopt"  # a start found its rank already running, started by an earlier pass, and kept it
+    FAIL = "fail"  # the replica is Failed (its message and failure kind say why)
+    SKIP = "skip"  # an action that could not begin (no placement to start on)
+    KEEP = "keep"  # a replace with no room for the new copy: the old one keeps serving
+    DRAIN = "drain"  # a serving copy taken out of the gateway files before it stops
+    FETCH = "fetch"  # weights copied to a node that lacks them
+    HEALTH = "health"  # the wait for Ready ended: Ready, or why not
+    METRICS = "metrics"  # a Ready replica's load could not be read (autoscaling)
+    SCALE = "scale"  # an autoscaled model's count moved
+    WARN = "warn"  # nothing done to a replica: something a person should know (a hand-edited gateway file)
+
+
+class TransportKind(StrEnum):
+    """How the management host reaches a node (fleet.yaml `transport:`)."""
+
+    SSH = "ssh"
+    LOCAL = "local"  # this machine: commands run here, no SSH
+
+
+class LauncherKind(StrEnum):
+    """What gets a node's ranks running (fleet.yaml `launcher:`; SPEC section 8)."""
+
+    SSH = "ssh"  # the node agent, over the node's transport
+    SLURM = "slurm"  # a Slurm job, submitted through `slurm.submit_via`
+
+
+class SecretKind(StrEnum):
+    """Where a secret env value is read at launch (SPEC section 7): the model file's key names it."""
+
+    FROM_FILE = "from_file"  # an absolute path on the node, read by the node agent
+    FROM_ENV = "from_env"  # a variable of the reconciler's own environment
+
+
+class PullState(StrEnum):
+    """What `--git-pull` found (gitrev.PullOutcome.state); status/catalog.yaml's `upstream.state` writes
+    FAST_FORWARDED as up-to-date."""
+
+    UP_TO_DATE = "up-to-date"
+    FAST_FORWARDED = "fast-forwarded"
+    FOLLOWED_REWRITE = "followed-rewrite"  # a force-pushed upstream followed: nothing made only here lost
+    AHEAD = "ahead"  # local commits not pushed yet
+    REFUSED = "refused"  # following would discard a commit made only here, or the working tree blocks it
+    DETACHED = "detached"
+    NO_UPSTREAM = "no-upstream"
+    FETCH_FAILED = "fetch-failed"

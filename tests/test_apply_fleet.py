@@ -23,8 +23,9 @@ import yaml
 from reconciler.outcomes import PassResult
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
 from reconciler.ssh import TransportPool
+from tests.apply_support.cleanup import stop_every_rank
+from tests.apply_support.local import is_running
 from tests.fleet import TestFleet
 
 pytestmark = [pytest.mark.fleet]
@@ -50,12 +51,7 @@ def catalog_dir(tmp_path, fleet, pool):
     (root / "models").mkdir(parents=True)
     fleet.fleet_yaml(root)
     yield root
-    # Leave the nodes as we found them: stop every managed rank, whatever the test did.
-    cat = load_catalog(root, with_revision=False)
-    launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes}, stop_grace_s=2)
-    for node in cat.fleet.nodes:
-        for rank in launcher.ranks(node.id):
-            launcher.stop(node.id, rank.replica)
+    stop_every_rank(root)  # leave the nodes as we found them, whatever the test did
 
 
 def write_model(root: Path, doc: dict) -> None:
@@ -81,14 +77,6 @@ def apply_once(root: Path, pool, history=None) -> PassResult:
 
 def engine_records(records: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
 
 
 def launched_argv(pool, root: Path, replica: str) -> dict[str, list[str]]:
@@ -118,12 +106,12 @@ def test_a_single_node_replica_starts_becomes_ready_is_stopped_and_is_gone(fleet
     assert first.endpoints() == {"solo-llm": [f"http://{solo}:8100"]}
     [engine] = engine_records(records)
     assert engine["port"] == 8100 and engine["ready"]
-    assert alive(engine["pid"])
+    assert is_running(engine["pid"])
 
     (catalog_dir / "models" / "solo-llm.yaml").unlink()
     second = apply_once(catalog_dir, pool, history=first.memory)
     assert [(d.node, d.action) for d in second.decisions] == [("solo", "stop")]
-    assert not alive(engine["pid"])
+    assert not is_running(engine["pid"])
     assert second.inventory.node("solo").replicas == ()
     assert not (catalog_dir / "status" / "models" / "solo-llm.yaml").exists()
 
@@ -173,9 +161,9 @@ def test_a_spec_change_with_no_room_beside_the_old_copy_stops_it_first_and_repla
     second = apply_once(catalog_dir, pool, history=first.memory)
     assert second.replicas["swap-llm-0"].phase == "Ready", second.replicas["swap-llm-0"].message
     assert {d.action for d in second.decisions} >= {"start", "stop"}
-    assert not alive(old["pid"])
+    assert not is_running(old["pid"])
     [new] = [r for r in engine_records(records) if r["pid"] != old["pid"]]
-    assert "--max-model-len" in new["args"] and alive(new["pid"])
+    assert "--max-model-len" in new["args"] and is_running(new["pid"])
 
 
 def test_a_restarted_reconciler_adopts_what_runs_and_launches_nothing(fleet, pool, catalog_dir, tmp_path):
@@ -200,7 +188,7 @@ def test_a_killed_engine_is_seen_and_restarted(fleet, pool, catalog_dir, tmp_pat
     [engine] = engine_records(records)
     os.kill(engine["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while alive(engine["pid"]) and time.monotonic() < deadline:
+    while is_running(engine["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
 
     second = apply_once(catalog_dir, pool, history=first.memory)
@@ -257,14 +245,14 @@ def test_a_killed_worker_takes_its_multi_node_replica_down_and_it_is_restarted_w
     engines = {r["role"]: r for r in engine_records(records)}
     os.kill(engines["worker"]["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while alive(engines["worker"]["pid"]) and time.monotonic() < deadline:
+    while is_running(engines["worker"]["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
 
     second = apply_once(catalog_dir, pool, history=first.memory)
     stopped = sorted(d.node for d in second.decisions if d.action == "stop")
     assert stopped == ["head", "work"]  # the surviving head goes too: ranks only rendezvous at start
     assert second.replicas["ring-llm-0"].phase == "Ready", second.replicas["ring-llm-0"].message
-    assert not alive(engines["head"]["pid"])
+    assert not is_running(engines["head"]["pid"])
     fresh = [r for r in engine_records(records) if r["pid"] not in (engines["head"]["pid"], engines["worker"]["pid"])]
     assert sorted(r["role"] for r in fresh) == ["head", "worker"]
 

@@ -174,6 +174,22 @@ def test_decide(current, given, now, previous, want_current, want_wanted, words)
     assert RANGE.min <= state.current <= RANGE.max
 
 
+
+def test_a_count_changed_since_the_last_pass_starts_its_wait_anew():
+    # Above target since 100 at a count of 1; git then raised the range's min to 2, so the count in force
+    # is 2: a new relation, whose up_delay_s starts now rather than at 100 (no jump to 4 at once).
+    previous = AutoscaleState(current=1, wanted=4, since=100.0)
+    after = decide(POLICY, ReplicaRange(2, 4), 1, {"m-0": 8.0, "m-1": 8.0}, now=200.0, previous=previous)
+    assert (after.current, after.wanted, after.since) == (2, 4, 200.0)
+
+
+def test_with_no_ready_replica_a_hold_keeps_its_since_and_a_move_waits_anew():
+    held = AutoscaleState(current=2, wanted=2, since=50.0)
+    assert decide(POLICY, RANGE, 2, {}, now=500.0, previous=held).since == 50.0
+    rising = AutoscaleState(current=2, wanted=4, since=50.0)
+    after = decide(POLICY, RANGE, 2, {}, now=500.0, previous=rising)
+    assert (after.current, after.since) == (2, 500.0)
+
 def test_down_one_replica_per_down_delay_from_the_last_step():
     policy = AutoscalePolicy(target=4, up_delay_s=30, down_delay_s=300)
     state = AutoscaleState(4, 4, 16, "", since=0)

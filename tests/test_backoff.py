@@ -9,10 +9,9 @@ import json
 import pytest
 
 from reconciler.backoff import BACKOFF_RESET_S, JITTER_FRACTION, PERMANENT_RECHECK_S, Backoff, attempt_key
-from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.memory import PassMemory, load_memory, memory_from_document, plan_remembering, save_memory
 from reconciler.model import spec_hash
-from reconciler.vocabulary import WaitKind
+from reconciler.vocabulary import FailureKind, WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 NOW = 1_000_000.0
@@ -42,9 +41,9 @@ def test_a_memory_file_written_before_one_backoff_loads_both_halves_into_it(tmp_
     loaded = load_memory(path)
     assert loaded.backoff == {
         "crashy-0": Backoff(restarts=3, streak=2, last_restart=1000.0),
-        "slow-0": Backoff(failure=TEMPORARY, failed_starts=1, retry_at=1010.0, key="fedcba9876543210",
+        "slow-0": Backoff(failure=FailureKind.TEMPORARY, failed_starts=1, retry_at=1010.0, key="fedcba9876543210",
                           message="rank 0 on g1 did not start: timed out", nodes=("g1",)),
-        "stuck-0": Backoff(failure=PERMANENT, failed_starts=2, retry_at=1300.0, key="0123456789abcdef",
+        "stuck-0": Backoff(failure=FailureKind.PERMANENT, failed_starts=2, retry_at=1300.0, key="0123456789abcdef",
                            message="rank 0 on g1 did not start: no such file", nodes=("g1",)),
     }
     assert loaded.unreachable_since == {"g2": 900.0} and loaded.placed_on == {"crashy-0": ("g1",)}
@@ -102,8 +101,8 @@ def test_a_crash_backing_off_before_the_upgrade_still_waits_after_it():
 def test_one_curve_for_both_kinds_of_try():
     crashed = Backoff(restarts=2, streak=2, last_restart=NOW)
     assert crashed.held_until(NOW + 19) == NOW + 20 and crashed.held_until(NOW + 20) is None
-    failed = Backoff().start_failed(TEMPORARY, NOW, "k", "timed out", ("n1",), jitter=lambda: 0.0)
-    failed = failed.start_failed(TEMPORARY, NOW, "k", "timed out", ("n1",), jitter=lambda: 1.0)
+    failed = Backoff().start_failed(FailureKind.TEMPORARY, NOW, "k", "timed out", ("n1",), jitter=lambda: 0.0)
+    failed = failed.start_failed(FailureKind.TEMPORARY, NOW, "k", "timed out", ("n1",), jitter=lambda: 1.0)
     assert failed.failed_starts == 2 and failed.retry_at == pytest.approx(NOW + 20 * (1 - JITTER_FRACTION))
     # A start waits for the same key only: what it tries changed, it goes at once.
     assert failed.held_until(NOW + 1, start=lambda: "k") == failed.retry_at
@@ -114,11 +113,19 @@ def test_one_curve_for_both_kinds_of_try():
 
 
 def test_a_fresh_copy_forgets_its_crashes_not_its_failed_start_and_a_start_that_took_forgets_that():
-    both = Backoff(restarts=4, streak=3, last_restart=NOW).start_failed(PERMANENT, NOW, "k", "gone", ("n1",),
+    both = Backoff(restarts=4, streak=3, last_restart=NOW).start_failed(FailureKind.PERMANENT, NOW, "k", "gone", ("n1",),
                                                                         jitter=lambda: 0.0)
-    assert both.anew() == Backoff().start_failed(PERMANENT, NOW, "k", "gone", ("n1",), jitter=lambda: 0.0)
+    assert both.anew() == Backoff().start_failed(FailureKind.PERMANENT, NOW, "k", "gone", ("n1",), jitter=lambda: 0.0)
     assert both.anew().stalled and both.anew().held_until(NOW + 1, start=lambda: "k") == NOW + PERMANENT_RECHECK_S
     assert both.start_took() == Backoff(restarts=4, streak=3, last_restart=NOW)
     # A quiet spell resets the streak that sets the delay, not the count status shows.
     assert both.start_took().calmed(NOW + BACKOFF_RESET_S) == Backoff(restarts=4, streak=0, last_restart=NOW)
     assert both.start_took().calmed(NOW + BACKOFF_RESET_S - 1).streak == 3
+
+
+def test_a_failed_start_after_none_failed_counts_from_one_whatever_count_was_kept():
+    # failure None with a count left (an older memory file, one a person edited): no failed start is
+    # remembered, so this one is the first and waits the first step of the curve, not the fourth.
+    stale = Backoff(failed_starts=3)
+    failed = stale.start_failed(FailureKind.TEMPORARY, NOW, "k", "timed out", ("n1",), jitter=lambda: 0.0)
+    assert failed.failed_starts == 1 and failed.retry_at == NOW + 10.0

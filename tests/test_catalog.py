@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,57 +13,10 @@ from hypothesis import strategies as st
 
 from reconciler.catalog import load_catalog, placeholders_in
 from reconciler.errors import CatalogInvalid
+from tests.catalog_files import FLEET, MODEL, problems_of, write_catalog
 from tests.conftest import REPO, run_cli
 
 pytestmark = [pytest.mark.process]
-
-FLEET = """\
-ssh:
-  user: serve
-nodes:
-  - id: gpu-1
-    address: 10.9.0.1
-    labels: {zone: a}
-    model_dirs: [/models]
-    fabrics: {ib-a: [mlx5_0]}
-  - id: gpu-2
-    address: 10.9.0.2
-    data_address: 10.9.1.2
-    model_dirs: [/models]
-"""
-
-MODEL = """\
-name: llama
-source: /models/llama
-replicas: 2
-profiles:
-  - name: big
-    engine: vllm
-    gpu_class: H100-80GB
-    gpus_per_node: 8
-    priority: 10
-  - name: cpu
-    engine: llama.cpp
-    args: ["--threads", "8"]
-"""
-
-
-def write_catalog(root: Path, files: dict[str, str | bytes]) -> Path:
-    for rel, content in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            p.write_bytes(content)
-        else:
-            p.write_text(content)
-    return root
-
-
-def problems_of(root: Path) -> list[str]:
-    with pytest.raises(CatalogInvalid) as info:
-        load_catalog(root)
-    return [str(p) for p in info.value.problems]
-
 
 def test_valid_catalog_builds_models_with_defaults(tmp_path):
     cat = load_catalog(write_catalog(tmp_path, {"fleet.yaml": FLEET, "models/llama.yaml": MODEL}))
@@ -89,7 +41,11 @@ def test_profiles_are_ordered_by_descending_priority_stably(tmp_path):
 
 def test_bundled_catalogs_are_valid():
     for rel in ("catalog", "examples/single-machine", "examples/multi-node", "examples/slurm", "examples/real-llama-cpp"):
-        load_catalog(REPO / rel)
+        cat = load_catalog(REPO / rel)
+        # Every model file is read (none skipped), and the fleet has nodes to place them on.
+        files = sorted(f"models/{p.name}" for p in (REPO / rel / "models").glob("*.yaml"))
+        assert files and sorted(m.file for m in cat.models) == files, rel
+        assert cat.fleet.nodes, rel
 
 
 # Each case: files to change, then the exact "path:line:column" and a phrase of the message.

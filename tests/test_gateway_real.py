@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.apply_support.local import stop_group
+from tests.apply_support.local import is_running, stop_group
 from tests.fleet import TestFleet
 from tests.real_llama import gemma_model, llama_bin
 
@@ -191,14 +191,6 @@ def pid_of(fleet: TestFleet, node: str, replica: str) -> int:
     return json.loads(path.read_text())["pid"]
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_litellm_and_prometheus_read_the_files_as_written_and_a_scale_down_never_cuts_a_stream(fleet, tmp_path):
     f, cached = fleet
     litellm, prometheus = program("LLMFLEET_LITELLM", "litellm"), program(
@@ -274,13 +266,13 @@ def test_litellm_and_prometheus_read_the_files_as_written_and_a_scale_down_never
         assert litellm_ids(root) == ["gemma-0"] and prometheus_replicas(root) == ["gemma-0"]
         endpoints = yaml.safe_load((root / "status" / "endpoints.yaml").read_text())["models"]["gemma"]
         assert endpoint not in endpoints and len(endpoints) == 1
-        assert alive(pid) and stream.is_alive(), "the draining replica was stopped while its stream ran"
+        assert is_running(pid) and stream.is_alive(), "the draining replica was stopped while its stream ran"
 
         passes = 0
         while "gemma-1" in replicas_in_status(root) and passes < 40:  # each pass stops it only once it is idle
             passes += 1
             if stream.is_alive():
-                assert alive(pid), "stopped mid-stream"
+                assert is_running(pid), "stopped mid-stream"
             later = apply(root, state)
             assert later.returncode == 0, later.stdout + later.stderr
             if stream.is_alive():
@@ -288,7 +280,7 @@ def test_litellm_and_prometheus_read_the_files_as_written_and_a_scale_down_never
         stream.join(timeout=600)
         assert stream.error is None, f"the stream was cut: {stream.error!r}"
         assert stream.done and stream.finish_reason == "length" and stream.chunks >= STREAM_TOKENS - 2, vars(stream)
-        assert "gemma-1" not in replicas_in_status(root) and not alive(pid)
+        assert "gemma-1" not in replicas_in_status(root) and not is_running(pid)
         assert wait_until("Prometheus to drop gemma-1", lambda: up_targets() == ["gemma-0"], timeout=60)
     finally:
         for child in children:

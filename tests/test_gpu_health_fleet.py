@@ -18,6 +18,7 @@ from reconciler.probe import probe_fleet_report
 from reconciler.reconcile import run_pass
 from reconciler.ssh import TransportPool
 from reconciler.vocabulary import CheckResult, GpuHealth
+from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import TestFleet, bus_id
 
 pytestmark = pytest.mark.fleet
@@ -117,11 +118,7 @@ def catalog_dir(tmp_path, fleet, pool):
     (root / "models").mkdir(parents=True)
     fleet.fleet_yaml(root, ["apply-a", "mover"])
     yield root
-    cat = load_catalog(root, with_revision=False)
-    launcher = SshLauncher.for_fleet(cat.fleet, {n.id: pool.transport_for(n) for n in cat.fleet.nodes}, stop_grace_s=2)
-    for node in cat.fleet.nodes:
-        for rank in launcher.ranks(node.id):
-            launcher.stop(node.id, rank.replica)
+    stop_every_rank(root)  # leave the nodes as we found them, whatever the test did
 
 
 def write_model(root: Path, name: str, records: Path, role: str, gpus: int) -> None:

@@ -15,7 +15,7 @@ from reconciler.placement import place
 from reconciler.plan import plan
 from reconciler.probe import observed_from_report
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
-from tests.test_catalog import FLEET, MODEL, problems_of, write_catalog
+from tests.catalog_files import FLEET, MODEL, problems_of, write_catalog
 
 XID79 = "Xid 79 at 2026-11-30T10:02:11Z: GPU has fallen off the bus"
 

@@ -19,7 +19,7 @@ from reconciler.errors import CatalogInvalid, StatusWriteError
 from reconciler.model import Inventory, ObservedNode
 from reconciler.status import write_nodes_status
 from tests.conftest import REPO, run_cli
-from tests.test_catalog import FLEET, MODEL, write_catalog
+from tests.catalog_files import FLEET, MODEL, write_catalog
 
 pytestmark = [pytest.mark.process]
 

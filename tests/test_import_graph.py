@@ -3,12 +3,17 @@
 import ast
 from pathlib import Path
 
-import grimp
+import pytest
 
 from tests.conftest import REPO
 
 
+# The process tier, beside lint-imports (tests/test_architecture.py): grimp is import-linter's, a test
+# dependency, and the fast tier needs nothing installed, not even at collection.
+@pytest.mark.process
 def test_no_module_imports_one_that_imports_it_back():
+    import grimp
+
     graph = grimp.build_graph("reconciler", cache_dir=None)
     circles = sorted({
         tuple(sorted((module, imported)))

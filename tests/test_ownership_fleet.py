@@ -20,6 +20,7 @@ from reconciler.launcher import SshLauncher
 from reconciler.owner import catalog_owner
 from reconciler.reconcile import run_pass
 from reconciler.ssh import TransportPool
+from tests.apply_support.local import is_running
 from tests.fleet import fleet  # noqa: F401
 
 pytestmark = [pytest.mark.fleet]
@@ -49,14 +50,6 @@ def catalog_repo(root: Path, fleet, records: Path) -> Path:  # noqa: F811
 def apply_once(root: Path, pool, history=None):
     cat = load_catalog(root, with_revision=False)
     return run_pass(cat, transports=pool, history=history, ready_wait_s=30)
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
 
 
 @pytest.fixture
@@ -104,7 +97,7 @@ def test_two_catalogs_share_a_node_and_never_stop_adopt_or_count_each_others_ran
 
     pid_a = next(r.pid for r in first_a.inventory.node("shared").replicas)
     pid_b = next(r.pid for r in first_b.inventory.node("shared").replicas)
-    assert alive(pid_a) and alive(pid_b) and pid_a != pid_b
+    assert is_running(pid_a) and is_running(pid_b) and pid_a != pid_b
 
     # Passes of each leave the other alone: nothing to do, nothing restarted.
     again_a = apply_once(a, pool, first_a.memory)
@@ -115,7 +108,7 @@ def test_two_catalogs_share_a_node_and_never_stop_adopt_or_count_each_others_ran
     (a / "models" / "llm.yaml").unlink()
     gone = apply_once(a, pool, again_a.memory)
     assert [(d.replica, d.action) for d in gone.decisions] == [("llm-0", "stop")]
-    assert not alive(pid_a) and alive(pid_b)
+    assert not is_running(pid_a) and is_running(pid_b)
     after_b = apply_once(b, pool, again_b.memory)
     assert after_b.replicas["llm-0"].phase == "Ready"
     assert [r.pid for r in after_b.inventory.node("shared").replicas] == [pid_b]

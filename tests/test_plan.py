@@ -271,3 +271,109 @@ def test_copy_of_removed_model_on_unreachable_node_waits_until_it_answers():
     assert kinds(p) == [("stop", "old-0")]
     assert [(w.replica, w.reason) for w in p.waiting] == [
         ("old-1", "model removed from the catalog; stopped on b when it answers again")]
+
+
+def test_plan_json_names_each_waits_kind_so_no_client_parses_the_reason():
+    import orjson
+
+    from reconciler.commands.plan import plan_document
+
+    def waiting_json(p):  # as `plan --format json` writes it
+        return orjson.loads(orjson.dumps(plan_document(p)))["waiting"]
+
+    f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash="stale")],
+                       b=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash="stale")], c=True)
+    [turn] = waiting_json(plan(catalog(f, M), inv))
+    assert (turn["replica"], turn["kind"]) == ("m-1", "one_at_a_time") and "replaced first" in turn["reason"]
+
+    f, inv = two_nodes(a=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H, alive=False)])
+    hist = {"m-0": Backoff(restarts=3, streak=3, last_restart=1000)}
+    [crashed] = waiting_json(plan(catalog(f, model("m", P, replicas=1)), inv, now=1001, backoff=hist))
+    assert crashed == {"replica": "m-0", "model": "m", "kind": "backoff", "reason": crashed["reason"]}
+
+    f, inv = two_nodes(b_obs=observed("b", state="unreachable", reason="timed out"))
+    last = inventory(observed("b", gpu=gpus(8), replicas=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)]))
+    p = plan(catalog(f, model("m", P, replicas=2)), inv, now=100, unreachable_since={"b": 0}, grace_s=300, last_seen=last)
+    assert [(w["replica"], w["kind"]) for w in waiting_json(p)] == [("m-1", "node_unreachable")]
+
+
+FAB = {"ib": ["mlx5_0"]}
+MP = profile("mp", gpus_per_node=8, nodes=2)
+
+
+def two_node_model(replicas=1):
+    return model("mm", MP, replicas=replicas)
+
+
+def test_a_multi_node_copy_whose_ranks_carry_different_specs_is_replaced():
+    # rank 0 runs the current spec, rank 1 an older one (a half-finished change): the copy as a whole
+    # does not match the catalog.
+    mm = two_node_model()
+    h = spec_hash(mm, MP)
+    f = fleet(node_spec("a", fabrics=FAB), node_spec("b", fabrics=FAB), node_spec("c", fabrics=FAB))
+    inv = inventory(observed("a", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", gpus=range(8), spec_hash=h, nnodes=2)]),
+                    observed("b", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", 1, gpus=range(8), spec_hash="old", nnodes=2)]),
+                    observed("c", gpu=gpus(8), fabrics=FAB))
+    p = plan(catalog(f, mm), inv, now=5)
+    assert kinds(p) == [("replace", "mm-0")] and p.actions[0].reason.startswith("spec changed")
+
+
+def test_a_copy_not_desired_with_a_rank_on_a_node_away_is_stopped_where_it_answers_without_a_drain():
+    # The copy cannot serve with a rank away: there are no requests to let end.
+    mm = two_node_model(replicas=0)
+    h = spec_hash(mm, MP)
+    f = fleet(node_spec("a", fabrics=FAB), node_spec("b", fabrics=FAB))
+    inv = inventory(observed("a", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", gpus=range(8), spec_hash=h, nnodes=2)]),
+                    observed("b", state="unreachable", reason="timed out"))
+    last = inventory(observed("b", gpu=gpus(8), fabrics=FAB, replicas=[rank("mm-0", "mm", "mp", 1, gpus=range(8), spec_hash=h, nnodes=2)]))
+    p = plan(catalog(f, mm), inv, now=5, unreachable_since={"b": 0}, grace_s=300, last_seen=last)
+    [stop] = p.actions
+    assert (stop.action, stop.replica, stop.drain) == ("stop", "mm-0", False)
+    assert [w.kind for w in p.waiting] == ["stop_when_back"]
+
+
+def test_a_node_first_seen_unreachable_now_starts_its_grace_period_now():
+    b_obs = observed("b", state="unreachable", reason="timed out")
+    f, inv = two_nodes(b_obs=b_obs)
+    last = inventory(observed("b", gpu=gpus(8), replicas=[rank("m-1", "m", "p", gpus=(0, 1, 2, 3), spec_hash=H)]))
+    p = plan(catalog(f, model("m", P, replicas=2)), inv, now=10_000, unreachable_since={}, grace_s=300, last_seen=last)
+    assert kinds(p) == [("start", "m-0")]  # m-1 is not replaced: its node has been away for no time yet
+    assert [(w.replica, w.kind, w.until) for w in p.waiting] == [("m-1", "node_unreachable", 10_300)]
+
+
+def test_a_drained_stop_holds_its_gpus_this_pass_unless_the_model_drains_for_no_time():
+    from dataclasses import replace
+
+    def planned(drain_s):
+        m = replace(model("m", P, replicas=1), drain_s=drain_s)
+        other = model("n", profile("q", gpus_per_node=4), replicas=1)
+        hm = spec_hash(m, P)
+        f = fleet(node_spec("a"))
+        inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1, 2, 3), spec_hash=hm),
+                                                            rank("m-1", "m", "p", gpus=(4, 5, 6, 7), port=8001, spec_hash=hm)]))
+        return plan(catalog(f, m, other), inv)
+
+    draining = planned(30.0)
+    assert ("stop", "m-1") in kinds(draining) and [o.replica for o in draining.unplaced] == ["n-0"]
+    at_once = planned(0.0)
+    assert ("stop", "m-1") in kinds(at_once) and ("start", "n-0") in kinds(at_once)
+
+
+def test_a_stale_copy_with_a_rank_on_a_node_away_is_stopped_where_it_answers_without_a_drain():
+    # mm-0 runs on a and b (where the last pass placed it); an older copy is left on c and on d, which
+    # does not answer: that copy cannot serve, so its rank on c stops at once rather than draining.
+    mm = two_node_model()
+    h = spec_hash(mm, MP)
+
+    def on(number):
+        return rank("mm-0", "mm", "mp", number, gpus=range(8), spec_hash=h, nnodes=2)
+
+    f = fleet(*(node_spec(n, fabrics=FAB) for n in "abcd"))
+    inv = inventory(*(observed(n, gpu=gpus(8), fabrics=FAB, replicas=[on(i)]) for n, i in (("a", 0), ("b", 1), ("c", 0))),
+                    observed("d", state="unreachable", reason="timed out"))
+    last = inventory(observed("d", gpu=gpus(8), fabrics=FAB, replicas=[on(1)]))
+    p = plan(catalog(f, mm), inv, now=5, unreachable_since={"d": 0}, grace_s=300, last_seen=last,
+             placed_on={"mm-0": ("a", "b")})
+    [stop] = p.actions
+    assert (stop.action, stop.reason, stop.drain) == ("stop", "stale copy: the replica runs on a, b", False)
+    assert [n.node for n in stop.placement.nodes] == ["c"]

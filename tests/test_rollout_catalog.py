@@ -6,17 +6,9 @@ import pytest
 
 from reconciler.catalog import load_catalog
 from reconciler.model import FetchPolicy, UpdatePolicy
-from tests.test_catalog import FLEET, problems_of, write_catalog
+from tests.catalog_files import FLEET, ONE_PROFILE_MODEL, problems_of, write_catalog
 
-MODEL = """\
-name: llama
-source: /models/llama
-replicas: 2
-profiles:
-  - name: big
-    engine: vllm
-    gpu_class: H100-80GB
-"""
+MODEL = ONE_PROFILE_MODEL
 
 
 def catalog_with(tmp_path, extra: str, source: str = "/models/llama"):

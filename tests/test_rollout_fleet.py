@@ -13,7 +13,8 @@ import yaml
 from reconciler.catalog import load_catalog
 from reconciler.reconcile import run_pass
 from tests.fleet import TestFleet
-from tests.test_apply_fleet import alive, catalog_dir, write_model  # noqa: F401  (a fixture: catalog_dir)
+from tests.apply_support.local import is_running
+from tests.test_apply_fleet import catalog_dir, write_model  # noqa: F401  (a fixture: catalog_dir)
 from tests.test_fetch_fleet import files_under
 
 pytestmark = [pytest.mark.fleet]
@@ -92,9 +93,9 @@ def test_a_start_that_never_becomes_ready_is_stopped_reported_with_its_log_and_r
     assert "not Ready after 2s" in state.message and "last log lines:" in state.message and "[fake]" in state.message
     (engine,) = [json.loads(p.read_text()) for p in records.glob("*.json")]
     deadline = time.monotonic() + 10
-    while alive(engine["pid"]) and time.monotonic() < deadline:
+    while is_running(engine["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(engine["pid"])  # stopped, not left running
+    assert not is_running(engine["pid"])  # stopped, not left running
     assert any(d.action == "stop" and "start timeout" in d.reason for d in log)
     # The next pass restarts it (restart 1); the one after waits out the backoff.
     restarted_at = time.time()
@@ -108,7 +109,7 @@ def test_a_start_that_never_becomes_ready_is_stopped_reported_with_its_log_and_r
                      history=second.memory, now=restarted_at + 1)
     assert third.plan.actions == ()
     assert any(w.replica == "stuck-0" and "waiting for backoff" in w.reason for w in third.plan.waiting)
-    assert all(not alive(json.loads(p.read_text())["pid"]) for p in records.glob("*.json"))
+    assert all(not is_running(json.loads(p.read_text())["pid"]) for p in records.glob("*.json"))
 
 
 def test_a_one_argument_change_on_a_full_fleet_converges_in_place_and_nothing_is_ever_unplaced(
@@ -137,5 +138,5 @@ def test_a_one_argument_change_on_a_full_fleet_converges_in_place_and_nothing_is
     assert [s.phase for s in result.replicas.values()] == ["Ready", "Ready"]
     assert {rid: s.nodes[0].node for rid, s in result.replicas.items()} == where  # on the same nodes
     running = [json.loads(p.read_text()) for p in records.glob("*.json")]
-    live = [r for r in running if alive(r["pid"])]
+    live = [r for r in running if is_running(r["pid"])]
     assert len(live) == 2 and all("--max-model-len" in r["args"] for r in live)

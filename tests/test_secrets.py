@@ -15,7 +15,7 @@ from reconciler.launcher import SshLauncher
 from reconciler.launcher.ssh_launcher import request_of
 from reconciler.model import Assignment, SecretRef, spec_hash
 from reconciler.transport import CommandResult
-from tests.test_catalog import FLEET, write_catalog
+from tests.catalog_files import FLEET, write_catalog
 from tests.test_render import profile, render
 
 MODEL = """\

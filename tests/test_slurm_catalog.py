@@ -8,7 +8,7 @@ import pytest
 
 from reconciler.catalog import load_catalog
 from reconciler.owner import catalog_owner
-from tests.test_catalog import MODEL, problems_of, write_catalog
+from tests.catalog_files import MODEL, problems_of, write_catalog
 
 pytestmark = [pytest.mark.process]
 

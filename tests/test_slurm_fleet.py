@@ -32,7 +32,7 @@ from tests import slurm_cluster
 from tests.conftest import REPO
 from tests.fleet import TestFleet
 from tests.gitcatalog import wait_for
-from tests.test_apply_fleet import alive
+from tests.apply_support.local import is_running
 from tests.slurm_cluster import SlurmCluster
 
 SLURM_NODES = ["s1", "s2", "s3"]
@@ -160,7 +160,7 @@ def test_replicas_become_jobs_on_their_nodes_meet_at_the_head_survive_a_restart_
     assert left["llmrc.tests.pair-0"]["state"] not in ("RUNNING", "PENDING", "COMPLETING")
     assert left["llmrc.tests.solo-0"]["state"] == "RUNNING"
     assert not [r for r in engine_records(records) if r.get("nnodes") == 2 and r["state"] not in ("stopped", "failed")
-                and alive(r["pid"])]
+                and is_running(r["pid"])]
 
 
 def test_a_foreign_job_holding_gpus_is_placed_around_and_never_touched(cluster, pool, catalog_dir, tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from reconciler.backoff import PERMANENT_RECHECK_S, Backoff
-from reconciler.errors import PERMANENT, TEMPORARY
 from reconciler.memory import (
     PassMemory,
     memory_from_document,
@@ -14,8 +13,8 @@ from reconciler.memory import (
     remember,
 )
 from reconciler.model import Assignment
-from reconciler.outcomes import FAILED, STARTING, ReplicaState
-from reconciler.vocabulary import WaitKind
+from reconciler.outcomes import ReplicaState
+from reconciler.vocabulary import FailureKind, Phase, WaitKind
 from reconciler.memory import plan_remembering as default_planner
 from reconciler.status import model_status_document, predicted_pass
 from tests.builders import catalog, fleet, inventory, model, node_spec, observed, profile
@@ -29,7 +28,7 @@ def setup():
 
 
 def failed(kind: str, message: str = "rank 0 on n1 did not start: boom") -> dict[str, ReplicaState]:
-    return {"m-0": ReplicaState("m-0", "m", "p", FAILED, message, (Assignment("n1", 0, (), (), 9000),), failure=kind)}
+    return {"m-0": ReplicaState("m-0", "m", "p", Phase.FAILED, message, (Assignment("n1", 0, (), (), 9000),), failure=kind)}
 
 
 def after_failure(cat, inv, kind, *, memory=PassMemory(), now=NOW, jitter=0.0):
@@ -43,7 +42,7 @@ def after_failure(cat, inv, kind, *, memory=PassMemory(), now=NOW, jitter=0.0):
 
 def test_a_temporary_failure_backs_off_exponentially_with_jitter_then_is_tried_again():
     cat, inv = setup()
-    memory = after_failure(cat, inv, TEMPORARY, jitter=0.0)
+    memory = after_failure(cat, inv, FailureKind.TEMPORARY, jitter=0.0)
     assert memory.backoff["m-0"].retry_at == NOW + 10  # the first backoff, no jitter
     held = default_planner(cat, inv, now=NOW + 9, memory=memory)
     assert [a.replica for a in held.actions] == []
@@ -52,14 +51,14 @@ def test_a_temporary_failure_backs_off_exponentially_with_jitter_then_is_tried_a
     assert [a.replica for a in default_planner(cat, inv, now=NOW + 10, memory=memory).actions] == ["m-0"]
 
     # The second failure in a row doubles it; the largest jitter shortens it by a quarter.
-    second = after_failure(cat, inv, TEMPORARY, memory=memory, now=NOW + 10, jitter=1.0)
+    second = after_failure(cat, inv, FailureKind.TEMPORARY, memory=memory, now=NOW + 10, jitter=1.0)
     assert second.backoff["m-0"].failed_starts == 2
     assert second.backoff["m-0"].retry_at == pytest.approx(NOW + 10 + 20 * 0.75)
 
 
 def test_a_permanent_failure_stalls_until_the_catalog_changes_or_its_recheck():
     cat, inv = setup()
-    memory = after_failure(cat, inv, PERMANENT)
+    memory = after_failure(cat, inv, FailureKind.PERMANENT)
     far = NOW + PERMANENT_RECHECK_S - 1  # past every temporary backoff
     held = default_planner(cat, inv, now=far, memory=memory)
     assert held.actions == () and held.waiting[0].kind is WaitKind.STALLED
@@ -74,17 +73,17 @@ def test_a_permanent_failure_stalls_until_the_catalog_changes_or_its_recheck():
 
 def test_the_node_changing_retries_a_stalled_start():
     cat, inv = setup()
-    memory = after_failure(cat, inv, PERMANENT)
+    memory = after_failure(cat, inv, FailureKind.PERMANENT)
     grown = inventory(observed("n1", engines=("vllm", "sglang", "llama.cpp", "command-engine")))
     assert [a.replica for a in default_planner(cat, grown, now=NOW + 1, memory=memory).actions] == ["m-0"]
 
 
 def test_a_start_that_took_forgets_the_failure_and_the_memory_survives_a_one_shot_apply():
     cat, inv = setup()
-    memory = after_failure(cat, inv, PERMANENT)
+    memory = after_failure(cat, inv, FailureKind.PERMANENT)
     again = memory_from_document(memory_to_document(memory))
     assert again.backoff == memory.backoff
-    started = {"m-0": ReplicaState("m-0", "m", "p", STARTING, "", (Assignment("n1", 0, (), (), 9000),))}
+    started = {"m-0": ReplicaState("m-0", "m", "p", Phase.STARTING, "", (Assignment("n1", 0, (), (), 9000),))}
     planned = default_planner(cat, inv, now=NOW + PERMANENT_RECHECK_S, memory=again)
     assert remember(again, planned, inv, started, NOW + PERMANENT_RECHECK_S, ["m-0"]).backoff == {"m-0": Backoff()}
 

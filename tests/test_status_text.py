@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconciler.commands._status_files import CatalogStatus
+from reconciler.status_view import CatalogStatus
 from reconciler.commands.status import print_text
 
 

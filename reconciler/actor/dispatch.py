@@ -13,7 +13,7 @@ from reconciler.errors import ReconcilerError
 from reconciler.model import Action
 from reconciler.outcomes import ActionOutcome
 from reconciler.scheduling import MAX_PARALLEL_ACTIONS, Effects, action_dependencies
-from reconciler.vocabulary import ActionKind
+from reconciler.vocabulary import ActionKind, LauncherKind
 
 
 class Actor(ReplaceActions, WeightFetching):
@@ -29,7 +29,7 @@ class Actor(ReplaceActions, WeightFetching):
         if not actions:
             return []
         after = action_dependencies(actions, self.probed,
-                                    scheduled_nodes={n.id for n in self.catalog.fleet.nodes if n.launcher == "slurm"})
+                                    scheduled_nodes={n.id for n in self.catalog.fleet.nodes if n.launcher == LauncherKind.SLURM})
         buffers = [Effects() for _ in actions]
         futures: list[Future] = []
         # Each action waits only for earlier ones, and the pool takes work first in first out: an

@@ -11,7 +11,8 @@ from reconciler.actor.work import APPLY_READY_WAIT_S
 from reconciler.engine_metrics import EngineLoad, profile_series, read_load
 from reconciler.model import Action
 from reconciler.observed import observe_replica
-from reconciler.outcomes import READY, ActionOutcome
+from reconciler.outcomes import ActionOutcome
+from reconciler.vocabulary import ActionKind, DecisionAction, Phase
 from reconciler.plan import Drain
 
 
@@ -22,8 +23,8 @@ class ReplaceActions(StartActions, ReadyWaiting):
         placement = action.placement
         if placement is None or not placement.nodes:
             # Nothing fits the new spec: the old replica keeps serving rather than leave a hole.
-            self.decide(action.replica, "-", "keep", action.reason or "no placement for the new copy; old one kept")
-            return ActionOutcome(action.replica, "replace", True)
+            self.decide(action.replica, "-", DecisionAction.KEEP, action.reason or "no placement for the new copy; old one kept")
+            return ActionOutcome(action.replica, ActionKind.REPLACE, True)
         old = self.old_targets(action)
         old_live = [t for t in old if self.reachable(t[0])]
         new_slots = {(a.node, a.rank) for a in placement.nodes}
@@ -48,11 +49,11 @@ class ReplaceActions(StartActions, ReadyWaiting):
             self._forgotten[action.replica] = before
             return started
         state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
-        if state.phase == READY:
+        if state.phase == Phase.READY:
             if not self.begin_drain(action, old_live):
                 self.stop_ranks(action.replica, old_live, f"replaced by the new copy: {action.reason}")
             self.pending.pop(action.replica, None)
-            return ActionOutcome(action.replica, "replace", True, state)
+            return ActionOutcome(action.replica, ActionKind.REPLACE, True, state)
         new_targets = [(l.node, l.rank) for l in self.pending[action.replica].launches]
         self.stop_ranks(action.replica, new_targets, "new copy not Ready; old copy kept")
         for launch in self.pending[action.replica].launches:
@@ -93,7 +94,7 @@ class ReplaceActions(StartActions, ReadyWaiting):
         drain = Drain(action.replica, action.model, tuple(a.node for a in previous.nodes), previous.nodes[0].port,
                       profile.engine if profile is not None else "", now, now + model.drain_s, profile=previous.profile)
         self.drains_begun[drain.key] = drain
-        self.decide(action.replica, previous.nodes[0].node, "drain",
+        self.decide(action.replica, previous.nodes[0].node, DecisionAction.DRAIN,
                     f"old copy out of every gateway file; stopped once no request runs, at most {model.drain_s:g} s: "
                     f"{action.reason}")
         return True

@@ -7,13 +7,13 @@ from dataclasses import replace
 from typing import Sequence
 
 from reconciler.actor.stopping import StopActions
-from reconciler.errors import PERMANENT, TEMPORARY, RenderError
+from reconciler.errors import RenderError
 from reconciler.launcher import StartOutcome
 from reconciler.model import Action, RankKey, RankLaunch
-from reconciler.outcomes import PENDING, STARTING, ActionOutcome, ReplicaState
+from reconciler.outcomes import ActionOutcome, ReplicaState
 from reconciler.readiness import StartedReplica
 from reconciler.snapshot import gpu_problems, start_order
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase
 
 
 class StartActions(StopActions):
@@ -25,8 +25,8 @@ class StartActions(StopActions):
         verb = action.action
         if placement is None or not placement.nodes or model is None or profile is None:
             why = action.reason or "no placement"
-            self.decide(action.replica, "-", "skip", f"cannot start: {why}")
-            return self.settle(verb, ReplicaState(action.replica, action.model, None, PENDING, why), ok=True)
+            self.decide(action.replica, "-", DecisionAction.SKIP, f"cannot start: {why}")
+            return self.settle(verb, ReplicaState(action.replica, action.model, None, Phase.PENDING, why), ok=True)
         try:
             # Each rank's record keeps the revision it comes from, so status can say which replicas
             # still run an older spec.
@@ -34,7 +34,7 @@ class StartActions(StopActions):
                         for l in self.render(model, profile, placement, self.catalog.fleet, self.probed)]
         except RenderError as exc:  # the catalog has to change first
             return self.fail(verb, action.replica, action.model, profile.name, f"launch refused: {exc}",
-                             placement=placement, failure=PERMANENT)
+                             placement=placement, failure=FailureKind.PERMANENT)
 
         # Against the snapshot as probed: memory our own ranks held then (stopped since, in a
         # restart or a replace) is ours to reuse, not a foreign tenant's.
@@ -55,7 +55,7 @@ class StartActions(StopActions):
 
         self.pending[action.replica] = StartedReplica(launches, action.model, profile, placement, self.clock())
         return self.settle(verb, ReplicaState(
-            action.replica, action.model, profile.name, STARTING, "", placement.nodes,
+            action.replica, action.model, profile.name, Phase.STARTING, "", placement.nodes,
             self.catalog.fleet.endpoint(placement.head.node, placement.head.port),
             revision=self.revision_of(launches),
         ), ok=True)
@@ -77,14 +77,14 @@ class StartActions(StopActions):
 
     def launch_ranks(self, launches: Sequence[RankLaunch], why: str) -> tuple[RankLaunch, str, str] | None:
         """Start every rank, workers first; on the first failure roll back and return (that rank, why,
-        the failure's kind: errors.TEMPORARY or PERMANENT, as the launcher typed it)."""
+        the failure's kind: FailureKind.TEMPORARY or FailureKind.PERMANENT, as the launcher typed it)."""
         outcomes: list[tuple[RankLaunch, StartOutcome]] = []
         for launch in start_order(launches):
             outcome = self.launcher.start(launch)
             outcomes.append((launch, outcome))
             if not outcome.ok:
                 break
-            verb = "adopt" if outcome.already_running else "start"
+            verb = DecisionAction.ADOPT if outcome.already_running else DecisionAction.START
             if outcome.already_running:
                 what = "already running, adopted"
             elif outcome.slurm_job:
@@ -110,7 +110,7 @@ class StartActions(StopActions):
         if outcome.port_in_use:
             # The snapshot written after this pass says so, and the next plan picks another port.
             self.taken_ports.setdefault(launch.node, set()).add(outcome.port_in_use)
-        return launch, message, outcome.failure or TEMPORARY
+        return launch, message, outcome.failure or FailureKind.TEMPORARY
 
     def roll_back(self, outcomes: Sequence[tuple[RankLaunch, StartOutcome]], message: str) -> None:
         """Nothing half-started: take back the ranks that did start, and the one whose node
@@ -119,12 +119,12 @@ class StartActions(StopActions):
         for l, o in outcomes:
             if not o.ok and o.uncertain:
                 undone = self.launcher.stop(l.node, l.replica, l.rank)
-                self.decide(l.replica, l.node, "stop",
+                self.decide(l.replica, l.node, DecisionAction.STOP,
                             f"rank {l.rank}: rolled back after losing the node mid-launch ({undone.detail})",
                             ok=undone.ok)
             elif o.ok:
                 undone = self.launcher.stop(l.node, l.replica, l.rank)
-                self.decide(l.replica, l.node, "stop", f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
+                self.decide(l.replica, l.node, DecisionAction.STOP, f"rank {l.rank}: rolled back, {message}", ok=undone.ok)
                 if undone.ok and l in self.started:
                     self.started.remove(l)
                 elif undone.ok:  # an adopted rank: it was in the snapshot, now it is gone

@@ -8,7 +8,8 @@ from typing import Sequence
 from reconciler.actor.work import ActorWork
 from reconciler.launcher import StopOutcome
 from reconciler.model import Action, RankKey
-from reconciler.outcomes import STOPPING, ActionOutcome, ReplicaState
+from reconciler.outcomes import ActionOutcome, ReplicaState
+from reconciler.vocabulary import ActionKind, DecisionAction, Phase
 
 
 class StopActions(ActorWork):
@@ -21,9 +22,9 @@ class StopActions(ActorWork):
         else:
             targets = self.recorded_targets(action.replica)
         if not targets:
-            self.decide(action.replica, "-", "stop", f"nothing running: {action.reason}")
-            return ActionOutcome(action.replica, "stop", True)
-        return ActionOutcome(action.replica, "stop", self.stop_ranks(action.replica, targets, action.reason or "not desired"))
+            self.decide(action.replica, "-", DecisionAction.STOP, f"nothing running: {action.reason}")
+            return ActionOutcome(action.replica, ActionKind.STOP, True)
+        return ActionOutcome(action.replica, ActionKind.STOP, self.stop_ranks(action.replica, targets, action.reason or "not desired"))
 
     def stop_ranks(self, replica: str, targets: Sequence[tuple[str, int | None]], reason: str) -> bool:
         """Stop ranks on their nodes, all at once (a multi-node replica goes down as one)."""
@@ -33,7 +34,7 @@ class StopActions(ActorWork):
             outcomes = list(pool.map(lambda t: self.launcher.stop(t[0], replica, t[1]), targets))
         ok = True
         for (node, rank), outcome in zip(targets, outcomes):
-            self.decide(replica, node, "stop", f"{reason} ({outcome.detail})", ok=outcome.ok)
+            self.decide(replica, node, DecisionAction.STOP, f"{reason} ({outcome.detail})", ok=outcome.ok)
             self.note_unanswered(outcome)
             if outcome.ok:
                 self.stopped.append(RankKey(node, replica, rank))
@@ -50,7 +51,7 @@ class StopActions(ActorWork):
         the new copy starts, and for that long the replica serves nothing."""
         where = action.previous or action.placement
         self.states[action.replica] = ReplicaState(action.replica, action.model, where.profile if where else None,
-                                                   STOPPING, f"stopping: {why}", where.nodes if where else ())
+                                                   Phase.STOPPING, f"stopping: {why}", where.nodes if where else ())
         self.on_change(force=True)
 
     def end_stalled_start(self, replica: str, targets: Sequence[tuple[str, int]]) -> bool:
@@ -62,7 +63,7 @@ class StopActions(ActorWork):
         with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
             outcomes = list(pool.map(lambda t: self.launcher.stop(t[0], replica, t[1], keep_record=True), targets))
         for (node, rank), outcome in zip(targets, outcomes):
-            self.decide(replica, node, "stop", f"rank {rank}: not Ready by its start timeout ({outcome.detail}); "
+            self.decide(replica, node, DecisionAction.STOP, f"rank {rank}: not Ready by its start timeout ({outcome.detail}); "
                                                "restarted with backoff", ok=outcome.ok)
             self.note_unanswered(outcome)
         return all(o.ok for o in outcomes)

@@ -9,7 +9,8 @@ from reconciler.actor.stopping import StopActions
 from reconciler.errors import TransportError
 from reconciler.model import RankLaunch
 from reconciler.observed import head_host
-from reconciler.outcomes import FAILED, STARTING, ReplicaState
+from reconciler.outcomes import ReplicaState
+from reconciler.vocabulary import DecisionAction, Phase
 from reconciler.readiness import (
     LOG_LINES_IN_MESSAGE,
     Liveness,
@@ -46,8 +47,8 @@ class ReadyWaiting(StopActions):
                 self.sleep(POLL_INTERVAL_S)
         for replica, state in results.items():
             self.states[replica] = state
-            self.decide(replica, state.nodes[0].node if state.nodes else "-", "health",
-                        state.phase + (f": {state.message}" if state.message else ""), ok=state.phase != FAILED)
+            self.decide(replica, state.nodes[0].node if state.nodes else "-", DecisionAction.HEALTH,
+                        state.phase + (f": {state.message}" if state.message else ""), ok=state.phase != Phase.FAILED)
             if state.start_timed_out and replica in self.pending:
                 self.end_stalled_start(replica, [(l.node, l.rank) for l in self.pending[replica].launches])
         return results
@@ -63,7 +64,7 @@ class ReadyWaiting(StopActions):
     def judge(self, replica: str, started: StartedReplica, *, final: bool) -> ReplicaState | None:
         """Ready, Failed, or (when `final`) Starting; None means: keep waiting."""
         head = started.head
-        base = ReplicaState(replica, started.model, started.profile.name, STARTING, "", started.placement.nodes,
+        base = ReplicaState(replica, started.model, started.profile.name, Phase.STARTING, "", started.placement.nodes,
                             self.catalog.fleet.endpoint(head.node, head.port),
                             revision=self.revision_of(started.launches))
         answered, seen = self.health(head_host(self.catalog.fleet, head.node), head.port,

@@ -8,9 +8,9 @@ from typing import Sequence
 from reconciler.actor.work import ActorWork
 from reconciler.fetch import Fetcher, choose_source, progress_message
 from reconciler.model import Action, Model
-from reconciler.outcomes import FETCHING, ReplicaState
+from reconciler.outcomes import ReplicaState
 from reconciler.readiness import DEFAULT_START_TIMEOUT_S
-from reconciler.vocabulary import ActionKind
+from reconciler.vocabulary import ActionKind, DecisionAction, Phase
 
 
 class WeightFetching(ActorWork):
@@ -47,7 +47,7 @@ class WeightFetching(ActorWork):
         sources = {}
         for action, model, node in needed:  # decided here, in order: the pass's decisions do not depend on threads
             sources[(action.replica, node)] = source = choose_source(model, node, self.catalog.fleet, self.probed)
-            self.decide(action.replica, node, "fetch", f"{model.source} from {source or 'nowhere'}: not on {node}")
+            self.decide(action.replica, node, DecisionAction.FETCH, f"{model.source} from {source or 'nowhere'}: not on {node}")
 
         def one(item: tuple[Action, Model, str]):
             action, model, node = item
@@ -59,7 +59,7 @@ class WeightFetching(ActorWork):
                 got_all = sum(g for (r, _), (g, _) in totals.items() if r == action.replica)
                 want_all = sum(t for (r, _), (_, t) in totals.items() if r == action.replica)
                 self.states[action.replica] = ReplicaState(
-                    action.replica, action.model, profile.name if profile else None, FETCHING,
+                    action.replica, action.model, profile.name if profile else None, Phase.FETCHING,
                     progress_message(model.source, got_all, want_all), action.placement.nodes)
                 self.on_change()
 
@@ -69,7 +69,7 @@ class WeightFetching(ActorWork):
         failed: set[str] = set()
         with ThreadPoolExecutor(max_workers=min(16, len(needed))) as pool:
             for (action, model, node), outcome in pool.map(one, needed):
-                self.decide(action.replica, node, "fetch", str(outcome), ok=outcome.ok)
+                self.decide(action.replica, node, DecisionAction.FETCH, str(outcome), ok=outcome.ok)
                 if not outcome.ok:
                     failed.add(action.replica)
                     self.fail_action(action, f"fetch of {model.source} to {node} failed: {outcome.reason}")

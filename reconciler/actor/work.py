@@ -11,15 +11,14 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
-from reconciler.errors import TEMPORARY
 from reconciler.launcher import Launcher
 from reconciler.model import Action, Catalog, Fleet, Inventory, Model, Placement, Profile, RankKey, RankLaunch
-from reconciler.outcomes import FAILED, ActionOutcome, Decision, ReplicaState
+from reconciler.outcomes import ActionOutcome, Decision, ReplicaState
 from reconciler.plan import Drain
 from reconciler.readiness import HealthCheck, StartedReplica, http_health
 from reconciler.scheduling import Effects
 from reconciler.snapshot import RankRecords, ranks_by_replica
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, NodeState, Phase
 
 # `apply` waits at most this long for a started replica to become Ready; past it the
 # replica is reported Starting and the next pass (or the daemon) keeps watching.
@@ -101,26 +100,26 @@ class ActorWork:
     def adopted_revisions(self) -> dict[RankKey, str | None]:
         return self._fx.adopted_revisions
 
-    def decide(self, replica: str, node: str, action: str, reason: str, ok: bool = True) -> None:
-        d = Decision(replica, node, action, reason, ok)
+    def decide(self, replica: str, node: str, action: DecisionAction | ActionKind, reason: str, ok: bool = True) -> None:
+        d = Decision(replica, node, DecisionAction(action), reason, ok)
         self.decisions.append(d)
         self.log(d)
 
-    def settle(self, action: str, state: ReplicaState, ok: bool) -> ActionOutcome:
+    def settle(self, action: ActionKind, state: ReplicaState, ok: bool) -> ActionOutcome:
         self.states[state.replica] = state
         return ActionOutcome(state.replica, action, ok, state)
 
-    def fail(self, action: str, replica: str, model: str, profile: str | None, message: str, node: str = "-",
-             placement: Placement | None = None, failure: str = TEMPORARY) -> ActionOutcome:
-        """The replica is Failed; `failure` (errors.TEMPORARY or PERMANENT) says whether a retry can help."""
-        self.decide(replica, node, "fail", message, ok=False)
+    def fail(self, action: ActionKind, replica: str, model: str, profile: str | None, message: str, node: str = "-",
+             placement: Placement | None = None, failure: FailureKind = FailureKind.TEMPORARY) -> ActionOutcome:
+        """The replica is Failed; `failure` (TEMPORARY or PERMANENT) says whether a retry can help."""
+        self.decide(replica, node, DecisionAction.FAIL, message, ok=False)
         return self.settle(action, ReplicaState(
-            replica, model, profile, FAILED, message, placement.nodes if placement else (),
+            replica, model, profile, Phase.FAILED, message, placement.nodes if placement else (),
             self.catalog.fleet.endpoint(placement.head.node, placement.head.port) if placement else None,
             failure=failure,
         ), ok=False)
 
-    def fail_action(self, action: Action, message: str, failure: str = TEMPORARY) -> ActionOutcome:
+    def fail_action(self, action: Action, message: str, failure: FailureKind = FailureKind.TEMPORARY) -> ActionOutcome:
         """fail() with the profile and placement the action names."""
         _, profile = self._model_profile(action)
         return self.fail(action.action, action.replica, action.model, profile.name if profile else None, message,

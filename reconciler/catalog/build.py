@@ -22,7 +22,7 @@ from reconciler.model import (
     SecretRef,
     frozen_map,
 )
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import LauncherKind, NodeState, SecretKind, TransportKind
 
 
 def _plain(value: Any) -> Any:
@@ -71,11 +71,11 @@ def build_fleet(data: dict) -> Fleet:
                 model_dirs=tuple(n.get("model_dirs") or ()),
                 fabrics=frozen_map({k: tuple(v) for k, v in (n.get("fabrics") or {}).items()}),
                 ssh=_ssh(defaults, n.get("ssh")),
-                transport=n.get("transport", "ssh"),
+                transport=TransportKind(n.get("transport", TransportKind.SSH)),
                 gpu_class=n.get("gpu_class"),
                 state_dir=n.get("state_dir", fleet_state_dir),
                 socket_ifname=n.get("socket_ifname"),
-                launcher=n.get("launcher", "ssh"),
+                launcher=LauncherKind(n.get("launcher", LauncherKind.SSH)),
                 slurm_name=n.get("slurm_name", ""),
                 cordon_gpus=tuple(sorted(n.get("cordon_gpus") or ())),
             )
@@ -125,7 +125,7 @@ def _env_value(value: Any) -> "str | SecretRef":
     """A string, or (the schema allows exactly one key) a reference to a secret."""
     if isinstance(value, dict):
         [(kind, name)] = value.items()
-        return SecretRef(kind, name)
+        return SecretRef(SecretKind(kind), name)
     return value
 
 

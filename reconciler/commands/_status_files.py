@@ -1,43 +1,25 @@
-"""Reading what the reconciler wrote under status/: for `status` and `logs`, which never probe.
+"""Reading what the reconciler wrote under status/ from disk: for `status` and `logs`, which never probe.
 
 Status files are machine-written but live in a git repository people edit and
 merge: a file may be missing, half-merged or hand-edited. Each problem is one
-line naming the file, never a traceback.
+line naming the file, never a traceback. The documents become a CatalogStatus in
+reconciler.status_view, which the dashboard reads too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from reconciler.constants import STATUS_DIR
-from reconciler.errors import ReconcilerError
+from reconciler.status_view import CatalogStatus, StatusUnreadable, catalog_status_from_documents
 
 try:
     from yaml import CSafeLoader as _Loader
 except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeLoader as _Loader
-
-
-class StatusUnreadable(ReconcilerError):
-    """A catalog directory whose status/ cannot be read (exit 1)."""
-
-
-@dataclass(frozen=True)
-class CatalogStatus:
-    root: Path
-    revision: str | None  # the revision applied, as status/catalog.yaml records it
-    message: str  # the daemon's (or apply's) one line on the last attempt
-    warnings: tuple[str, ...]
-    models: tuple[dict, ...]  # status/models/<name>.yaml documents, by name
-    written: bool  # False: nothing has written status/ yet
-
-    def replicas(self) -> dict[str, tuple[str, dict]]:
-        """replica id -> (model name, replica document)."""
-        return {r["id"]: (m["name"], r) for m in self.models for r in m["replicas"]}
 
 
 def read_catalog_status(catalog: str) -> CatalogStatus:
@@ -54,36 +36,6 @@ def read_catalog_status(catalog: str) -> CatalogStatus:
     model_docs = [(path, _read(path)) for path in sorted((status / "models").glob("*.yaml"))] \
         if (status / "models").is_dir() else []
     return catalog_status_from_documents(root, catalog_doc, model_docs)
-
-
-def catalog_status_from_documents(root: Path, catalog_doc: Any, model_docs: list[tuple[Path, Any]]) -> CatalogStatus:
-    """The CatalogStatus of documents already parsed: `status` reads them from disk, the dashboard
-    from its cache of the files; both answer the same JSON from the same files."""
-    status = root / STATUS_DIR
-    if not isinstance(catalog_doc, dict):
-        raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document (a mapping)")
-    models = [model_entry(path, doc) for path, doc in model_docs]
-    revision = catalog_doc.get("last_applied_revision")
-    return CatalogStatus(
-        root=root,
-        revision=revision if isinstance(revision, str) else None,
-        message=str(catalog_doc.get("message") or ""),
-        warnings=tuple(str(w) for w in catalog_doc.get("warnings") or ()),
-        models=tuple(models),
-        written=bool(catalog_doc) or bool(models),
-    )
-
-
-def model_entry(path: Path, doc: Any) -> dict:
-    """One status/models/<name>.yaml as `status --format json` lists it (StatusUnreadable: not one)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("replicas", []), list):
-        raise StatusUnreadable(f"{path}: not a model status document (a mapping with `replicas`)")
-    replicas = [r for r in doc.get("replicas") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)]
-    entry = {"name": str(doc.get("name") or path.stem), "desired": doc.get("desired"),
-             "ready": doc.get("ready"), "replicas": replicas}
-    if isinstance(doc.get("autoscale"), dict):  # SPEC section 11: the count in force and why
-        entry["autoscale"] = doc["autoscale"]
-    return entry
 
 
 def _read(path: Path, optional: bool = False) -> Any:

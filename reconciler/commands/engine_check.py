@@ -13,6 +13,7 @@ from reconciler.catalog import load_catalog
 from reconciler.constants import Exit
 from reconciler.errors import TransportError, UsageError
 from reconciler.ssh import TransportPool
+from reconciler.vocabulary import TransportKind
 
 # The argv that asks each engine for its version: fixed strings, nothing from the catalog.
 VERSION_ARGV = {
@@ -38,7 +39,7 @@ def main(args) -> int:
         try:
             result = pool.transport_for(node).run(argv, timeout=TIMEOUT_S)
         except TransportError as exc:
-            if node.transport == "local":  # this machine is always reached: the engine could not run here
+            if node.transport == TransportKind.LOCAL:  # this machine is always reached: the engine could not run here
                 print(f"{node.id}: {args.engine}: {exc.reason}", file=sys.stderr)
                 return Exit.FAILED
             print(f"reconciler: {exc}", file=sys.stderr)

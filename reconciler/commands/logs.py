@@ -30,6 +30,7 @@ from reconciler.errors import FleetUnreachable, ReconcilerError, TransportError,
 from reconciler.launcher import LogChunk, SshLauncher
 from reconciler.launcher.slurm_launcher import SlurmClient, SlurmLauncher, SlurmUnavailable
 from reconciler.model import Catalog, NodeSpec
+from reconciler.vocabulary import LauncherKind
 from reconciler.owner import catalog_owner
 from reconciler.ssh import TransportPool
 
@@ -63,7 +64,7 @@ def main(args) -> int:
         # The owner names the rank's files on the node (records and logs of another catalog sharing it differ).
         agent = SshLauncher(_Transports(pool, catalog), {n.id: n.state_dir for n in catalog.fleet.nodes},
                             timeout_s=CALL_TIMEOUT_S, owner=catalog_owner(catalog))
-        if node.launcher == "slurm" and catalog.fleet.slurm is not None:
+        if node.launcher == LauncherKind.SLURM and catalog.fleet.slurm is not None:
             source = _slurm_source(args, catalog, pool, agent)
         else:
             source = _agent_source(args, node, agent)

@@ -65,7 +65,8 @@ def plan_document(pl: Plan, show_all: bool = False) -> dict:
         "revision": pl.revision,
         "actions": [action_document(a) for a in pl.actions],
         "unplaced": unplaced,
-        "waiting": [{"replica": w.replica, "model": w.model, "reason": w.reason} for w in pl.waiting],
+        # `kind` (a WaitKind) says why it waits, so a client reads it rather than parsing the reason's words.
+        "waiting": [{"replica": w.replica, "model": w.model, "kind": w.kind, "reason": w.reason} for w in pl.waiting],
     }
 
 

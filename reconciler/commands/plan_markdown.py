@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from reconciler.commands.plan_words import same_rejections, span, where_text
-from reconciler.placement import Outcome
+from reconciler.placement import Outcome, reason_groups
 from reconciler.plan import Plan
 
 MARKER = "<!-- llm-reconciler plan -->"
@@ -49,17 +49,6 @@ def summary_line(pl: Plan) -> str:
     unplaced = f"**{_plural(len(pl.unplaced), 'replica')} cannot be placed**" if pl.unplaced else "every replica placed"
     waiting = f"; {len(pl.waiting)} waiting" if pl.waiting else ""
     return f"**reconciler plan** for {revision}: {parts}; {unplaced}{waiting}"
-
-
-def _reason_groups(rejections) -> list[tuple[str, list[tuple[str, list[str]]]]]:
-    """Per profile (in the order tried), its rejections grouped by reason, most nodes first."""
-    by_profile: dict[str, dict[str, list[str]]] = {}
-    for r in rejections:
-        by_profile.setdefault(r.profile, {}).setdefault(r.reason, [])
-        if r.node and r.node not in by_profile[r.profile][r.reason]:
-            by_profile[r.profile][r.reason].append(r.node)
-    return [(profile, sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
-            for profile, groups in by_profile.items()]
 
 
 def render_markdown(pl: Plan, show_all: bool = False, scaling=()) -> str:
@@ -105,7 +94,7 @@ def _unplaced_section(pl: Plan, show_all: bool) -> list[str]:
 
 def _unplaced_details(o: Outcome, others: list[str], show_all: bool) -> list[str]:
     """One unplaced replica: how many nodes fit each profile, then each profile's reasons table."""
-    groups_by_profile = _reason_groups(o.rejections)
+    groups_by_profile = reason_groups(o.rejections)
     fits = "; ".join(
         f"{max(o.nodes_considered - len({n for _, nodes in groups for n in nodes}), 0)}/{o.nodes_considered} "
         f"nodes fit profile {cell(profile)}" for profile, groups in groups_by_profile)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from reconciler.commands._status_files import CatalogStatus, read_catalog_status
+from reconciler.commands._status_files import read_catalog_status
+from reconciler.status_view import CatalogStatus, endpoint_text, json_document, message_text, nodes_text
 from reconciler.constants import Exit
 from reconciler.vocabulary import Phase
 
@@ -20,28 +21,6 @@ PHASE_STYLE = {Phase.READY: "green", Phase.FAILED: "red", Phase.UNKNOWN: "magent
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
-
-
-def nodes_text(replica: dict) -> str:
-    """`a1[0,1]:8000 a2[0,1]:8000`: node, GPUs and port of every rank, head first."""
-    parts = []
-    for n in sorted(replica.get("nodes") or [], key=lambda n: n.get("rank", 0)):
-        gpus = n.get("gpus") or []
-        parts.append(f"{n.get('node')}{'[' + ','.join(map(str, gpus)) + ']' if gpus else ''}:{n.get('port')}")
-    return " ".join(parts) or "-"
-
-
-def endpoint_text(replica: dict) -> str:
-    head = next((n for n in replica.get("nodes") or [] if n.get("rank") == 0), None)
-    return (head or {}).get("endpoint") or "-"
-
-
-def message_text(replica: dict) -> str:
-    """The message on one line; a Failed replica's failure kind beside it, as `nodes` shows a node's:
-    temporary (retried with backoff) or permanent (stalled until the catalog or the node changes)."""
-    message = " ".join(str(replica.get("message") or "").split())
-    failure = replica.get("failure")
-    return f"{message} ({failure})" if failure in ("temporary", "permanent") else message
 
 
 def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
@@ -116,11 +95,6 @@ def print_text(status: CatalogStatus) -> None:
     console.print(summary(status))
     for line in autoscale_lines(status):
         console.print(line)
-
-
-def json_document(status: CatalogStatus) -> dict:
-    """SPEC section 6: {"revision", "models": [{"name", "desired", "ready", "replicas": [...]}]}."""
-    return {"revision": status.revision, "models": [dict(m) for m in status.models]}
 
 
 def main(args) -> int:

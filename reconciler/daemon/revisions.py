@@ -19,6 +19,7 @@ from reconciler.errors import CatalogInvalid, Problem
 from reconciler.gitrev import GitCatalog, GitError, PullOutcome
 from reconciler.model import Catalog
 from reconciler.status import CatalogStatus, Upstream, catalog_document
+from reconciler.vocabulary import PullState
 
 DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"
 
@@ -66,9 +67,9 @@ class Revisions:
         try:
             outcome = self.git.pull()
         except GitError as exc:
-            outcome = PullOutcome("fetch-failed", None, str(exc))
+            outcome = PullOutcome(PullState.FETCH_FAILED, None, str(exc))
         previous, self.state.pull = self.state.pull, outcome
-        if outcome.state in ("fast-forwarded", "followed-rewrite"):
+        if outcome.state in (PullState.FAST_FORWARDED, PullState.FOLLOWED_REWRITE):
             self.log("git.pull", state=outcome.state, upstream=outcome.upstream, msg=outcome.message)
         elif outcome.problem and (previous is None or previous.message != outcome.message):  # once, not per interval
             self.log("git.pull.refused", state=outcome.state, upstream=outcome.upstream, msg=outcome.message)
@@ -148,7 +149,8 @@ class Revisions:
         st = self.state
         upstream = None
         if self.git is not None and self.git_pull and st.pull is not None:
-            upstream = Upstream(st.pull.upstream, "up-to-date" if st.pull.state == "fast-forwarded" else st.pull.state,
+            shown = PullState.UP_TO_DATE if st.pull.state == PullState.FAST_FORWARDED else st.pull.state
+            upstream = Upstream(st.pull.upstream, shown,
                                 st.pull.message if st.pull.problem else "")
         return CatalogStatus(
             st.attempted, st.applied, self.message(), tuple(st.errors),

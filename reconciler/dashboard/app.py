@@ -31,8 +31,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from reconciler.commands._status_files import StatusUnreadable, catalog_status_from_documents
-from reconciler.commands.status import json_document, message_text, nodes_text
+from reconciler.status_view import StatusUnreadable, catalog_status_from_documents, json_document, message_text, nodes_text
 from reconciler.dashboard.cells import GPU_USES
 from reconciler.dashboard.files import StatusFiles, StatusSnapshot
 from reconciler.dashboard.filters import Filters

@@ -24,8 +24,8 @@ class StartOutcome:
     # The node stopped answering mid-request: the rank may be running (its record says so) or not.
     uncertain: bool = False
     revision: str | None = None  # an adopted rank: the revision its record says it was started from
-    # Not ok: whether retrying can help (errors.TEMPORARY: a timeout, a taken port) or not until the
-    # catalog or the node changes (errors.PERMANENT: the engine's binary is not there). None reads as temporary.
+    # Not ok: whether retrying can help (FailureKind.TEMPORARY: a timeout, a taken port) or not until the
+    # catalog or the node changes (FailureKind.PERMANENT: the engine's binary is not there). None reads as temporary.
     failure: FailureKind | None = None
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from reconciler.errors import PERMANENT, CommandTimeout, TransportError
+from reconciler.errors import CommandTimeout, TransportError
 from reconciler.launcher.base import RankState, StartOutcome, StopOutcome
 from reconciler.model import Fleet, Inventory, RankLaunch, RunningRank
 from reconciler.owner import catalog_owner
@@ -51,7 +51,7 @@ from reconciler.slurm import (
     squeue_argv,
 )
 from reconciler.transport import LocalTransport, Transport
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import FailureKind, LauncherKind, NodeState
 
 POLL_S = 0.1
 
@@ -201,7 +201,7 @@ class SlurmLauncher:
             # The batch script would carry a value into slurmctld's spool (a file on the controller),
             # and the step runner does not read from_file yet: refused, never dropped silently.
             names = ", ".join(f"{k} {v}" for k, v in sorted(launch.secret_env.items()))
-            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, failure=PERMANENT,
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, failure=FailureKind.PERMANENT,
                                 reason=f"env {names}: secret references are not supported on launcher: slurm nodes yet")
         with self._lock:
             held = self._held.setdefault(launch.replica, {})
@@ -329,7 +329,7 @@ class SlurmInventory:
         self.client = client
         self.owner = owner
         self.desired = desired
-        self.slurm_nodes = [n for n in fleet.nodes if n.launcher == "slurm"]
+        self.slurm_nodes = [n for n in fleet.nodes if n.launcher == LauncherKind.SLURM]
 
     def observe(self) -> tuple[list[QueuedJob], dict[str, SlurmNode], dict[str, JobDetail]]:
         """One round of questions: squeue, scontrol show node, scontrol show job (raises SlurmUnavailable)."""
@@ -363,7 +363,7 @@ def fold(fleet: Fleet, owner: str, inventory: Inventory, queue: Sequence[QueuedJ
     desired: the catalog's replica ids. A job that ended counts (as a crash) only for a replica
     still desired; one of a replica taken away is history, not a copy to stop on every pass.
     """
-    slurm_specs = {n.id: n for n in fleet.nodes if n.launcher == "slurm"}
+    slurm_specs = {n.id: n for n in fleet.nodes if n.launcher == LauncherKind.SLURM}
     names = {n.id: n.slurm_node_name for n in fleet.nodes}
     jobs = _counted_jobs(OurJobs(owner, queue), desired)
     ours = {job.job_id for job, _ in jobs.by_replica.values()}
@@ -474,7 +474,7 @@ class RoutingLauncher:
 
 
 def has_slurm(fleet: Fleet) -> bool:
-    return fleet.slurm is not None and any(n.launcher == "slurm" for n in fleet.nodes)
+    return fleet.slurm is not None and any(n.launcher == LauncherKind.SLURM for n in fleet.nodes)
 
 
 def fleet_launcher(catalog, transports: Any, ssh_launcher: Any, *, owner: str | None = None,
@@ -484,7 +484,7 @@ def fleet_launcher(catalog, transports: Any, ssh_launcher: Any, *, owner: str | 
     if not has_slurm(fleet):
         return ssh_launcher
     slurm = SlurmLauncher(fleet, SlurmClient(fleet, transports), owner or catalog_owner(catalog), stop_grace_s=stop_grace_s)
-    return RoutingLauncher({n.id: slurm for n in fleet.nodes if n.launcher == "slurm"}, ssh_launcher)
+    return RoutingLauncher({n.id: slurm for n in fleet.nodes if n.launcher == LauncherKind.SLURM}, ssh_launcher)
 
 
 def fold_slurm(catalog, transports: Any, inventory: Inventory, *, owner: str | None = None) -> Inventory:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Mapping
 
 from reconciler.agent_keys import Answer, Record
-from reconciler.errors import PERMANENT, TEMPORARY, TransportError, kind_of
+from reconciler.errors import TransportError, kind_of
 from reconciler.launcher.base import LogChunk, RankState, StartOutcome, StopOutcome
 from reconciler.model import RankLaunch, SshSettings
+from reconciler.vocabulary import FailureKind, SecretKind
 from reconciler.transport import Transport
 
 DEFAULT_STATE_DIR = "~/.local/state/llm-reconciler"
@@ -30,6 +31,11 @@ def agent_source() -> bytes:
     """The node agent's program: its modules' text, one after the other (see node_agent.py)."""
     package = Path(__file__).parent.parent
     return b"\n\n".join((package / name).read_bytes() for name in AGENT_MODULES)
+
+
+def _failure_kind(word) -> FailureKind | None:
+    """The agent's failure word typed (it sends text, stdlib only); anything else reads as unknown (None)."""
+    return FailureKind(word) if word in (FailureKind.TEMPORARY, FailureKind.PERMANENT) else None
 
 
 def agent_stdin(request: dict) -> bytes:
@@ -112,12 +118,12 @@ class SshLauncher:
         env = dict(launch.env)
         env_files: dict[str, str] = {}
         for name, ref in sorted(launch.secret_env.items()):
-            if ref.kind == "from_file":
+            if ref.kind == SecretKind.FROM_FILE:
                 env_files[name] = ref.name  # read by the agent on the node: the value never leaves it
                 continue
             value = os.environ.get(ref.name)
             if value is None:
-                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, failure=PERMANENT,
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, failure=FailureKind.PERMANENT,
                                     reason=f"env {name}: {ref} is not set in the reconciler's environment")
             env[name] = value  # travels on the agent's stdin, never in an argv
         request = {
@@ -156,7 +162,7 @@ class SshLauncher:
             port_in_use=answer.get(Answer.PORT_IN_USE),
             revision=answer.get(Answer.REVISION) if isinstance(answer.get(Answer.REVISION), str) else None,
             # The agent says which of its refusals no retry can mend (a binary not on the node).
-            failure=answer.get(Answer.FAILURE) if answer.get(Answer.FAILURE) in (TEMPORARY, PERMANENT) else None,
+            failure=_failure_kind(answer.get(Answer.FAILURE)),
         )
 
     def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:

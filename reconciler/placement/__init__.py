@@ -53,11 +53,11 @@ from reconciler.placement.placer import (
     port_windows,
 )
 from reconciler.placement.rules import LLAMA_CPP, RPC_SERVER_NAMES, held_summary, llama_rank_reason, pool_name
-from reconciler.placement.summary import SUMMARY_NAMES, summarize
+from reconciler.placement.summary import SUMMARY_NAMES, reason_groups, summarize
 from reconciler.placement.unfittable import unfittable_problems
 
 __all__ = [
     "DIST_PORT_BASE", "LLAMA_CPP", "MAX_PORT", "PORT_SEARCH_SPAN", "RPC_SERVER_NAMES", "SUMMARY_NAMES",
     "Outcome", "PlacementResult", "Placer", "held_summary", "llama_rank_reason", "place",
-    "placement_order", "pool_name", "port_windows", "summarize", "unfittable_problems",
+    "placement_order", "pool_name", "port_windows", "reason_groups", "summarize", "unfittable_problems",
 ]

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Iterator
 
 from reconciler.model import ObservedNode
-from reconciler.vocabulary import GpuHealth, NodeState
+from reconciler.vocabulary import GpuHealth, LauncherKind, NodeState
 
 MAX_PORT = 65535
 
@@ -85,7 +85,7 @@ class NodeCapacity:
         self.id = spec.id
         self.obs = obs
         self.state, self.state_reason = _state(spec, obs)
-        self.launcher = getattr(spec, "launcher", "ssh")
+        self.launcher = getattr(spec, "launcher", LauncherKind.SSH)
         self.labels = spec.labels
         self.engines = obs.engines if obs is not None else None
         self.llama_cpp = obs.llama_cpp if obs is not None else None

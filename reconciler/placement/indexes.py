@@ -23,6 +23,7 @@ from reconciler.placement.rules import (
     weights_reason,
     without_disk,
 )
+from reconciler.vocabulary import LauncherKind
 
 
 class CandidateIndexes:
@@ -33,7 +34,7 @@ class CandidateIndexes:
         self.nodes = [NodeCapacity(i, spec, inventory.node(spec.id)) for i, spec in enumerate(specs)]
         self.by_id = {n.id: n for n in self.nodes}
         self.fabric_names = sorted({f for n in self.nodes for f in n.fabrics})
-        self.launchers = sorted({n.launcher for n in self.nodes}) or ["ssh"]
+        self.launchers = sorted({n.launcher for n in self.nodes}) or [LauncherKind.SSH]
         self._static_reasons: dict[tuple, list[Reason | None]] = {}
         self._indexes: dict[tuple, LevelIndex] = {}
         # Lookups by object identity: a profile's filters are hashed once, not once per replica.

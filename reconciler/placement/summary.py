@@ -14,6 +14,19 @@ from reconciler.model import Reason, RejectKind, Rejection, figure
 # Nodes named per group in a summary line unless --all is given.
 SUMMARY_NAMES = 3
 
+
+def reason_groups(rejections) -> list[tuple[str, list[tuple[str, list[str]]]]]:
+    """Per profile (in the order tried), its rejections grouped by their words, most nodes first: the
+    pull-request comment's and the dashboard's grouping. `rejections`: anything with .profile, .reason
+    (text) and .node (None for a pool's), so written rejections read back group as the plan's do."""
+    by_profile: dict[str, dict[str, list[str]]] = {}
+    for r in rejections:
+        by_profile.setdefault(r.profile, {}).setdefault(r.reason, [])
+        if r.node and r.node not in by_profile[r.profile][r.reason]:
+            by_profile[r.profile][r.reason].append(r.node)
+    return [(profile, sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+            for profile, groups in by_profile.items()]
+
 # --------------------------------------------------------------------------
 
 def _group(why: Reason) -> tuple[str, str] | None:

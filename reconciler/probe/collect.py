@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping
 
-from reconciler.errors import PERMANENT, TEMPORARY, CommandTimeout, OutputTooLarge, TransportError, kind_of
+from reconciler.errors import CommandTimeout, OutputTooLarge, TransportError, kind_of
 from reconciler.model import Fleet, Inventory, NodeSpec, ObservedNode
 from reconciler.probe.report import observed_from_report
 from reconciler.probe.script import BOOTSTRAP, payload
 from reconciler.transport import Transport, TransportPool
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import FailureKind, NodeState
 
 # The probe's own command line: fixed, no catalog value in it; everything else travels as JSON.
 PYTHON = "python3"
@@ -103,7 +103,7 @@ def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None, owner: s
     return [PYTHON, "-", args], _payload()
 
 
-def unreachable(spec: NodeSpec, reason: str, failure: str = TEMPORARY) -> ObservedNode:
+def unreachable(spec: NodeSpec, reason: str, failure: FailureKind = FailureKind.TEMPORARY) -> ObservedNode:
     """A node that did not answer, or whose answer cannot be read; `failure` says whether waiting can help."""
     return ObservedNode(id=spec.id, state=NodeState.UNREACHABLE, reason=reason, labels=spec.labels, failure=failure)
 
@@ -115,7 +115,7 @@ def _no_python(rc: int, stderr: str) -> bool:
 
 def unusable(spec: NodeSpec, reason: str) -> ObservedNode:
     """A node that answered with something the reconciler cannot place on (GPUs unknown, a report it cannot read)."""
-    return ObservedNode(id=spec.id, state=NodeState.UNUSABLE, reason=reason, labels=spec.labels, failure=PERMANENT)
+    return ObservedNode(id=spec.id, state=NodeState.UNUSABLE, reason=reason, labels=spec.labels, failure=FailureKind.PERMANENT)
 
 
 def command_timeout(spec: NodeSpec) -> float:
@@ -140,7 +140,7 @@ def _from_report(spec: NodeSpec, report: Mapping, started: float, clock, owner: 
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         # Valid JSON of the wrong shape (a probe that is not ours answering): nothing in it can be
         # trusted, its process records included, so the node counts as not answering.
-        return NodeProbe(unreachable(spec, f"probe report unreadable ({type(exc).__name__}: {str(exc)[:120]})", PERMANENT), (), True, clock() - started)
+        return NodeProbe(unreachable(spec, f"probe report unreadable ({type(exc).__name__}: {str(exc)[:120]})", FailureKind.PERMANENT), (), True, clock() - started)
     return NodeProbe(node, tuple(warnings), True, clock() - started)
 
 
@@ -192,7 +192,7 @@ def warm_result(spec: NodeSpec, answer: Callable[[], bytes], timeout: float, sta
     except CommandTimeout:
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
     except OutputTooLarge as exc:
-        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
+        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", FailureKind.PERMANENT), (), True, clock() - started)
     except concurrent.futures.CancelledError:
         # The request was dropped with its connection (a node cut off the network, the pool closing
         # it): an expected fault, said in words, never a traceback.
@@ -218,20 +218,20 @@ def probe_once(
     except CommandTimeout as exc:
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (exc.reason,), True, clock() - started)
     except OutputTooLarge as exc:
-        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", PERMANENT), (), True, clock() - started)
+        return NodeProbe(unreachable(spec, f"probe answer unreadable: {exc.reason}", FailureKind.PERMANENT), (), True, clock() - started)
     except TransportError as exc:
         return NodeProbe(unreachable(spec, exc.reason, kind_of(exc)), (), False, clock() - started)
     elapsed = clock() - started
     stderr = result.stderr[-4096:].decode(errors="replace").strip()
     if _no_python(result.rc, stderr):
-        return NodeProbe(unreachable(spec, "python3 is not on the node's login PATH; the probe needs it", PERMANENT), (stderr,), True, elapsed)
+        return NodeProbe(unreachable(spec, "python3 is not on the node's login PATH; the probe needs it", FailureKind.PERMANENT), (stderr,), True, elapsed)
     try:
         report = _decode_report(result.stdout)
     except ValueError:
         shown = (result.stdout[:120] or result.stderr[-200:]).decode(errors="replace").strip()
         why = f"probe exited {result.rc}" if result.rc != 0 else "probe printed something that is not a JSON report"
         # A node whose python3 is something else says the same next time: stalled until it changes.
-        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why, PERMANENT), (stderr[-500:],) if stderr else (), True, elapsed)
+        return NodeProbe(unreachable(spec, f"{why}: {shown!r}" if shown else why, FailureKind.PERMANENT), (stderr[-500:],) if stderr else (), True, elapsed)
     return _from_report(spec, report, started, clock, owner)
 
 

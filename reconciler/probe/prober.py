@@ -10,7 +10,7 @@ import traceback
 from collections import deque
 from typing import Callable, Iterable
 
-from reconciler.errors import BUG, TEMPORARY, TransportError
+from reconciler.errors import TransportError
 from reconciler.model import Fleet, Inventory, NodeSpec
 from reconciler.probe.collect import (
     SESSION_KEY,
@@ -24,7 +24,7 @@ from reconciler.probe.collect import (
     warm_result,
 )
 from reconciler.transport import KeepsStreams, TransportPool
-from reconciler.vocabulary import NodeState
+from reconciler.vocabulary import FailureKind, NodeState
 
 
 # How long a pass waits on a node that answered last time but not now, once other work is waiting.
@@ -130,7 +130,7 @@ class FleetProber:
         except _OneShot:
             return  # handed to a worker thread, which finishes the job
         except Exception as exc:  # noqa: BLE001  a bug in the probe: that node unreachable, the daemon goes on
-            job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}", BUG), (), False)
+            job.result = NodeProbe(unreachable(spec, f"probe failed: {type(exc).__name__}: {exc}", FailureKind.BUG), (), False)
             if log is not None:
                 log("probe.error", node=spec.id, error=f"{type(exc).__name__}: {exc}", msg=traceback.format_exc())
         self._settle(job, log)
@@ -251,7 +251,7 @@ class FleetProber:
             return job.result
         with self._lock:
             since, reason = self._down.get(spec.id, (None, ""))
-        held = self._last_failure.get(spec.id, TEMPORARY)
+        held = self._last_failure.get(spec.id, FailureKind.TEMPORARY)
         waited = self._clock() - job.started
         # Its last reason as it was: a reason that counted seconds would rewrite status/nodes.yaml every pass.
         why = reason or "no answer yet (its probe is still running)"

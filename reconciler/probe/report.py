@@ -7,7 +7,6 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from reconciler.agent_keys import Record
-from reconciler.errors import PERMANENT
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -20,7 +19,7 @@ from reconciler.model import (
     frozen_map,
 )
 from reconciler.probe.parse import DEFAULT_GID_PREFIX, fabric_name_for_prefix, gpu_class
-from reconciler.vocabulary import CheckResult, GpuHealth, NodeState
+from reconciler.vocabulary import CheckResult, FailureKind, GpuHealth, NodeState
 
 
 def _int(v, default=0) -> int:
@@ -250,7 +249,7 @@ def _gpu_verdict(spec: NodeSpec, report: Mapping) -> tuple[str, str, str]:
     # unknown, not absent. Placing on it as a GPU-less node would be a guess; what runs
     # there stays (its records were read), nothing new goes there.
     said = "".join(c if c.isascii() and c.isprintable() else "?" for c in str(gpu_error)[:300])
-    return (NodeState.UNUSABLE if spec.state == NodeState.READY else spec.state), f"GPUs unknown: {said}", PERMANENT
+    return (NodeState.UNUSABLE if spec.state == NodeState.READY else spec.state), f"GPUs unknown: {said}", FailureKind.PERMANENT
 
 
 def _llama_cpp(reported) -> LlamaCppBinaries | None:

@@ -15,6 +15,7 @@ from typing import Callable, Coroutine, Sequence, TypeVar
 
 from reconciler.errors import TransportError
 from reconciler.model import NodeSpec
+from reconciler.vocabulary import TransportKind
 from reconciler.ssh import remote
 from reconciler.ssh.config import resolve_target
 from reconciler.ssh.connect import Link, _Connector, _Shared
@@ -297,7 +298,7 @@ class TransportPool:
             if held is not None:
                 held[1].close()
             t: Transport
-            if node.transport == "local":
+            if node.transport == TransportKind.LOCAL:
                 t = LocalTransport(node.id, node.ssh.command_timeout_s)
             else:
                 t = SshTransport(
