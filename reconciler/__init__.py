@@ -63,6 +63,8 @@ The modules, top layer first; a module imports only from the layers below it
     rollout, backoff    how a spec change rolls out: surge or in place, one at a time (pure); the one
                         backoff: per replica how its tries went (crashes, failed starts), when it may be
                         tried next, and whether a try due now waits (pure)
+    canary              a canary rollout's state (Progressing, Promoting, Complete, Aborted) and how a
+                        pass moves it from its canary copies and the checks' measurements (pure)
     placement/, render  where replicas go (pure, every rejection kept): the Placer (placer) over the
                         explanations (summary, unfittable, rejections), its candidate indexes
                         (indexes), the filters (rules) and the free capacity (capacity); render: the

@@ -89,3 +89,15 @@ class WaitKind(StrEnum):
     # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
     # (memory.hold_drains; SPEC section 10).
     DRAINING = "draining"
+    # SPEC section 13: a change with `rollout:` held while its canary is checked, or after its abort.
+    CANARY = "canary"  # spec changed, the old copy serves on while the canary copies are checked
+    ROLLOUT_ABORTED = "rollout_aborted"  # the new spec's canary failed: not tried again until the spec changes
+
+
+class RolloutPhase(StrEnum):
+    """The state of a model's canary rollout (SPEC section 13; status/models `rollout.state`)."""
+
+    PROGRESSING = "Progressing"  # canary copies starting or being checked
+    PROMOTING = "Promoting"  # the checks held for analysis_s: the rest is replaced (section 7)
+    COMPLETE = "Complete"
+    ABORTED = "Aborted"  # a check failed or a canary copy did: canary stopped, the spec not tried again
