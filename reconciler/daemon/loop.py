@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import status as status_files
+from reconciler.canary import out_of_sync
 from reconciler.constants import Exit
 from reconciler.daemon.events import EventLog
 from reconciler.daemon.lock import DAEMON, CatalogLock, lock_path
@@ -278,6 +279,7 @@ class Daemon:
         if result is None:
             return
         observe_pass(self.metrics, result, catalog)
+        self.state.out_of_sync = tuple(out_of_sync(catalog.models, getattr(result, "rollouts", {})))
         nodes = result.inventory.nodes if result.inventory is not None else ()
         self.state.unreachable = node_events(self.log, nodes, self.state.unreachable)
 
