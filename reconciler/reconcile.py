@@ -318,11 +318,15 @@ def rollouts_after(catalog: Catalog, before: Mapping[str, Rollout], inventory: I
         if r != before.get(model.name) and (before.get(model.name) is None or r.state != before[model.name].state):
             log(Decision(model.name, "-", "rollout", f"{r.state}: {r.reason}", ok=r.state != RolloutPhase.ABORTED))
         out[model.name] = r
-        if r.state == RolloutPhase.PROGRESSING:
-            for rid in canary_ids(model):
-                st = replicas.get(rid)
-                if st is not None and on_target.get(rid):
-                    replicas[rid] = replace(st, canary=True)
+        for rid in canary_ids(model):
+            st = replicas.get(rid)
+            if st is None or not on_target.get(rid):
+                continue
+            if r.state == RolloutPhase.PROGRESSING:
+                replicas[rid] = replace(st, canary=True)
+            elif r.state == RolloutPhase.ABORTED and st.phase == Phase.READY:
+                # Out of every gateway file in the pass that aborted it; the next pass stops it, drained.
+                replicas[rid] = replace(st, phase=Phase.DRAINING, message=f"canary aborted: {r.reason}")
     return replicas, dict(sorted(out.items()))
 
 
