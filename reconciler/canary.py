@@ -241,3 +241,52 @@ def out_of_sync(models: Iterable[Model], rollouts: Mapping[str, Rollout]) -> lis
         if r is not None and r.state == RolloutPhase.ABORTED:
             said.append(f"{m.name}: rollout of revision {r.revision or 'HEAD'} aborted: {r.reason}")
     return said
+
+
+@frozen
+class RolloutView:
+    """A model's rollout as a plan shows it (`plan`, the PR comment, `explain`): its state, weight and
+    check figures, and what the next pass does about it, in words."""
+
+    model: str
+    state: RolloutPhase
+    weight: int
+    checks: tuple[CheckTally, ...]
+    next_step: str
+    reason: str = ""
+
+
+def view(model: Model, rollout: Rollout | None, changing: bool) -> RolloutView | None:
+    """What the plan says of the model's rollout (pure); None when there is nothing to say: no
+    `rollout:`, or no change under way and no rollout of this spec remembered."""
+    policy = model.rollout
+    if policy is None:
+        return None
+    r = current(model, rollout)
+    canaries = ", ".join(canary_ids(model))
+    if r is None:
+        if not changing:
+            return None
+        return RolloutView(model.name, RolloutPhase.PROGRESSING, policy.weight, (),
+                           f"a new spec: start the canary {canaries} with {policy.weight}% of the requests, then "
+                           f"check it every {policy.interval_s:g} s for {policy.analysis_s:g} s before the rest")
+    if r.state == RolloutPhase.PROGRESSING:
+        if r.ready_since is None:
+            step = f"wait for the canary {canaries} to be Ready, then check it every {policy.interval_s:g} s"
+        else:
+            step = (f"check the canary {canaries} every {policy.interval_s:g} s; promoted once the checks hold "
+                    f"for {policy.analysis_s:g} s, aborted past {policy.failure_limit} failed measurement"
+                    f"{'s' * (policy.failure_limit != 1)} of a check")
+    elif r.state == RolloutPhase.PROMOTING:
+        step = "replace the remaining old copies as section 7 says (each drained)"
+    elif r.state == RolloutPhase.ABORTED:
+        step = "stop the canary copies (drained); the old spec serves on, and this spec is not tried again until it changes"
+    else:
+        step = "nothing: every copy runs the new spec"
+    return RolloutView(model.name, r.state, r.weight, r.checks, step, r.reason)
+
+
+def checks_text(checks: Iterable[CheckTally]) -> str:
+    """`request 3 passed, 1 failed (request: 1 of 2 failed: HTTP 500)`, each check, for one line."""
+    return "; ".join(f"{c.name} {c.passed} passed, {c.failed} failed" + (f" ({c.last})" if c.last else "")
+                     for c in checks)

@@ -40,7 +40,7 @@ from functools import cached_property, partial
 from typing import Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key, backoff_delay
-from reconciler.canary import Rollout, canary_ids, phase_for_plan
+from reconciler.canary import Rollout, RolloutView, canary_ids, phase_for_plan, view
 from reconciler.frozen import frozen
 from reconciler.inventory import utc_text
 from reconciler.model import (
@@ -124,6 +124,8 @@ class Plan:
     revision: str | None = None
     # Copies draining after this plan (memory.hold_drains), by drain_key: the pass memory keeps them.
     draining: Mapping[str, Drain] = field(default_factory=dict)
+    # Each canary rollout under way or remembered, and the plan's next step for it (SPEC section 13).
+    rollouts: tuple[RolloutView, ...] = ()
 
     @property
     def placed_on(self) -> dict[str, tuple[str, ...]]:
@@ -559,7 +561,14 @@ class _Diff:
             observed=self.observed,
             backoff=dict(sorted(self._backoff_after().items())),
             revision=self.catalog.revision,
+            rollouts=self.rollout_views(),
         )
+
+    def rollout_views(self) -> tuple[RolloutView, ...]:
+        changing = {c.model.name for c in self.changes}
+        views = (view(m, self.rollouts[m.name][1], m.name in changing) for m in self.catalog.models
+                 if m.name in self.rollouts)
+        return tuple(v for v in views if v is not None)
 
 
 def _held_start(start: Action, tries: Backoff) -> Waiting:

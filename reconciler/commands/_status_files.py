@@ -83,6 +83,8 @@ def model_entry(path: Path, doc: Any) -> dict:
              "ready": doc.get("ready"), "replicas": replicas}
     if isinstance(doc.get("autoscale"), dict):  # SPEC section 11: the count in force and why
         entry["autoscale"] = doc["autoscale"]
+    if isinstance(doc.get("rollout"), dict):  # SPEC section 13: the canary rollout, its weight and checks
+        entry["rollout"] = doc["rollout"]
     return entry
 
 

@@ -40,6 +40,8 @@ def message_text(replica: dict) -> str:
     """The message on one line; a Failed replica's failure kind beside it, as `nodes` shows a node's:
     temporary (retried with backoff) or permanent (stalled until the catalog or the node changes)."""
     message = " ".join(str(replica.get("message") or "").split())
+    if replica.get("canary") is True:  # a canary copy of a rollout Progressing (SPEC section 13)
+        message = f"canary copy; {message}" if message else "canary copy"
     failure = replica.get("failure")
     return f"{message} ({failure})" if failure in ("temporary", "permanent") else message
 
@@ -73,6 +75,23 @@ def autoscale_lines(status: CatalogStatus) -> list[str]:
         reason = " ".join(str(a.get("reason") or "").split())
         out.append(f"{model['name']}: replicas {a.get('min')}-{a.get('max')} (now {a.get('current')}{wants})"
                    + (f": {reason}" if reason else ""))
+    return out
+
+
+def rollout_lines(status: CatalogStatus) -> list[str]:
+    """Per model with a canary rollout: `chat: rollout Progressing (canary weight 10%): ...`, then its checks."""
+    out = []
+    for model in status.models:
+        r = model.get("rollout")
+        if not isinstance(r, dict):
+            continue
+        reason = " ".join(str(r.get("reason") or "").split())
+        out.append(f"{model['name']}: rollout {r.get('state')} (canary weight {r.get('weight')}%)"
+                   + (f": {reason}" if reason else ""))
+        for c in r.get("checks") or []:
+            if isinstance(c, dict):
+                out.append(f"  {c.get('name')}: {c.get('passed')} passed, {c.get('failed')} failed"
+                           + (f"; last: {c.get('last')}" if c.get("last") else ""))
     return out
 
 
@@ -114,7 +133,7 @@ def print_text(status: CatalogStatus) -> None:
             console.print(table)
         sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     console.print(summary(status))
-    for line in autoscale_lines(status):
+    for line in autoscale_lines(status) + rollout_lines(status):
         console.print(line)
 
 
