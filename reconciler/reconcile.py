@@ -282,7 +282,9 @@ def rollouts_after(catalog: Catalog, before: Mapping[str, Rollout], inventory: I
     canary.checks_due says so; canary.advance decides the rest."""
     measure = measure or measure_checks
     records = ranks_by_replica(inventory)
-    failed_now = {d.replica: d.reason for d in decisions if d.action == "fail"}
+    # A start or replace of this pass that failed (a refused launch, a new copy never Ready): the copy may be
+    # gone already, so the decision says it, not the records.
+    failed_now = {d.replica: d.reason for d in decisions if not d.ok and d.action in ("fail", "health")}
     out = {name: r for name, r in before.items() if catalog.model(name) is not None}
     replicas = dict(replicas)
     for model in catalog.models:

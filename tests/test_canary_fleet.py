@@ -6,6 +6,7 @@
      starts and turns Ready as a broken quantization or chat template would: the request check catches
      it, the rollout aborts, the canary copy drains and stops, the stable copy serves on untouched,
      and applying again does not try the aborted spec;
+  B2 another bad one whose canary fails to start: aborted as well, the stable copy untouched;
   C  a good one: canary first (weighted in litellm.yaml, marked in status and endpoints.yaml), then
      promoted and Complete, every copy on the new spec and weighing the same.
 
@@ -52,15 +53,21 @@ def fleet():
         f.close()
 
 
-def apply(root: Path, state: Path) -> subprocess.CompletedProcess:
+def cli(root: Path, state: Path, command: str, *args: str) -> subprocess.CompletedProcess:
+    """The reconciler's CLI on this catalog, with this test's memory (XDG_STATE_HOME) and this checkout's code."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_STATE_HOME": str(state)}
-    return subprocess.run([sys.executable, "-m", "reconciler", "apply", str(root)], env=env,
+    return subprocess.run([sys.executable, "-m", "reconciler", command, *args, str(root)], env=env,
                           capture_output=True, text=True, timeout=900)
 
 
-def write_model(root: Path, source: str, args: list[str]) -> None:
+def apply(root: Path, state: Path) -> subprocess.CompletedProcess:
+    return cli(root, state, "apply")
+
+
+def write_model(root: Path, source: str, args: list[str], **profile) -> None:
     doc = {"name": "gemma", "source": source, "replicas": 2, "drain_s": 5, "rollout": ROLLOUT,
-           "profiles": [{"name": "cpu", "engine": "llama.cpp", "port": PORT, "start_timeout_s": 300, "args": args}]}
+           "profiles": [{"name": "cpu", "engine": "llama.cpp", "port": PORT, "start_timeout_s": 300, "args": args,
+                         **profile}]}
     (root / "models" / "gemma.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -126,6 +133,17 @@ def test_a_bad_revision_is_aborted_by_its_request_check_and_a_good_one_is_promot
     again = apply(root, state)
     assert "start" not in [line.split()[2] for line in again.stdout.splitlines() if len(line.split()) > 2]
 
+    # B2: a canary that fails to start (a LoRA adapter that is not there: llama-server exits) aborts too.
+    write_model(root, source, STABLE_ARGS + ["--lora", "/nonexistent/adapter.gguf"])
+    for _ in range(4):
+        done = apply(root, state)
+        assert "Traceback" not in done.stderr, done.stderr
+        if model_status(root)["rollout"]["state"] == "Aborted":
+            break
+    rollout = model_status(root)["rollout"]
+    assert rollout["state"] == "Aborted" and rollout["reason"].startswith("canary gemma-0 failed"), rollout
+    assert endpoint(model_status(root), "gemma-1") == stable_url and litellm(root) == [("gemma-1", None)]
+
     # C: a good revision. Its canary serves 25 % of the gateway's requests while it is checked.
     write_model(root, source, ["-c", "640", "-np", "1"])
     done = apply(root, state)
@@ -138,6 +156,13 @@ def test_a_bad_revision_is_aborted_by_its_request_check_and_a_good_one_is_promot
     ends = yaml.safe_load((root / "status" / "endpoints.yaml").read_text())
     assert ends["canary"] == {"gemma": [endpoint(status, "gemma-0")]}
     assert endpoint(status, "gemma-1") == stable_url  # the old copy serves on beside its canary
+    # status, explain and the pull-request comment say the same.
+    shown = cli(root, state, "status").stdout
+    assert "gemma: rollout Progressing (canary weight 25%)" in shown and "canary copy" in shown
+    explained = cli(root, state, "explain", "gemma").stdout
+    assert "rollout gemma: Progressing, canary weight 25%" in explained and "checks: request 1 passed" in explained
+    comment = cli(root, state, "plan", "--format", "markdown").stdout
+    assert "| `gemma` | Progressing" in comment and "| 25% |" in comment
     assert status["rollout"]["checks"][0]["passed"] >= 1 and status["rollout"]["checks"][0]["failed"] == 0
     for _ in range(5):  # promotion replaces the old copy as section 7 does; a pass or two
         if model_status(root)["rollout"]["state"] == "Complete":
