@@ -190,7 +190,11 @@ def _progress(model: Model, r: Rollout, canaries: Sequence[CanaryCopy], measurem
     if now - ready_since >= policy.analysis_s and measured_all:
         return replace(r, state=RolloutPhase.PROMOTING, since=now, ready_since=ready_since, next_check_at=None,
                        reason=f"checks held for analysis_s {policy.analysis_s:g} s: the rest is replaced")
-    next_check = now + policy.interval_s if measurements else (r.next_check_at if r.next_check_at is not None else now)
+    # Without checks nothing is measured: the next look is an interval on, never `now` (the daemon would spin).
+    if measurements or not r.checks:
+        next_check = now + policy.interval_s
+    else:
+        next_check = r.next_check_at if r.next_check_at is not None else now
     left = max(0.0, policy.analysis_s - (now - ready_since))
     return replace(r, ready_since=ready_since, next_check_at=next_check,
                    reason=f"canary serving {r.weight}% of requests; checks must hold {left:g} s more")

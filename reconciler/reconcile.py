@@ -204,7 +204,8 @@ def run_pass(
         result.replicas, result.rollouts = rollouts_after(catalog, memory.rollouts, result.inventory, result.replicas,
                                                           actor.decisions, now, log=log, measure=measure)
         # The daemon wakes for a canary's next measurement, or the end of its analysis, as for a drain.
-        wakes = [next_wake(m, result.rollouts.get(m.name)) for m in catalog.models]
+        wakes = [t for t in (next_wake(m, result.rollouts.get(m.name)) for m in catalog.models)
+                 if t is not None and t > now]  # one already due was measured in this pass
         result.next_pass_at = min((t for t in (result.next_pass_at, *wakes) if t is not None), default=None)
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]

@@ -141,3 +141,10 @@ def test_an_aborted_spec_puts_the_model_out_of_sync_by_name():
     assert said.startswith("chat: rollout of revision b aborted: canary chat-0 failed: HTTP 500")
     assert out_of_sync([NEW], {}) == []
 
+
+
+def test_a_rollout_without_checks_wakes_an_interval_on_and_promotes_after_analysis():
+    bare = replace(NEW, rollout=replace(POLICY, request=None))
+    r = advance(bare, None, old_copies=2, canaries=READY, now=100)
+    assert r.checks == () and r.next_check_at == 110 and next_wake(bare, r) == 110
+    assert advance(bare, r, old_copies=2, canaries=READY, now=131).state == RolloutPhase.PROMOTING
