@@ -150,7 +150,11 @@ def advance(model: Model, rollout: Rollout | None, *, old_copies: int, canaries:
             # Nothing runs the old spec (a first start, or a spec changed back to what runs): nothing to
             # roll out. A finished rollout of this spec is kept, so status still says how it went.
             return rollout if rollout is not None and rollout.target == spec_key(model) else None
-        ongoing = begin(model, now, revision, from_revision if rollout is None else rollout.revision or from_revision)
+        # Rolled away from what the old copies run (their records say it); without that, a previous
+        # rollout that completed names it. An aborted one never ran anywhere but on its canary.
+        if from_revision is None and rollout is not None and rollout.state == RolloutPhase.COMPLETE:
+            from_revision = rollout.revision
+        ongoing = begin(model, now, revision, from_revision)
     if ongoing.state == RolloutPhase.PROGRESSING:
         return _progress(model, ongoing, canaries, measurements, now)
     if ongoing.state == RolloutPhase.PROMOTING and old_copies == 0:

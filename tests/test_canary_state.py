@@ -90,11 +90,20 @@ def test_an_aborted_spec_stays_aborted_whatever_the_canary_does_next():
     assert again == r and phase_for_plan(NEW, again) == RolloutPhase.ABORTED
 
 
-def test_a_new_spec_after_an_abort_begins_again_from_the_aborted_revision():
-    r = advance(NEW, None, old_copies=2, canaries=[CanaryCopy("chat-0", Phase.FAILED)], now=1, revision="b")
+def test_a_new_spec_after_an_abort_begins_again_from_what_the_old_copies_run():
+    r = advance(NEW, None, old_copies=2, canaries=[CanaryCopy("chat-0", Phase.FAILED)], now=1, revision="b",
+                from_revision="a")
     newer = replace(NEW, profiles=(replace(P, args=("-c", "2048")),))
-    again = advance(newer, r, old_copies=3, canaries=STARTING, now=50, revision="c")
-    assert again.state == RolloutPhase.PROGRESSING and again.target == spec_key(newer) and again.from_revision == "b"
+    again = advance(newer, r, old_copies=3, canaries=STARTING, now=50, revision="c", from_revision="a")
+    assert again.state == RolloutPhase.PROGRESSING and again.target == spec_key(newer) and again.from_revision == "a"
+    unknown = advance(newer, r, old_copies=3, canaries=STARTING, now=50, revision="c")
+    assert unknown.from_revision is None  # never the aborted revision: it runs nowhere
+
+
+def test_after_a_completed_rollout_the_next_one_rolls_away_from_its_revision():
+    done = replace(begin(NEW, 0, "b", "a"), state=RolloutPhase.COMPLETE)
+    newer = replace(NEW, profiles=(replace(P, args=("-c", "2048")),))
+    assert advance(newer, done, old_copies=3, canaries=STARTING, now=9, revision="c").from_revision == "b"
 
 
 def test_promoting_completes_once_no_old_copy_runs():
