@@ -64,6 +64,7 @@ def test_endpoints_mark_canary_urls_and_status_shows_the_rollout_and_the_canary_
 def test_catalog_status_names_a_model_whose_rollout_was_aborted():
     doc = catalog_document(CatalogStatus("b", "b", "applied", out_of_sync=("chat: rollout of revision b aborted: x",)))
     assert doc["out_of_sync"] == ["chat: rollout of revision b aborted: x"]
+    validator("status-catalog").validate(doc)
     assert "out_of_sync" not in catalog_document(CatalogStatus("b", "b", "applied"))
 
 
