@@ -1,6 +1,7 @@
 """The canary's prometheus check against a REAL Prometheus (Debian's package, as tests/test_gateway_real.py
 runs it): a query within its bound, one past it, $CANARY and $STABLE substituted into label regexes,
-a PromQL error and an unreachable address, each a measurement that says why, never a traceback."""
+a PromQL error, an unreachable address, and a request or query that times out against a real socket
+that never answers: each a measurement that says why, never a traceback."""
 
 from __future__ import annotations
 
@@ -64,3 +65,20 @@ def test_an_unreachable_prometheus_is_a_failed_measurement_that_says_so():
     address = f"http://127.0.0.1:{free_loopback_port()}"  # nothing listens there
     [(name, ok, said)] = checked(address, PrometheusQuery("errors", "up", max=1))
     assert not ok and said == f"errors: Prometheus at {address} did not answer: connection refused (nothing listens on that port)"
+
+
+def test_a_check_request_that_times_out_is_a_failed_measurement_that_says_so():
+    import socket
+
+    from reconciler.model import RequestCheck
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        model = Model("chat", "/m", replicas=2, rollout=RolloutPolicy(
+            request=RequestCheck(timeout_s=0.5),
+            prometheus=PrometheusCheck(f"http://127.0.0.1:{port}", (PrometheusQuery("errors", "up", max=1),), 0.5)))
+        out = {m.check: (m.ok, m.said) for m in measure(model, [Target("chat-0", "127.0.0.1", port)], [])}
+    assert out["request"] == (False, "request: 2 of 2 failed: no answer within 0.5s")
+    assert out["errors"] == (False, f"errors: Prometheus at http://127.0.0.1:{port} did not answer: no answer within 0.5s")
