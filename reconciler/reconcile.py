@@ -185,7 +185,7 @@ def run_pass(
         # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
         #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
         if write_status:
-            actor.on_change = _progress_writer(catalog, plan, actor, counts)
+            actor.on_change = _progress_writer(catalog, plan, actor, counts, memory.rollouts)
         no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
         # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
         #     decisions in the plan's order. One action's failure never stops the others.
@@ -472,7 +472,8 @@ PROGRESS_WRITE_EVERY_S = 2.0
 
 
 def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
-                     autoscale: Mapping[str, AutoscaleState]) -> Callable[[], None]:
+                     autoscale: Mapping[str, AutoscaleState],
+                     rollouts: Mapping[str, Rollout] | None = None) -> Callable[[], None]:
     """status/models rewritten mid-pass, so a person sees a Fetching replica's bytes done/total (at most
     every PROGRESS_WRITE_EVERY_S) and a Stopping one (at once), during the pass, not only after it."""
     last = [0.0]
@@ -488,6 +489,7 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
             result = predicted_pass(catalog, plan)
             result.replicas.update(actor.states)
             result.autoscale = dict(autoscale)  # the count in force, so a mid-pass file never reads as min
+            result.rollouts = dict(rollouts or {})  # and the rollout as the pass began, not none
             try:
                 write_pass(catalog, result, nodes=False)
             except ReconcilerError:

@@ -199,6 +199,7 @@ def main(args) -> int:
     if args.write_status:
         predicted = predicted_pass(catalog, pl, observed_revisions(inventory))
         predicted.autoscale = scaling  # the count in force, kept: a plan never moves it
+        predicted.rollouts = dict(load_memory(memory_path(catalog.root)).rollouts)  # kept as well
         write_pass(catalog, predicted, nodes=False)
         for warning in predicted.decisions:  # a gateway file edited by hand
             print(f"reconciler: warning: {warning.reason}", file=sys.stderr)
