@@ -79,3 +79,17 @@ def test_a_model_without_rollout_updates_as_before():
     plain = replace(M, rollout=None)
     p = plan(catalog(F, plain), running("old", "old", "old"))
     assert kinds(p) == [("replace", "m-0")] and waits(p) == {"m-1": WaitKind.ONE_AT_A_TIME, "m-2": WaitKind.ONE_AT_A_TIME}
+
+
+def test_autoscaling_keeps_working_during_a_rollout():
+    # The load asked for a fourth replica while the canary is checked: it starts (on the catalog's
+    # spec, the only one there is), and the canary still replaces only m-0.
+    f5 = fleet(*(node_spec(n) for n in "abcde"))
+    scaled_up = replace(M, replicas=4)
+    p = plan(catalog(f5, scaled_up), inventory(*running("old", "old", "old").nodes, observed("e", gpu=gpus(8))))
+    assert sorted(kinds(p)) == [("replace", "m-0"), ("start", "m-3")]
+    assert waits(p) == {"m-1": WaitKind.CANARY, "m-2": WaitKind.CANARY}
+    # And scaling down takes the highest ordinal, never the canary.
+    r = begin(M, 0, "b", "a")
+    down = plan(catalog(F, replace(M, replicas=2)), running(NEW, "old", "old"), rollouts={"m": r})
+    assert kinds(down) == [("stop", "m-2")]
