@@ -36,7 +36,9 @@ The modules, top layer first; a module imports only from the layers below it
     observed,           how a replica of an earlier pass is doing; the order actions need when they
     scheduling,         run at once, and the buffers their effects go to; the pass's autoscale step
     scaling             (each Ready replica's load read once, through engine_metrics; autoscale decides)
-    engine_metrics      requests running and waiting, from an engine's own /metrics (draining, autoscaling)
+    engine_metrics,     requests running and waiting, from an engine's own /metrics (draining, autoscaling);
+    canary_checks       a canary's checks measured: its request sent to canary and stable copies, PromQL
+                        through Prometheus's HTTP API; every fault a failed measurement in words
     gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
                         (each replica's backoff, grace periods, drains), kept between one-shot applies
@@ -64,6 +66,8 @@ The modules, top layer first; a module imports only from the layers below it
     rollout, backoff    how a spec change rolls out: surge or in place, one at a time (pure); the one
                         backoff: per replica how its tries went (crashes, failed starts), when it may be
                         tried next, and whether a try due now waits (pure)
+    canary              a canary rollout's state (Progressing, Promoting, Complete, Aborted) and how a
+                        pass moves it from its canary copies and the checks' measurements (pure)
     placement/, render  where replicas go (pure, every rejection kept): the Placer (placer) over the
                         explanations (summary, unfittable, rejections), its candidate indexes
                         (indexes), the filters (rules) and the free capacity (capacity); render: the

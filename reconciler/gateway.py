@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from reconciler.canary import canary_weights
 from reconciler.frozen import frozen
 from reconciler.model import Catalog, Model, replica_ordinal
 from reconciler.outcomes import ReplicaState
@@ -39,6 +40,12 @@ class Head:
     target: str  # <data_address>:<port>, an IPv6 address bracketed
     api_base: str  # http://<data_address>:<port>/v1
     engine: str
+    canary: bool = False  # a canary copy of a rollout Progressing (SPEC section 13)
+
+    @property
+    def entry_id(self) -> str:
+        """The gateway entry's id (LiteLLM returns it as x-litellm-model-id): `/canary` marks a canary copy."""
+        return f"{self.replica}/canary" if self.canary else self.replica
 
 
 def ready_heads(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> list[Head]:
@@ -54,7 +61,7 @@ def ready_heads(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> list[
             if spec is None or profile is None or not head.port:
                 continue  # nowhere a gateway could reach it
             heads.append(Head(model, state.replica, head.node, spec.data_host.with_port(head.port),
-                              spec.data_host.url(head.port, "/v1"), profile.engine))
+                              spec.data_host.url(head.port, "/v1"), profile.engine, canary=state.canary))
     return heads
 
 
@@ -62,19 +69,40 @@ def litellm_document(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> 
     """status/gateway/litellm.yaml: one model_list entry per Ready replica; entries of one model share
     its served name, so LiteLLM load-balances over them."""
     entries = []
-    for h in ready_heads(catalog, replicas):
+    heads = ready_heads(catalog, replicas)
+    weights = canary_weights_of(heads)
+    for h in heads:
         provider = LITELLM_PROVIDER.get(h.engine, DEFAULT_PROVIDER)
+        params = {
+            "model": f"{provider}/{h.model.served}",
+            "api_base": h.api_base,
+            # The engines are started without a key; LiteLLM's OpenAI client needs one to send.
+            "api_key": "none",
+        }
+        if h.model.name in weights:
+            params["weight"] = weights[h.model.name][h.canary]
         entries.append({
             "model_name": h.model.served,
-            "litellm_params": {
-                "model": f"{provider}/{h.model.served}",
-                "api_base": h.api_base,
-                # The engines are started without a key; LiteLLM's OpenAI client needs one to send.
-                "api_key": "none",
-            },
-            "model_info": {"id": h.replica},
+            "litellm_params": params,
+            "model_info": {"id": h.entry_id},
         })
     return {"model_list": entries}
+
+
+def canary_weights_of(heads: list[Head]) -> dict[str, dict[bool, int]]:
+    """Per model with canary and stable heads both Ready: LiteLLM weights (stable, canary) that give its
+    canary copies `rollout.canary.weight` percent of its requests together (SPEC section 13); a model
+    without a canary serving has none, so all its copies weigh the same."""
+    out = {}
+    for name in dict.fromkeys(h.model.name for h in heads):
+        mine = [h for h in heads if h.model.name == name]
+        canaries = sum(h.canary for h in mine)
+        policy = mine[0].model.rollout
+        if policy is None or not canaries or canaries == len(mine):
+            continue
+        c, s = canary_weights(policy.weight, canaries, len(mine) - canaries)
+        out[name] = {True: c, False: s}
+    return out
 
 
 def prometheus_targets(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -> list[dict]:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key
+from reconciler.canary import CheckTally, Rollout
 from reconciler.inventory import inventory_from_document, inventory_to_document, utc_text
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
 from reconciler.outcomes import GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
 from reconciler.status import write_rendered
 from reconciler.plan import Drain, Plan, Waiting, drain_key, plan as make_plan
-from reconciler.vocabulary import ActionKind, FailureKind, NodeState, Phase, WaitKind
+from reconciler.vocabulary import ActionKind, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
 # SPEC section 9, the crash-loop breaker: this many failed starts (or crashes before Ready) in a row
 # of one replica on the same GPUs quarantine those GPUs for fleet.yaml's gpu_quarantine_s.
@@ -65,6 +66,7 @@ def remember(
         gpu_strikes=wanted(strikes),
         quarantines=quarantines,
         draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
+        rollouts=dict(memory.rollouts),  # moved after the pass's checks (reconcile.rollouts_after)
     )
 
 
@@ -302,6 +304,7 @@ def memory_to_document(memory: PassMemory) -> dict:
                         for rid, s in sorted(memory.gpu_strikes.items())},
         "quarantines": [{"node": n, "gpu": i, "reason": q.reason, "until": q.until, "uuid": q.uuid}
                         for (n, i), q in sorted(memory.quarantines.items())],
+        "rollouts": {name: _rollout_document(r) for name, r in sorted(memory.rollouts.items())},
     }
 
 
@@ -319,6 +322,7 @@ def memory_from_document(doc: Any) -> PassMemory:
                          for rid, s in (doc.get("gpu_strikes") or {}).items()},
             quarantines={(str(q["node"]), int(q["gpu"])): Quarantine(str(q["reason"]), float(q["until"]), str(q.get("uuid", "")))
                          for q in doc.get("quarantines") or ()},
+            rollouts={str(name): _rollout(r) for name, r in (doc.get("rollouts") or {}).items()},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return PassMemory()
@@ -375,6 +379,23 @@ def _backoff(doc: Mapping[str, Any]) -> Backoff:
     )
 
 
+def _rollout_document(r: Rollout) -> dict[str, Any]:
+    return {**dataclasses.asdict(r), "state": str(r.state), "checks": [dataclasses.asdict(c) for c in r.checks]}
+
+
+def _rollout(doc: Mapping[str, Any]) -> Rollout:
+    """A rollout from the memory document; a state this release does not know is an error (forgotten)."""
+    def opt(key: str) -> float | None:
+        return None if doc.get(key) is None else float(doc[key])
+
+    return Rollout(
+        str(doc["model"]), RolloutPhase(doc["state"]), str(doc["target"]), float(doc["since"]), int(doc["weight"]),
+        revision=doc.get("revision"), from_revision=doc.get("from_revision"),
+        checks=tuple(CheckTally(str(c["name"]), int(c["passed"]), int(c["failed"]), str(c["last"]))
+                     for c in doc.get("checks") or ()),
+        reason=str(doc.get("reason", "")), ready_since=opt("ready_since"), next_check_at=opt("next_check_at"))
+
+
 def _drain(doc: Mapping[str, Any]) -> Drain:
     return Drain(str(doc["replica"]), str(doc["model"]), tuple(str(n) for n in doc["nodes"]), int(doc["port"]),
                  str(doc["engine"]), float(doc["started"]), float(doc["until"]), profile=str(doc.get("profile", "")))
@@ -389,7 +410,7 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
     inventory = with_quarantines(inventory, memory.quarantines, now)
     planned = make_plan(
         catalog, inventory, now=now, backoff=memory.backoff, unreachable_since=memory.unreachable_since,
-        last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
+        last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain, rollouts=memory.rollouts,
     )
     # Serving copies to be stopped drain first (hold_drains).
     return hold_drains(planned, catalog, memory.draining, now)
@@ -410,7 +431,7 @@ def _frozen(memory: PassMemory) -> tuple:
     return (tuple(sorted(memory.backoff.items())), tuple(sorted(memory.unreachable_since.items())),
             memory.last_seen, tuple(sorted(memory.placed_on.items())),
             tuple(sorted(memory.gpu_strikes.items())), tuple(sorted(memory.quarantines.items())),
-            tuple(sorted(memory.draining.items())))
+            tuple(sorted(memory.draining.items())), tuple(sorted(memory.rollouts.items())))
 
 
 def save_memory(path: Path, memory: PassMemory) -> None:

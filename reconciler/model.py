@@ -256,6 +256,47 @@ class UpdatePolicy:
 
 
 @frozen
+class RequestCheck:
+    """`rollout.checks.request`: one request sent to each canary copy and to the stable ones (SPEC section 13)."""
+
+    path: str = "/v1/chat/completions"
+    body_json: str = "{}"  # the body as written, as JSON text: a frozen value, sent as is
+    status: int = 200
+    contains: str | None = None  # on the generated text
+    matches: str | None = None  # a regex (re.search) on the generated text
+    max_latency_ratio: float | None = None  # canary p95 over stable p95
+    timeout_s: float = 30.0
+
+
+@frozen
+class PrometheusQuery:
+    name: str
+    query: str  # $MODEL, $CANARY, $STABLE substituted when it is sent
+    max: float | None = None
+    min: float | None = None
+
+
+@frozen
+class PrometheusCheck:
+    address: str  # http(s)://host:port
+    queries: tuple[PrometheusQuery, ...] = ()
+    timeout_s: float = 10.0
+
+
+@frozen
+class RolloutPolicy:
+    """`rollout:` of a model: a canary of a new spec, checked while it serves (SPEC section 13)."""
+
+    canary_replicas: int = 1
+    weight: int = 10  # percent of the model's gateway traffic the canary copies get together
+    analysis_s: float = 300.0
+    interval_s: float = 10.0
+    failure_limit: int = 1  # failed measurements tolerated per check; one more aborts
+    request: RequestCheck | None = None
+    prometheus: PrometheusCheck | None = None
+
+
+@frozen
 class FetchPolicy:
     """How a node that lacks a path source's weights gets them (SPEC section 7)."""
 
@@ -283,6 +324,7 @@ class Model:
     # None: the default rollout (surge into room no missing replica needs, else in place, one at a time).
     update: UpdatePolicy | None = None
     fetch: FetchPolicy | None = None
+    rollout: RolloutPolicy | None = None  # None: a spec change rolls out as `update` says (section 7)
     # What the engine and every gateway entry call the model (SPEC section 10); None: its name.
     served_name: str | None = None
     # How long a Ready replica the reconciler stops waits for its requests to end (SPEC section 10).

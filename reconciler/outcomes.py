@@ -15,6 +15,7 @@ from typing import Mapping
 
 from reconciler.autoscale import AutoscaleState
 from reconciler.backoff import Backoff
+from reconciler.canary import Rollout
 from reconciler.frozen import frozen
 from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
 from reconciler.plan import Drain, Plan
@@ -56,6 +57,8 @@ class ReplicaState:
     # (a timeout, a crash, a taken port); PERMANENT: stalled until the catalog or the node changes (the
     # engine's binary is not on the node, a launch that cannot be rendered). None when not Failed.
     failure: FailureKind | None = None
+    # A canary copy: it runs the new spec of a rollout still Progressing (SPEC section 13).
+    canary: bool = False
 
 
 @frozen
@@ -92,6 +95,8 @@ class PassMemory:
     draining: Mapping[str, Drain] = field(default_factory=dict)
     gpu_strikes: Mapping[str, "GpuStrikes"] = field(default_factory=dict)
     quarantines: Mapping[tuple[str, int], Quarantine] = field(default_factory=dict)
+    # model -> its canary rollout (reconciler/canary.py; SPEC section 13): kept here, not in git
+    rollouts: Mapping[str, Rollout] = field(default_factory=dict)
 
 
 @frozen
@@ -124,6 +129,8 @@ class PassResult:
     next_pass_at: float | None = None
     # The nodes that pass is about (reconcile.wake_nodes): the daemon probes only these for it.
     next_pass_nodes: frozenset[str] = frozenset()
+    # Model -> its canary rollout after this pass (SPEC section 13; status/models `rollout:`).
+    rollouts: dict[str, Rollout] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

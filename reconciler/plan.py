@@ -23,7 +23,10 @@ What it decides, in the order the actions come out:
           and left nothing running waits out its backoff, or stays stalled.
 6. replace a replica whose spec changed (reconciler/rollout.py), decided after
           the starts so that it only ever takes room no missing replica needs:
-          surge beside the old copy, else in place on its own nodes.
+          surge beside the old copy, else in place on its own nodes. A model with
+          `rollout:` (reconciler/canary.py) replaces only its canary replicas while
+          Progressing, the rest once Promoting; Aborted, it stops the canary copies
+          (drained) and keeps the old ones, starting nothing of the aborted spec.
 
 Stops come first so that what they free is free by the time anything starts.
 """
@@ -37,6 +40,7 @@ from functools import cached_property, partial
 from typing import Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key, backoff_delay
+from reconciler.canary import Rollout, RolloutView, canary_ids, phase_for_plan, view
 from reconciler.frozen import frozen
 from reconciler.inventory import utc_text
 from reconciler.model import (
@@ -54,7 +58,7 @@ from reconciler.copies import (
 )
 from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
 from reconciler.rollout import WAIT, SpecChange, roll_out
-from reconciler.vocabulary import ActionKind, GpuHealth, NodeState, WaitKind
+from reconciler.vocabulary import ActionKind, GpuHealth, NodeState, RolloutPhase, WaitKind
 
 # A replica with no tries behind it.
 _NO_TRIES = Backoff()
@@ -120,6 +124,8 @@ class Plan:
     revision: str | None = None
     # Copies draining after this plan (memory.hold_drains), by drain_key: the pass memory keeps them.
     draining: Mapping[str, Drain] = field(default_factory=dict)
+    # Each canary rollout under way or remembered, and the plan's next step for it (SPEC section 13).
+    rollouts: tuple[RolloutView, ...] = ()
 
     @property
     def placed_on(self) -> dict[str, tuple[str, ...]]:
@@ -182,6 +188,7 @@ def plan(
     last_seen: Inventory | None = None,
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
+    rollouts: Mapping[str, Rollout] | None = None,
 ) -> Plan:
     """Compare the catalog with what runs and decide what to do, each action with its reason.
 
@@ -198,10 +205,11 @@ def plan(
     explain            model names whose placed replicas keep the rejections of skipped profiles.
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
+    rollouts           per model, its canary rollout as the last pass left it (PassMemory.rollouts).
     """
     grace_s = catalog.fleet.unreachable_grace_s if grace_s is None else grace_s
     diff = _Diff(catalog, inventory, now=now, backoff=dict(backoff or {}), unreachable_since=unreachable_since or {},
-                 grace_s=grace_s, explain=frozenset(explain))
+                 grace_s=grace_s, explain=frozenset(explain), rollouts=rollouts or {})
     placed_on = placed_on or {}
     # 1. Every replica found in node records, one case each (see _Diff.observe).
     for rid, entries in sorted(collect_records(catalog, inventory, last_seen).items()):
@@ -223,7 +231,8 @@ class _Diff:
     """
 
     def __init__(self, catalog: Catalog, inventory: Inventory, *, now: float, backoff: dict[str, Backoff],
-                 unreachable_since: Mapping[str, float], grace_s: float, explain: frozenset[str]):
+                 unreachable_since: Mapping[str, float], grace_s: float, explain: frozenset[str],
+                 rollouts: Mapping[str, Rollout]):
         self.catalog = catalog
         self.inventory = inventory
         self.now = now
@@ -247,6 +256,18 @@ class _Diff:
         self.to_replace: list[_Replacement] = []
         self.changes: list[SpecChange] = []
         self.serving_old: set[str] = set()  # spec changes whose old copy drains before it stops
+        # Models with `rollout:`: how their spec changes go (canary.phase_for_plan), and the rollout behind it.
+        self.canary_stopped: set[str] = set()  # canary copies of an aborted spec stopped (or drained) now
+        self.rollouts = {m.name: (phase_for_plan(m, rollouts.get(m.name)), rollouts.get(m.name))
+                         for m in catalog.models if m.rollout is not None}
+
+    def rollout_phase(self, model: str) -> RolloutPhase | None:
+        return self.rollouts.get(model, (None, None))[0]
+
+    def aborted_why(self, model: str) -> str:
+        _, r = self.rollouts.get(model, (None, None))
+        return (f"the rollout of this spec was aborted ({r.reason if r is not None else 'its canary failed'}); "
+                "not tried again until the spec changes")
 
     def state(self, node: str) -> str:
         return effective_state(self.catalog, self.inventory, node)
@@ -286,10 +307,23 @@ class _Diff:
             why = "spec changed" if profile is not None else f"profile {copy.profile} is no longer in the catalog"
             self.to_replace.append(_Replacement(model, ordinal, current, why, spec_change=True,
                                                 drain=self.complete_and_alive(copy)))
+        elif self.rollout_phase(model.name) == RolloutPhase.ABORTED:
+            self.stop_aborted_canary(rid, model, current, copy)
         elif any(not r.alive for _, r in copy.ranks) or self.missing_ranks(copy):
             self.crashed(rid, model, ordinal, current, copy, profile, tries)
         else:
             self.healthy(rid, model_name, current, tries)
+
+    def stop_aborted_canary(self, rid: str, model: Model, current: Placement, copy: Copy) -> None:
+        """A copy of an aborted spec (a canary): drained and stopped through the plan's stop, as a scale
+        down's; the replica then waits for a spec that is not the aborted one (start_missing)."""
+        stop = Action(ActionKind.STOP, rid, model.name, f"canary aborted: {self.aborted_why(model.name)}",
+                      stop_placement(rid, model.name, copy.ranks), drain=self.complete_and_alive(copy))
+        self.placer.release(current)
+        self.canary_stopped.add(rid)
+        self.stops_scaled.append(stop)
+        self.hold_if_draining(stop, model)
+        self.new_backoff[rid] = self.tries(rid)
 
     def bad_gpus(self, copy: Copy) -> str:
         """`gpu 3 of h100-a1 is unhealthy: Xid 79 ...` for the copy's GPUs that are not ok or are
@@ -424,7 +458,7 @@ class _Diff:
                 down[o.model] = down.get(o.model, 0) + 1
         for a in self.restarts:
             down[a.model] = down.get(a.model, 0) + 1
-        for step in roll_out(self.placer, self.changes, down=down, explain=self.explain):
+        for step in roll_out(self.placer, self.canary_held(self.changes), down=down, explain=self.explain):
             rid, model = step.replica, step.change.model
             self.outcomes[rid] = step.outcome
             if step.how == WAIT:
@@ -436,6 +470,29 @@ class _Diff:
             self.replaces.append(Action(ActionKind.REPLACE, rid, model.name, step.reason, step.outcome.placement,
                                         previous=step.change.old, stop_first=step.stop_first,
                                         drain=rid in self.serving_old))
+
+    def canary_held(self, changes: list[SpecChange]) -> list[SpecChange]:
+        """The spec changes a canary rollout lets through now (SPEC section 13): only the canary replicas
+        while Progressing, none once Aborted, all once Promoting; those held keep the old spec, waiting."""
+        through = []
+        for c in changes:
+            phase = self.rollout_phase(c.model.name)
+            rid = c.old.replica
+            if phase == RolloutPhase.ABORTED:
+                self.hold_old(c, f"{c.reason}; runs the old spec: {self.aborted_why(c.model.name)}",
+                              WaitKind.ROLLOUT_ABORTED)
+            elif phase == RolloutPhase.PROGRESSING and rid not in canary_ids(c.model):
+                self.hold_old(c, f"{c.reason}; runs the old spec while the canary "
+                                 f"({', '.join(canary_ids(c.model))}) is checked", WaitKind.CANARY)
+            else:
+                through.append(c)
+        return through
+
+    def hold_old(self, c: SpecChange, reason: str, kind: WaitKind) -> None:
+        rid = c.old.replica
+        self.outcomes[rid] = Outcome(rid, c.model.name, c.old, kept=True)
+        self.new_backoff[rid] = self.tries(rid)
+        self.waiting.append(Waiting(rid, c.model.name, reason, kind=kind))
 
     def replace_one(self, r: _Replacement) -> None:
         model, rid, old, why = r.model, r.old.replica, r.old, r.reason
@@ -461,7 +518,15 @@ class _Diff:
     def start_missing(self) -> None:
         """Everything desired and not running, placed; a start that failed before waits instead while its
         backoff holds it (the placement stays counted, so nothing else takes its room in this pass)."""
-        for o in self.placer.place_missing(self.catalog.models, self.outcomes, self.explain):
+        # An aborted spec starts nothing (SPEC section 13): its replicas wait for the spec to change.
+        models = [m for m in self.catalog.models if self.rollout_phase(m.name) != RolloutPhase.ABORTED]
+        for m in self.catalog.models:
+            if len(models) < len(self.catalog.models) and self.rollout_phase(m.name) == RolloutPhase.ABORTED:
+                for rid in m.replica_ids():
+                    if rid not in self.outcomes and rid not in self.canary_stopped:
+                        self.waiting.append(Waiting(rid, m.name, f"not started: {self.aborted_why(m.name)}",
+                                                    kind=WaitKind.ROLLOUT_ABORTED))
+        for o in self.placer.place_missing(models, self.outcomes, self.explain):
             start = Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
             tries = self.new_backoff[o.replica] = self.tries(o.replica).anew()
             until = tries.held_until(self.now, start=partial(attempt_key, self.catalog, self.inventory, start))
@@ -496,7 +561,14 @@ class _Diff:
             observed=self.observed,
             backoff=dict(sorted(self._backoff_after().items())),
             revision=self.catalog.revision,
+            rollouts=self.rollout_views(),
         )
+
+    def rollout_views(self) -> tuple[RolloutView, ...]:
+        changing = {c.model.name for c in self.changes}
+        views = (view(m, self.rollouts[m.name][1], m.name in changing) for m in self.catalog.models
+                 if m.name in self.rollouts)
+        return tuple(v for v in views if v is not None)
 
 
 def _held_start(start: Action, tries: Backoff) -> Waiting:

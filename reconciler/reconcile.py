@@ -22,11 +22,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from reconciler.actor.dispatch import Actor
 from reconciler.actor.work import LogFn, RenderFn
 from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
+from reconciler.canary import CanaryCopy, Measurement, Rollout, advance, canary_ids, checks_due, next_wake
+from reconciler.canary_checks import Target, measure as measure_checks
 from reconciler.observed import observe_replica
 from reconciler.engine_metrics import (
     ENGINE_SERIES,
@@ -43,7 +45,7 @@ from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
 from reconciler.memory import PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, with_quarantines
-from reconciler.model import Catalog, Inventory
+from reconciler.model import Catalog, Inventory, Model, spec_hash
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
@@ -55,7 +57,7 @@ from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, WaitKind
+from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
 DRAINING = Phase.DRAINING
 
@@ -130,6 +132,7 @@ def run_pass(
     fetcher: Fetcher | None = None,
     autoscale: LoadReader | None = None,
     ready: Mapping[str, ReplicaState] | None = None,
+    measure: "MeasureFn | None" = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -145,6 +148,7 @@ def run_pass(
                   PassResult.replicas) decide each autoscaled model's count for this pass's plan.
                   None (apply): the count in force is kept, so a manual pass never undoes the
                   daemon's scaling.
+    measure       a canary's checks (canary_checks.measure, the default): one measurement of each.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
@@ -170,7 +174,8 @@ def run_pass(
     #    serving copies to be stopped drain first). Drains that would begin idle end in this pass.
     plan, memory = plan_with_idle_drains(planner, catalog, inventory, now, memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
-                        autoscale=counts, next_pass_at=next_pass_at(catalog, counts))
+                        autoscale=counts, next_pass_at=next_pass_at(catalog, counts),
+                        rollouts=dict(memory.rollouts))
     if dry_run:
         result.decisions = predicted_decisions(plan, log)
         return result
@@ -180,7 +185,7 @@ def run_pass(
         # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
         #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
         if write_status:
-            actor.on_change = _progress_writer(catalog, plan, actor, counts)
+            actor.on_change = _progress_writer(catalog, plan, actor, counts, memory.rollouts)
         no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
         # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
         #     decisions in the plan's order. One action's failure never stops the others.
@@ -195,12 +200,20 @@ def run_pass(
         result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
         # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout.
         end_stalled_starts(actor, result.replicas)
+        # 5c. Canary rollouts (SPEC section 13): the checks measure when due, and each rollout moves on.
+        result.replicas, result.rollouts = rollouts_after(catalog, memory.rollouts, result.inventory, result.replicas,
+                                                          actor.decisions, now, log=log, measure=measure)
+        # The daemon wakes for a canary's next measurement, or the end of its analysis, as for a drain.
+        wakes = [t for t in (next_wake(m, result.rollouts.get(m.name)) for m in catalog.models)
+                 if t is not None and t > now]  # one already due was measured in this pass
+        result.next_pass_at = min((t for t in (result.next_pass_at, *wakes) if t is not None), default=None)
         # 6. Remember what the next pass needs.
         desired = [rid for m in catalog.models for rid in m.replica_ids()]
-        result.memory = remember(memory, plan, result.inventory, actor.states, now, desired,
-                                 attempt_keys=attempt_keys(catalog, inventory, plan),
-                                 quarantine_s=catalog.fleet.gpu_quarantine_s,
-                                 drains_begun=actor.drains_begun)
+        result.memory = replace(remember(memory, plan, result.inventory, actor.states, now, desired,
+                                         attempt_keys=attempt_keys(catalog, inventory, plan),
+                                         quarantine_s=catalog.fleet.gpu_quarantine_s,
+                                         drains_begun=actor.drains_begun),
+                                rollouts=result.rollouts)
         # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
         # The daemon passes again when something this pass left waiting can move (not only on its interval).
@@ -256,6 +269,95 @@ def wake_nodes(result: PassResult) -> frozenset[str]:
             if st is not None:
                 nodes.update(a.node for a in st.nodes)
     return frozenset(nodes)
+
+
+MeasureFn = Callable[[Model, Sequence[Target], Sequence[Target]], "list[Measurement]"]
+
+
+def rollouts_after(catalog: Catalog, before: Mapping[str, Rollout], inventory: Inventory,
+                   replicas: dict[str, ReplicaState], decisions: Sequence[Decision], now: float, *,
+                   log: LogFn = lambda d: None, measure: MeasureFn | None = None
+                   ) -> tuple[dict[str, ReplicaState], dict[str, Rollout]]:
+    """Each canary rollout after the pass (SPEC section 13), and the replicas with their canary copies
+    marked. The checks measure (an effect: requests to the engines, queries to Prometheus) only where
+    canary.checks_due says so; canary.advance decides the rest."""
+    measure = measure or measure_checks
+    records = ranks_by_replica(inventory)
+    # A start or replace of this pass that failed (a refused launch, a new copy never Ready): the copy may be
+    # gone already, so the decision says it, not the records.
+    failed_now = {d.replica: d.reason for d in decisions if not d.ok and d.action in ("fail", "health")}
+    out = {name: r for name, r in before.items() if catalog.model(name) is not None}
+    replicas = dict(replicas)
+    for model in catalog.models:
+        if model.rollout is None:
+            out.pop(model.name, None)
+            continue
+        targets = {spec_hash(model, p) for p in model.profiles}
+        on_target = {rid: _runs(records.get(rid, ()), st, targets) for rid, st in replicas.items() if st.model == model.name}
+        old = sum(1 for rs in records.values()
+                  if any(r.rank == 0 and r.model == model.name and r.spec_hash not in targets for _, r in rs))
+        canaries = []
+        for rid in canary_ids(model):
+            st = replicas.get(rid)
+            if rid in failed_now:
+                canaries.append(CanaryCopy(rid, Phase.FAILED, failed_now[rid]))
+            elif st is not None and on_target.get(rid):
+                canaries.append(CanaryCopy(rid, st.phase, st.message))
+            else:
+                canaries.append(CanaryCopy(rid, Phase.STARTING, "runs the old spec still"))
+        measured = []
+        if old and checks_due(model, before.get(model.name), canaries, now):
+            canary = [t for t in (_target(catalog, replicas.get(c.replica)) for c in canaries) if t is not None]
+            stable = [t for rid, st in sorted(replicas.items()) if st.model == model.name and st.phase == Phase.READY
+                      and not on_target.get(rid) for t in [_target(catalog, st)] if t is not None]
+            measured = measure(model, canary, stable)
+            for m in measured:
+                log(Decision(model.name, "-", DecisionAction.CHECK, m.said, ok=m.ok))
+        r = advance(model, before.get(model.name), old_copies=old, canaries=canaries, measurements=measured, now=now,
+                    revision=catalog.revision, from_revision=_from_revision(records, model, targets))
+        if r is None:
+            out.pop(model.name, None)
+            continue
+        if r != before.get(model.name) and (before.get(model.name) is None or r.state != before[model.name].state):
+            log(Decision(model.name, "-", DecisionAction.ROLLOUT, f"{r.state}: {r.reason}", ok=r.state != RolloutPhase.ABORTED))
+        out[model.name] = r
+        for rid in canary_ids(model):
+            st = replicas.get(rid)
+            if st is None or not on_target.get(rid):
+                continue
+            if r.state == RolloutPhase.PROGRESSING:
+                replicas[rid] = replace(st, canary=True)
+            elif r.state == RolloutPhase.ABORTED and st.phase == Phase.READY:
+                # Out of every gateway file in the pass that aborted it; the next pass stops it, drained.
+                replicas[rid] = replace(st, phase=Phase.DRAINING, message=f"canary aborted: {r.reason}")
+    return replicas, dict(sorted(out.items()))
+
+
+def _runs(records, state: ReplicaState, targets: set[str]) -> bool:
+    """Whether the replica's current copy (the one its state names) runs one of the spec hashes."""
+    where = {a.node for a in state.nodes}
+    heads = [r for n, r in records if r.rank == 0 and (not where or n.id in where)]
+    return bool(heads) and heads[0].spec_hash in targets
+
+
+def _from_revision(records, model: Model, targets: set[str]) -> str | None:
+    """The revision the old copies were started from (what a rollout rolls away from)."""
+    for _, rs in sorted(records.items()):
+        for _, r in rs:
+            if r.rank == 0 and r.model == model.name and r.spec_hash not in targets and r.revision:
+                return r.revision
+    return None
+
+
+def _target(catalog: Catalog, state: ReplicaState | None) -> Target | None:
+    """Where a check reaches a Ready copy's engine (its head's data address)."""
+    if state is None or state.phase != Phase.READY or not state.nodes:
+        return None
+    head = next((a for a in state.nodes if a.rank == 0), state.nodes[0])
+    spec = catalog.fleet.node(head.node)
+    if spec is None or not head.port:
+        return None
+    return Target(state.replica, spec.data_host.bare, head.port)
 
 
 def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], autoscale: LoadReader | None,
@@ -370,7 +472,8 @@ PROGRESS_WRITE_EVERY_S = 2.0
 
 
 def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
-                     autoscale: Mapping[str, AutoscaleState]) -> Callable[[], None]:
+                     autoscale: Mapping[str, AutoscaleState],
+                     rollouts: Mapping[str, Rollout] | None = None) -> Callable[[], None]:
     """status/models rewritten mid-pass, so a person sees a Fetching replica's bytes done/total (at most
     every PROGRESS_WRITE_EVERY_S) and a Stopping one (at once), during the pass, not only after it."""
     last = [0.0]
@@ -386,6 +489,7 @@ def _progress_writer(catalog: Catalog, plan: Plan, actor: Actor,
             result = predicted_pass(catalog, plan)
             result.replicas.update(actor.states)
             result.autoscale = dict(autoscale)  # the count in force, so a mid-pass file never reads as min
+            result.rollouts = dict(rollouts or {})  # and the rollout as the pass began, not none
             try:
                 write_pass(catalog, result, nodes=False)
             except ReconcilerError:

@@ -23,7 +23,8 @@ from reconciler.constants import STATUS_DIR
 from reconciler.errors import Problem, StatusWriteError
 from reconciler.frozen import frozen
 from reconciler.host import Host
-from reconciler.inventory import inventory_to_document
+from reconciler.canary import Rollout, current
+from reconciler.inventory import inventory_to_document, utc_text
 from reconciler.model import Catalog, Fleet, Inventory, Model, Placement, Rejection, replica_ordinal
 from reconciler import gateway
 from reconciler.outcomes import Decision, PassResult, ReplicaState
@@ -259,6 +260,8 @@ def _replica_entry(fleet: Fleet, result: PassResult, state: ReplicaState | None,
     entry["restarts"] = plan.restarts.get(rid, 0)
     if state is not None and state.revision:  # known only for a catalog in git; absent rather than null
         entry["revision"] = state.revision
+    if state is not None and state.canary:  # a canary copy of a rollout Progressing (SPEC section 13)
+        entry["canary"] = True
     if out is not None and out.placement is None:
         # An unplaced replica: its message and the rejections behind it (or the replica that has the same).
         entry["message"] = entry["message"] or unplaced_message(out, show_all)
@@ -283,8 +286,24 @@ def model_status_document(model: Model, result: PassResult, fleet: Fleet, show_a
     autoscale = result.autoscale.get(model.name)
     if model.scale is not None and autoscale is not None:
         doc["autoscale"] = state_document(model, autoscale)
+    rollout = current(model, result.rollouts.get(model.name))
+    if rollout is not None:
+        doc["rollout"] = rollout_document(rollout)
     doc["replicas"] = replicas
     return doc
+
+
+def rollout_document(r: Rollout) -> dict:
+    """status/models `rollout:` (SPEC section 13): no clock time but `since`, so it changes only with the rollout."""
+    return {
+        "state": str(r.state),
+        "revision": r.revision,
+        "from_revision": r.from_revision,
+        "since": utc_text(r.since),
+        "weight": r.weight,
+        "checks": [{"name": c.name, "passed": c.passed, "failed": c.failed, "last": c.last} for c in r.checks],
+        "reason": r.reason,
+    }
 
 
 def read_autoscale_states(catalog_root: str | os.PathLike, models: Iterable[Model]) -> dict[str, AutoscaleState]:
@@ -322,7 +341,15 @@ def _draining_beyond(model: Model, replicas: Mapping[str, ReplicaState]) -> list
 def endpoints_document(catalog: Catalog, result: PassResult) -> dict:
     """status/endpoints.yaml: per model of the catalog, the URLs of its Ready replicas (PassResult.endpoints)."""
     ready = result.endpoints()
-    return {"models": {model.name: sorted(ready.get(model.name, ())) for model in catalog.models}}
+    doc: dict[str, Any] = {"models": {model.name: sorted(ready.get(model.name, ())) for model in catalog.models}}
+    # Canary URLs (SPEC section 13), also listed under models: a gateway that weighs by hand can tell them.
+    canary = {}
+    for st in result.replicas.values():
+        if st.canary and st.phase == Phase.READY and st.endpoint:
+            canary.setdefault(st.model, []).append(st.endpoint)
+    if canary:
+        doc["canary"] = {name: sorted(urls) for name, urls in sorted(canary.items())}
+    return doc
 
 
 # --------------------------------------------------------------------------
@@ -355,6 +382,8 @@ class CatalogStatus:
     uncommitted: tuple[str, ...] | None = None
     upstream: Upstream | None = None
     warnings: tuple[str, ...] = ()
+    # Models the fleet does not run as HEAD says, in words: a canary rollout aborted (SPEC section 13).
+    out_of_sync: tuple[str, ...] = ()
 
 
 def catalog_document(st: CatalogStatus) -> dict:
@@ -370,6 +399,8 @@ def catalog_document(st: CatalogStatus) -> dict:
         if st.upstream is not None:
             doc["upstream"] = {"ref": st.upstream.ref, "state": st.upstream.state, "message": st.upstream.message}
     doc["warnings"] = list(st.warnings)
+    if st.out_of_sync:  # only when some model is: a catalog without rollouts keeps its file as it was
+        doc["out_of_sync"] = list(st.out_of_sync)
     return doc
 
 

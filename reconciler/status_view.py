@@ -62,6 +62,8 @@ def model_entry(path: Path, doc: Any) -> dict:
              "ready": doc.get("ready"), "replicas": replicas}
     if isinstance(doc.get("autoscale"), dict):  # SPEC section 11: the count in force and why
         entry["autoscale"] = doc["autoscale"]
+    if isinstance(doc.get("rollout"), dict):  # SPEC section 13: the canary rollout, its weight and checks
+        entry["rollout"] = doc["rollout"]
     return entry
 
 
@@ -88,5 +90,7 @@ def message_text(replica: dict) -> str:
     """The message on one line; a Failed replica's failure kind beside it, as `nodes` shows a node's:
     temporary (retried with backoff) or permanent (stalled until the catalog or the node changes)."""
     message = " ".join(str(replica.get("message") or "").split())
+    if replica.get("canary") is True:  # a canary copy of a rollout Progressing (SPEC section 13)
+        message = f"canary copy; {message}" if message else "canary copy"
     failure = replica.get("failure")
     return f"{message} ({failure})" if failure in (FailureKind.TEMPORARY, FailureKind.PERMANENT) else message

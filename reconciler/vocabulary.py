@@ -89,6 +89,9 @@ class WaitKind(StrEnum):
     # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
     # (memory.hold_drains; SPEC section 10).
     DRAINING = "draining"
+    # SPEC section 13: a change with `rollout:` held while its canary is checked, or after its abort.
+    CANARY = "canary"  # spec changed, the old copy serves on while the canary copies are checked
+    ROLLOUT_ABORTED = "rollout_aborted"  # the new spec's canary failed: not tried again until the spec changes
 
 
 class DecisionAction(StrEnum):
@@ -108,6 +111,8 @@ class DecisionAction(StrEnum):
     METRICS = "metrics"  # a Ready replica's load could not be read (autoscaling)
     SCALE = "scale"  # an autoscaled model's count moved
     WARN = "warn"  # nothing done to a replica: something a person should know (a hand-edited gateway file)
+    CHECK = "check"  # one measurement of a canary rollout's check (SPEC section 13)
+    ROLLOUT = "rollout"  # a canary rollout moved: Progressing, Promoting, Complete or Aborted
 
 
 class TransportKind(StrEnum):
@@ -143,3 +148,12 @@ class PullState(StrEnum):
     DETACHED = "detached"
     NO_UPSTREAM = "no-upstream"
     FETCH_FAILED = "fetch-failed"
+
+
+class RolloutPhase(StrEnum):
+    """The state of a model's canary rollout (SPEC section 13; status/models `rollout.state`)."""
+
+    PROGRESSING = "Progressing"  # canary copies starting or being checked
+    PROMOTING = "Promoting"  # the checks held for analysis_s: the rest is replaced (section 7)
+    COMPLETE = "Complete"
+    ABORTED = "Aborted"  # a check failed or a canary copy did: canary stopped, the spec not tried again

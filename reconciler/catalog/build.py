@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from reconciler.model import (
@@ -19,6 +20,10 @@ from reconciler.model import (
     SlurmSettings,
     SshSettings,
     UpdatePolicy,
+    RequestCheck,
+    PrometheusCheck,
+    PrometheusQuery,
+    RolloutPolicy,
     SecretRef,
     frozen_map,
 )
@@ -162,4 +167,33 @@ def build_model(data: dict, rel: str) -> Model:
         ),
         served_name=data.get("served_name"),
         drain_s=float(data.get("drain_s", DEFAULT_DRAIN_S)),
+        rollout=build_rollout(data.get("rollout")),
     )
+
+
+def build_rollout(r: dict | None) -> RolloutPolicy | None:
+    """`rollout:` (SPEC section 13), its defaults filled in; checked already (schema, rules)."""
+    if r is None:
+        return None
+    canary, checks = r.get("canary") or {}, r.get("checks") or {}
+    req, prom = checks.get("request"), checks.get("prometheus")
+    request = None
+    if req is not None:
+        expect = req.get("expect") or {}
+        ratio = req.get("max_latency_ratio")
+        request = RequestCheck(
+            path=req.get("path", RequestCheck.path), body_json=json.dumps(req.get("body") or {}, sort_keys=True),
+            status=expect.get("status", 200), contains=expect.get("contains"), matches=expect.get("matches"),
+            max_latency_ratio=None if ratio is None else float(ratio),
+            timeout_s=float(req.get("timeout_s", RequestCheck.timeout_s)))
+    prometheus = None
+    if prom is not None:
+        prometheus = PrometheusCheck(
+            address=prom["address"].rstrip("/"), timeout_s=float(prom.get("timeout_s", PrometheusCheck.timeout_s)),
+            queries=tuple(PrometheusQuery(q["name"], q["query"], q.get("max"), q.get("min")) for q in prom["queries"]))
+    return RolloutPolicy(
+        canary_replicas=canary.get("replicas", 1), weight=canary.get("weight", RolloutPolicy.weight),
+        analysis_s=float(canary.get("analysis_s", RolloutPolicy.analysis_s)),
+        interval_s=float(checks.get("interval_s", RolloutPolicy.interval_s)),
+        failure_limit=checks.get("failure_limit", RolloutPolicy.failure_limit),
+        request=request, prometheus=prometheus)

@@ -114,6 +114,7 @@ def model_problems(doc: Document) -> list[Problem]:
         problems.extend(_placeholder_problems(doc, base, prof, engine == "command"))
         problems.extend(_args_problems(doc, base, prof))
     problems.extend(_rollout_problems(doc))
+    problems.extend(_canary_problems(doc))
     served = data.get("served_name")
     if served is not None and not SERVED_NAME.fullmatch(str(served)):
         # The schema's pattern, anchored for real: Python's `$` also matches before a final newline.
@@ -152,6 +153,69 @@ def _rollout_problems(doc: Document) -> Iterator[Problem]:
                 known = ", ".join("${" + k + "}" for k in FETCH_PLACEHOLDERS)
                 yield doc.at(("fetch", "command", j), f"unknown placeholder ${{{name}}} in fetch.command; "
                                                       f"known: {known}; write $$ for a literal $")
+
+
+def _canary_problems(doc: Document) -> Iterator[Problem]:
+    """rollout: canary and checks (SPEC section 13): what their schema cannot say."""
+    data = doc.data
+    rollout = data.get("rollout")
+    if rollout is None:
+        return
+    replicas = data.get("replicas", 1)
+    # A range's count can fall to min: the canary must leave a stable copy at every count.
+    least = replicas["min"] if isinstance(replicas, dict) else replicas
+    canary = rollout.get("canary") or {}
+    wanted = canary.get("replicas", 1)
+    if wanted >= least:
+        count = f"min {least}" if isinstance(replicas, dict) else str(least)
+        yield doc.at(("rollout", "canary", "replicas") if "replicas" in canary else ("rollout", "canary"),
+                     f"rollout.canary.replicas {wanted} must be fewer than the model's replicas ({count}): "
+                     "a canary needs stable copies to keep serving and to compare with")
+    checks = rollout.get("checks") or {}
+    expect = (checks.get("request") or {}).get("expect") or {}
+    if "contains" in expect and "matches" in expect:
+        yield doc.at(("rollout", "checks", "request", "expect"),
+                     "expect takes one of contains (text) or matches (a regex), not both")
+    if "matches" in expect:
+        try:
+            re.compile(expect["matches"])
+        except re.error as e:
+            yield doc.at(("rollout", "checks", "request", "expect", "matches"),
+                         f"matches {expect['matches']!r} is not a regular expression: {e}")
+    prom = checks.get("prometheus")
+    if prom is None:
+        return
+    address = str(prom.get("address", ""))
+    if not _is_http_url(address):
+        yield doc.at(("rollout", "checks", "prometheus", "address"),
+                     f"address {address!r} is not a URL; write http://host:port (Prometheus's HTTP API)")
+    seen: dict[str, int] = {}
+    for j, q in enumerate(prom.get("queries") or ()):
+        name = q.get("name")
+        if name in seen:
+            yield doc.at(("rollout", "checks", "prometheus", "queries", j, "name"),
+                         f"query name {name!r} is used twice (first as query {seen[name] + 1}); "
+                         "each names its check in status")
+        else:
+            seen[name] = j
+        if "max" not in q and "min" not in q:
+            yield doc.at(("rollout", "checks", "prometheus", "queries", j),
+                         f"query {name!r} needs max or min: without a bound it could never fail")
+        elif "max" in q and "min" in q and q["min"] > q["max"]:
+            yield doc.at(("rollout", "checks", "prometheus", "queries", j, "min"),
+                         f"query {name!r}: min {q['min']} is above max {q['max']}, so every value fails")
+
+
+def _is_http_url(text: str) -> bool:
+    """http(s)://host[:port][/path], with a host and a port that parse."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # raises on a port that is not a number or out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment
 
 
 def _scaling_problems(doc: Document) -> Iterator[Problem]:

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from reconciler import memory as memory_store
+from reconciler import canary, memory as memory_store
 from reconciler.memory import PassMemory, load_memory, memory_path
 from reconciler.reconcile import run_pass
 from reconciler.catalog import load_catalog
@@ -20,7 +20,7 @@ from reconciler.status import CatalogStatus
 from reconciler.vocabulary import NodeState, Phase
 
 
-def catalog_status(catalog) -> CatalogStatus:
+def catalog_status(catalog, out_of_sync: tuple[str, ...] = ()) -> CatalogStatus:
     """status/catalog.yaml as `apply` leaves it: the keys the daemon writes (SPEC section 6).
 
     apply applies the working tree as it is, uncommitted edits included; status says so.
@@ -38,12 +38,13 @@ def catalog_status(catalog) -> CatalogStatus:
                                 + ", ".join(uncommitted))
     except GitError as exc:  # git broke: status still says what was applied
         warnings.append(f"git: {exc.stderr or exc}")
-    return CatalogStatus(rev, rev, message, branch=branch, uncommitted=uncommitted, warnings=tuple(warnings))
+    return CatalogStatus(rev, rev, message, branch=branch, uncommitted=uncommitted, warnings=tuple(warnings),
+                         out_of_sync=tuple(out_of_sync))
 
 
-def write_catalog_status(catalog) -> None:
+def write_catalog_status(catalog, out_of_sync: tuple[str, ...] = ()) -> None:
     try:
-        status.write_catalog_status(catalog.root, catalog_status(catalog))
+        status.write_catalog_status(catalog.root, catalog_status(catalog, out_of_sync))
     except StatusWriteError as exc:
         print(f"reconciler: could not write {Path(catalog.root) / STATUS_DIR / 'catalog.yaml'}: {exc.reason}",
               file=sys.stderr)
@@ -104,7 +105,7 @@ def _apply_once(catalog, dry_run: bool, log):
     if result.memory is not None and not dry_run:
         save_memory(memory_file, result.memory)
     if not dry_run:
-        write_catalog_status(catalog)
+        write_catalog_status(catalog, tuple(canary.out_of_sync(catalog.models, result.rollouts)))
     return result
 
 

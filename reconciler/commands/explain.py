@@ -8,7 +8,7 @@ import time
 
 from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import catalog_and_snapshot
-from reconciler.commands.plan import planned, scaled_catalog
+from reconciler.commands.plan import planned, rollout_lines, scaled_catalog
 from reconciler.commands.plan_words import where_text
 from reconciler.constants import Exit
 from reconciler.errors import UsageError
@@ -38,6 +38,9 @@ def main(args) -> int:
         if model.name in scaling else f"{model.replicas} replica{'s' if model.replicas != 1 else ''}"
     out = [f"{model.name}: {count}, "
            f"profiles in order: {', '.join(f'{p.name} (priority {p.priority})' for p in model.profiles)}"]
+    # A canary rollout under way (SPEC section 13): its state, weight, check figures and next step.
+    out += [("rollout " if i == 0 else "  ") + line for v in pl.rollouts if v.model == model.name
+            for i, line in enumerate(rollout_lines(v))]
     for rid in model.replica_ids():
         o = pl.outcomes.get(rid)
         if o is None:

@@ -16,6 +16,7 @@ from reconciler.model import Action, Assignment, Placement
 from reconciler.placement import summarize
 from reconciler.plan import Plan
 from reconciler.autoscale import with_counts
+from reconciler.canary import RolloutView, checks_text
 from reconciler.commands.plan_words import same_rejections, span, where_text
 from reconciler.status import counts_in_force, observed_revisions, predicted_pass, rejection_document, write_pass
 from reconciler.vocabulary import ActionKind
@@ -61,13 +62,32 @@ def plan_document(pl: Plan, show_all: bool = False) -> dict:
             entry["rejections"] = [rejection_document(r) for r in o.rejections]
             entry["summary"] = summarize(o.rejections, o.nodes_considered, show_all)
         unplaced.append(entry)
-    return {
+    doc = {
         "revision": pl.revision,
         "actions": [action_document(a) for a in pl.actions],
         "unplaced": unplaced,
         # `kind` (a WaitKind) says why it waits, so a client reads it rather than parsing the reason's words.
         "waiting": [{"replica": w.replica, "model": w.model, "kind": w.kind, "reason": w.reason} for w in pl.waiting],
     }
+    if pl.rollouts:  # only with a canary rollout to show: other plans keep their bytes
+        doc["rollouts"] = [rollout_document(v) for v in pl.rollouts]
+    return doc
+
+
+def rollout_document(v: RolloutView) -> dict:
+    """A canary rollout in `plan --format json` (SPEC section 13): state, weight, each check's figures."""
+    return {"model": v.model, "state": str(v.state), "weight": v.weight,
+            "checks": [{"name": c.name, "passed": c.passed, "failed": c.failed, "last": c.last} for c in v.checks],
+            "reason": v.reason, "next_step": v.next_step}
+
+
+def rollout_lines(v: RolloutView) -> list[str]:
+    """A canary rollout in words: `plan`, `explain`."""
+    out = [f"{v.model}: {v.state}, canary weight {v.weight}%" + (f": {v.reason}" if v.reason else "")]
+    if v.checks:
+        out.append(f"  checks: {checks_text(v.checks)}")
+    out.append(f"  next: {v.next_step}")
+    return out
 
 
 def scale_lines(catalog, states) -> list[tuple[str, str, str]]:
@@ -92,6 +112,10 @@ def render_text(pl: Plan, show_all: bool = False, scaling=()) -> str:
         out.append("waiting:")
         for w in pl.waiting:
             out.append(f"  {w.replica}: {w.reason}")
+    if pl.rollouts:
+        out.append("")
+        out.append("canary rollouts:")
+        out += ["  " + line for v in pl.rollouts for line in rollout_lines(v)]
     if scaling:
         out.append("")
         out.append("autoscaled (replicas min-max, the count in force from status/):")
@@ -176,6 +200,7 @@ def main(args) -> int:
     if args.write_status:
         predicted = predicted_pass(catalog, pl, observed_revisions(inventory))
         predicted.autoscale = scaling  # the count in force, kept: a plan never moves it
+        predicted.rollouts = dict(load_memory(memory_path(catalog.root)).rollouts)  # kept as well
         write_pass(catalog, predicted, nodes=False)
         for warning in predicted.decisions:  # a gateway file edited by hand
             print(f"reconciler: warning: {warning.reason}", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from reconciler.commands.plan_words import same_rejections, span, where_text
+from reconciler.canary import checks_text
 from reconciler.placement import Outcome, reason_groups
 from reconciler.plan import Plan
 
@@ -55,6 +56,7 @@ def render_markdown(pl: Plan, show_all: bool = False, scaling=()) -> str:
     """scaling: (model, `min-max (now N)`, why) per autoscaled model (plan.scale_lines)."""
     out = [MARKER, summary_line(pl), ""]
     out += _scaling_table(scaling)
+    out += _rollouts_table(pl)
     out += _actions_table(pl)
     out += _unplaced_section(pl, show_all)
     out += _waiting_list(pl)
@@ -66,6 +68,15 @@ def _scaling_table(scaling) -> list[str]:
         return []
     return ["| Autoscaled model | Replicas | Why |", "|---|---|---|",
             *(f"| {code(name)} | {cell(counts)} | {cell(why)} |" for name, counts, why in scaling), ""]
+
+
+def _rollouts_table(pl: Plan) -> list[str]:
+    """Each canary rollout (SPEC section 13): its state, weight, check figures and next step."""
+    if not pl.rollouts:
+        return []
+    return ["| Canary rollout | State | Weight | Checks | Next step |", "|---|---|---|---|---|",
+            *(f"| {code(v.model)} | {cell(v.state)}{cell(': ' + v.reason) if v.reason else ''} | {v.weight}% | "
+              f"{cell(checks_text(v.checks) or '-')} | {cell(v.next_step)} |" for v in pl.rollouts), ""]
 
 
 def _actions_table(pl: Plan) -> list[str]:

@@ -55,6 +55,23 @@ def autoscale_lines(status: CatalogStatus) -> list[str]:
     return out
 
 
+def rollout_lines(status: CatalogStatus) -> list[str]:
+    """Per model with a canary rollout: `chat: rollout Progressing (canary weight 10%): ...`, then its checks."""
+    out = []
+    for model in status.models:
+        r = model.get("rollout")
+        if not isinstance(r, dict):
+            continue
+        reason = " ".join(str(r.get("reason") or "").split())
+        out.append(f"{model['name']}: rollout {r.get('state')} (canary weight {r.get('weight')}%)"
+                   + (f": {reason}" if reason else ""))
+        for c in r.get("checks") or []:
+            if isinstance(c, dict):
+                out.append(f"  {c.get('name')}: {c.get('passed')} passed, {c.get('failed')} failed"
+                           + (f"; last: {c.get('last')}" if c.get("last") else ""))
+    return out
+
+
 def print_text(status: CatalogStatus) -> None:
     from rich import box
     from rich.console import Console
@@ -93,7 +110,7 @@ def print_text(status: CatalogStatus) -> None:
             console.print(table)
         sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     console.print(summary(status))
-    for line in autoscale_lines(status):
+    for line in autoscale_lines(status) + rollout_lines(status):
         console.print(line)
 
 

@@ -23,6 +23,7 @@ from typing import Callable
 
 from reconciler import status as status_files
 from reconciler.autoscale import look_every
+from reconciler.canary import out_of_sync
 from reconciler.constants import Exit
 from reconciler.daemon.events import EventLog
 from reconciler.daemon.lock import DAEMON, CatalogLock, lock_path
@@ -305,6 +306,7 @@ class Daemon:
         if result is None:
             return
         observe_pass(self.metrics, result, catalog)
+        self.state.out_of_sync = tuple(out_of_sync(catalog.models, getattr(result, "rollouts", {})))
         nodes = result.inventory.nodes if result.inventory is not None else ()
         self.state.unreachable = node_events(self.log, nodes, self.state.unreachable)
 

@@ -41,6 +41,7 @@ class DaemonState:
     watcher_error: str | None = None
     took_over_from: int | None = None  # pid of a daemon that died holding the lock
     unreachable: set[str] = field(default_factory=set)  # nodes the last pass found unreachable
+    out_of_sync: tuple[str, ...] = ()  # models whose canary rollout of HEAD's spec was aborted (SPEC 13)
 
 
 class Revisions:
@@ -158,7 +159,7 @@ class Revisions:
             # change with every status commit, which would then need another status commit.
             branch=st.branch if self.git is not None else None,
             uncommitted=tuple(st.uncommitted) if self.git is not None else None,
-            upstream=upstream, warnings=tuple(self.warnings()),
+            upstream=upstream, warnings=tuple(self.warnings()), out_of_sync=st.out_of_sync,
         )
 
     def status_document(self) -> dict:

@@ -27,6 +27,7 @@ class ModelView:
     total: int
     phases: dict[str, int]
     unplaced: Unplaced
+    rollout: dict | None = None  # the canary rollout (SPEC section 13): state, weight, checks, reason
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ def _model_view(m: dict, reps: list[Replica], kept: list[Replica], ix: Index, f:
         endpoints=[str(e) for e in eps] if isinstance(eps, list) else [],
         replicas=kept[:MAX_PAGE_SIZE] if f.model else kept[:REPLICAS_SHOWN], matched=len(kept), total=len(reps),
         phases=_phase_counts(reps), unplaced=_unplaced(reps, kept, ix),
+        rollout=m.get("rollout") if isinstance(m.get("rollout"), dict) else None,
     )
 
 

@@ -68,6 +68,9 @@ def sync_state(snap: StatusSnapshot, applied: str | None, attempted: str | None,
     if _head_moved_on(snap, applied):
         return Sync.OUT_OF_SYNC, (f"HEAD's catalog is {_short(snap.catalog_revision_at_head)}, "
                                   f"applied is {_short(applied) or 'none'}")
+    aborted = [str(m) for m in snap.catalog.doc.get("out_of_sync") or []]
+    if aborted:  # a canary rollout aborted: the fleet runs the old spec of these models (SPEC section 13)
+        return Sync.OUT_OF_SYNC, "; ".join(aborted)
     return Sync.SYNCED, ("the catalog at HEAD is applied" if snap.git
                          else "the working tree is applied (no git: no revision)")
 
