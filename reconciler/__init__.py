@@ -26,7 +26,9 @@ The modules, top layer first; a module imports only from the layers below it
                         (filters); app (Starlette routes, the read-only guard, templates/, static/), server
                         (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
-                        (watch), the lock (lock), the log (events), metrics from a pass (observe)
+                        (watch), the lock (lock), the log (events), metrics from a pass (observe); under
+                        fleet.yaml `leader:`, who acts: the election and its pure judgement (election) over
+                        etcd's v3 JSON gateway (etcd)
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor/              the pass's effects, through a Launcher, at once: the Actor (dispatch) over a
                         replace and its drain (replacing), weights fetched first (weights), a start or

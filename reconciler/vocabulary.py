@@ -89,3 +89,11 @@ class WaitKind(StrEnum):
     # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed
     # (memory.hold_drains; SPEC section 10).
     DRAINING = "draining"
+
+
+class Role(StrEnum):
+    """A daemon's part under `leader:` in fleet.yaml (SPEC section 14)."""
+
+    LEADER = "leader"  # holds the lease and renewed it within the renew deadline: it acts
+    STANDBY = "standby"  # another daemon leads: pulls, may probe, acts on nothing
+    NO_ETCD = "no-etcd"  # etcd cannot be reached (or refuses): acts on nothing until it can
