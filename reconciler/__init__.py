@@ -51,7 +51,7 @@ The modules, top layer first; a module imports only from the layers below it
     status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
                         YAML, atomic, only on change
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
-                        (node_agent, stdlib only, runs on the node, with its /proc facts in agent_proc
+                        (node_agent, stdlib only, runs on the node, fences a deposed leader's epoch, with its /proc facts in agent_proc
                         and its records and logs in agent_files) over any transport (ssh_launcher),
                         or Slurm jobs (slurm_launcher)
     fetch/              copying weights to a node that lacks them (agent runs on the node)
