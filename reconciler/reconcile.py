@@ -130,6 +130,8 @@ def run_pass(
     fetcher: Fetcher | None = None,
     autoscale: LoadReader | None = None,
     ready: Mapping[str, ReplicaState] | None = None,
+    epoch: int | None = None,
+    may_act: Callable[[], str | None] = lambda: None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -145,6 +147,8 @@ def run_pass(
                   PassResult.replicas) decide each autoscaled model's count for this pass's plan.
                   None (apply): the count in force is kept, so a manual pass never undoes the
                   daemon's scaling.
+    epoch, may_act  the leader's epoch that every start and stop carries for the nodes to fence, and
+                  whether it may still act (SPEC 14: the daemon's, under `leader:`); None: no fencing.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
@@ -155,7 +159,8 @@ def run_pass(
     #    catalog's `replicas` for this pass. The catalog itself is never written.
     in_force = counts_in_force(catalog)
     fleet_transports = FleetTransports(transports, catalog.fleet)
-    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
+    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog), epoch=epoch,
+                                         may_act=may_act)
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is; and how busy each draining copy's engine is (SPEC section 10).

@@ -340,6 +340,13 @@ class Upstream:
 
 
 @frozen
+class LeaderStatus:
+    host: str
+    since: str  # UTC, ISO 8601
+    epoch: int
+
+
+@frozen
 class CatalogStatus:
     """What status/catalog.yaml says, whoever applied last (`apply` or the daemon), so a reviewer and
     a daemon started later read one shape.
@@ -355,6 +362,7 @@ class CatalogStatus:
     uncommitted: tuple[str, ...] | None = None
     upstream: Upstream | None = None
     warnings: tuple[str, ...] = ()
+    leader: LeaderStatus | None = None  # with `leader:` in fleet.yaml: who leads (SPEC 14)
 
 
 def catalog_document(st: CatalogStatus) -> dict:
@@ -369,6 +377,8 @@ def catalog_document(st: CatalogStatus) -> dict:
         doc["uncommitted_changes"] = list(st.uncommitted)
         if st.upstream is not None:
             doc["upstream"] = {"ref": st.upstream.ref, "state": st.upstream.state, "message": st.upstream.message}
+    if st.leader is not None:
+        doc["leader"] = {"host": st.leader.host, "since": st.leader.since, "epoch": st.leader.epoch}
     doc["warnings"] = list(st.warnings)
     return doc
 

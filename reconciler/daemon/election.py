@@ -96,11 +96,17 @@ def judge(*, now: float, lease_s: float, renewed_at: float | None, mine: int | N
             return View(Role.LEADER, leader, mine)
         since = "never" if renewed_at is None else f"for {now - renewed_at:.1f}s"
         return View(Role.NO_ETCD, leader, mine,
-                    f"the lease could not be renewed {since} (renew deadline {deadline:g}s of a {lease_s:g}s lease)"
+                    f"the lease could not be renewed {since} (renew deadline {deadline:.3g}s of a {lease_s:g}s lease)"
                     + (f": {etcd_error}" if etcd_error else ""))
     if etcd_error is not None:
         return View(Role.NO_ETCD, leader, leader.create_revision if leader else 0, etcd_error)
     return View(Role.STANDBY, leader, leader.create_revision if leader else 0)
+
+
+def current_leader(client: EtcdClient, owner: str) -> Candidate | None:
+    """Who holds the lease for `owner` now (None: nobody); raises EtcdUnavailable."""
+    first = client.range(election_prefix(owner), prefix=True, sort_by_create=True, limit=1)
+    return Candidate.of(first[0]) if first else None
 
 
 LogFn = Callable[..., None]
@@ -158,6 +164,23 @@ class Election:
         """The epoch to act with, or None when this daemon may not act now."""
         view = self.view()
         return view.epoch if view.leading else None
+
+    # ------------------------------------------------------------ state that outlives a leader
+
+    def load_state(self, name: str) -> bytes | None:
+        """What the leaders keep under `name` (the pass memory); raises EtcdUnavailable."""
+        kv = self.client.get(state_key(self.owner, name))
+        return kv.value if kv is not None else None
+
+    def save_state(self, name: str, value: bytes) -> bool:
+        """Written only while this daemon's campaign key is the one it created (a transaction on its
+        create_revision): a deposed leader's write is refused by etcd. Raises EtcdUnavailable."""
+        with self._lock:
+            lease, mine = self._lease, self._mine
+        if lease is None or mine is None:
+            return False
+        return self.client.put_if(state_key(self.owner, name), value, guard_key=f"{self.prefix}{lease:x}",
+                                  guard_create_revision=mine)
 
     # ------------------------------------------------------------ the thread
 

@@ -18,7 +18,7 @@ from reconciler.daemon.events import EventLog
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.gitrev import GitCatalog, GitError, PullOutcome
 from reconciler.model import Catalog
-from reconciler.status import CatalogStatus, Upstream, catalog_document
+from reconciler.status import CatalogStatus, LeaderStatus, Upstream, catalog_document
 
 DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"
 
@@ -40,6 +40,7 @@ class DaemonState:
     watcher_error: str | None = None
     took_over_from: int | None = None  # pid of a daemon that died holding the lock
     unreachable: set[str] = field(default_factory=set)  # nodes the last pass found unreachable
+    leader: LeaderStatus | None = None  # under `leader:` in fleet.yaml, while this daemon leads (SPEC 14)
 
 
 class Revisions:
@@ -156,7 +157,7 @@ class Revisions:
             # change with every status commit, which would then need another status commit.
             branch=st.branch if self.git is not None else None,
             uncommitted=tuple(st.uncommitted) if self.git is not None else None,
-            upstream=upstream, warnings=tuple(self.warnings()),
+            upstream=upstream, warnings=tuple(self.warnings()), leader=self.state.leader,
         )
 
     def status_document(self) -> dict:
