@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 
 from reconciler.actor.dispatch import Actor
 from reconciler.actor.work import LogFn, RenderFn
-from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
+from reconciler.autoscale import AutoscaleState, kept_states, next_pass_at, with_counts
 from reconciler.observed import observe_replica
 from reconciler.engine_metrics import (
     ENGINE_SERIES,
@@ -132,6 +132,7 @@ def run_pass(
     ready: Mapping[str, ReplicaState] | None = None,
     epoch: int | None = None,
     may_act: Callable[[], str | None] = lambda: None,
+    counts_kept: Mapping[str, AutoscaleState] | None = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -149,6 +150,8 @@ def run_pass(
                   daemon's scaling.
     epoch, may_act  the leader's epoch that every start and stop carries for the nodes to fence, and
                   whether it may still act (SPEC 14: the daemon's, under `leader:`); None: no fencing.
+    counts_kept   each autoscaled model's count in force as the leaders keep it in etcd (SPEC 14), in
+                  place of status/'s (a new leader's clone may hold an older status); None: status/'s.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
@@ -157,7 +160,7 @@ def run_pass(
     memory = history or PassMemory()
     # 0. The count in force of each autoscaled model, as status/ holds it (min without it): the
     #    catalog's `replicas` for this pass. The catalog itself is never written.
-    in_force = counts_in_force(catalog)
+    in_force = counts_in_force(catalog) if counts_kept is None else kept_states(catalog, counts_kept)
     fleet_transports = FleetTransports(transports, catalog.fleet)
     ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog), epoch=epoch,
                                          may_act=may_act)

@@ -115,6 +115,7 @@ class ApplyPass:
         # with; None: no leader, no fencing, the memory in its local file.
         self.leadership = None
         self._epoch: int | None = None  # the epoch this pass memory and the nodes' fences are for
+        self._counts = (lambda: None, lambda catalog, states: None)  # autoscaled counts in etcd, under leader:
 
     def _transports(self, catalog) -> dict:
         ids = {n.id for n in catalog.fleet.nodes}
@@ -135,11 +136,14 @@ class ApplyPass:
                 # deposed leader still has in flight lands on a node after this one's first action.
                 self._memory = _etcd_memory_store(self.leadership, log)
                 self._memory_loaded = False
+                self._counts = _etcd_counts_store(self.leadership, log)
                 self._fence_all(catalog, epoch, log)
                 self._epoch = epoch
             election = self.leadership
             leading = {"epoch": epoch, "may_act": lambda: (
                 None if election.epoch() == epoch else f"this daemon no longer leads (its epoch was {epoch})")}
+            if any(m.autoscale is not None for m in catalog.models):
+                leading["counts_kept"] = self._counts[0]()
         if not self._memory_loaded:
             self._history = self._memory[0](catalog.root)
             self._memory_loaded = True
@@ -171,6 +175,8 @@ class ApplyPass:
             **leading,
         )
         self._history = result.memory
+        if "counts_kept" in leading and getattr(result, "autoscale", None):
+            self._counts[1](catalog, result.autoscale)
         self._ready = getattr(result, "replicas", None) or {}
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
@@ -207,6 +213,44 @@ def _memory_file_store():
 
 
 MEMORY_KEY = "memory"
+COUNTS_KEY = "autoscale"
+
+
+def _etcd_counts_store(election, log):
+    """Under `leader:`, the autoscaled counts in force, kept in etcd beside the memory: a new leader
+    goes on from the count the last one reached, not from its clone's status/, which may be older.
+    (load() -> {model: AutoscaleState} or None when etcd has none, save(catalog, states))."""
+    import json
+
+    from reconciler.autoscale import state_document, state_from_document
+    from reconciler.daemon.etcd import EtcdUnavailable
+
+    kept = {}
+
+    def load():
+        if "states" not in kept:
+            try:
+                raw = election.load_state(COUNTS_KEY)
+                doc = json.loads(raw) if raw else None
+            except (EtcdUnavailable, ValueError) as exc:
+                log("autoscale.unavailable", error=str(exc), msg="the autoscaled counts could not be read from "
+                    "etcd: status/'s are in force this pass")
+                return None
+            if not isinstance(doc, dict):
+                return None  # none kept yet: status/'s
+            kept["states"] = {name: s for name, d in doc.items() if (s := state_from_document(d)) is not None}
+        return kept["states"]
+
+    def save(catalog, states):
+        kept["states"] = dict(states)
+        models = {m.name: m for m in catalog.models}
+        doc = {name: state_document(models[name], s) for name, s in sorted(states.items()) if name in models}
+        try:
+            if not election.save_state(COUNTS_KEY, json.dumps(doc, sort_keys=True).encode()):
+                log("autoscale.refused", msg="etcd refused the autoscaled counts: this daemon no longer leads")
+        except EtcdUnavailable as exc:
+            log("autoscale.unavailable", error=str(exc), msg="the autoscaled counts could not be written to etcd")
+    return load, save
 
 
 def _etcd_memory_store(election, log):
