@@ -44,9 +44,9 @@ def cluster(tmp_path_factory):
     c.close()
 
 
-def model_doc(replicas: int, marker: str) -> str:
+def model_doc(replicas: int, marker: str, drain_s: float = 10) -> str:
     return yaml.safe_dump({
-        "name": "echo", "source": "echo-weights", "replicas": replicas,
+        "name": "echo", "source": "echo-weights", "replicas": replicas, "drain_s": drain_s,
         "profiles": [{
             "name": "cpu", "engine": "command", "port": 8310,
             "command": ["python3", "-m", "reconciler.tiny_server", "--host", "0.0.0.0", "--port", "${PORT}",
@@ -89,10 +89,13 @@ class Hosts:
         self.daemons.append(d)
         return d
 
-    def bump(self, replicas: int) -> None:
-        self.origin.write("models/echo.yaml", model_doc(replicas, self.marker))
+    def bump(self, replicas: int, drain_s: float = 10) -> None:
+        self.origin.write("models/echo.yaml", model_doc(replicas, self.marker, drain_s))
         self.origin.commit(f"{replicas} echo replicas", "models/echo.yaml")
         git(self.origin.path, "push", "-q", str(self.bare), "HEAD:main")
+
+    def replica(self, name: str, rid: str) -> dict:
+        return next((r for r in self.status(name).get("replicas") or [] if r.get("id") == rid), {})
 
     def status(self, name: str) -> dict:
         try:
@@ -172,6 +175,32 @@ def test_leader_killed_mid_pass_the_standby_finishes_without_duplicates(hosts):
     catalog_status = hosts.repos["host-b"].path / "status/catalog.yaml"
     wait_for(catalog_status.exists, 30, "status/catalog.yaml written by the new leader")
     assert yaml.safe_load(catalog_status.read_text())["leader"]["epoch"] == elected["epoch"]
+
+
+def test_a_drain_in_progress_at_takeover_goes_on_to_the_same_deadline(hosts):
+    a = hosts.daemon("host-a")
+    a.wait_event("leader.elected", timeout=30)
+    b = hosts.daemon("host-b")
+    b.wait_event("leader.standby", timeout=30)
+    hosts.bump(2, drain_s=40)
+    hosts.wait_ready("host-a", 2)
+    hosts.bump(1, drain_s=40)  # echo-1 drains for up to 40 s: the leader is killed meanwhile
+    draining = wait_for(lambda: (r := hosts.replica("host-a", "echo-1")).get("phase") == "Draining"
+                        and "at the latest after" in r.get("message", "") and r, 60, "echo-1 draining on host-a")
+    deadline = draining["message"].split("at the latest after", 1)[1].strip()
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(10)
+    b.wait_event("leader.elected", timeout=6 * LEASE_S)
+    # The new leader holds the drain the old one began, to the same deadline (from the memory in etcd),
+    # rather than beginning it again; then stops it, and only it.
+    taken = wait_for(lambda: (r := hosts.replica("host-b", "echo-1")).get("phase") == "Draining"
+                     and "at the latest after" in r.get("message", "") and r, 60, "echo-1 draining on host-b")
+    assert taken["message"].split("at the latest after", 1)[1].strip() == deadline
+    hosts.assert_exactly(1)
+    stops = wait_for(lambda: [e for e in b.events("decision") if e.get("action") == "stop"
+                              and e.get("replica") == "echo-1"], 30, "host-b's stop of echo-1 logged")
+    assert all(e["ok"] and "drained" in e["reason"] for e in stops)
+    assert not [e for e in b.events("decision") if e.get("action") == "start"]  # it started nothing
 
 
 def test_leader_paused_past_its_lease_acts_on_nothing_when_it_wakes(hosts):
