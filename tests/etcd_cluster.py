@@ -51,7 +51,7 @@ class EtcdCluster:
         return [f"http://127.0.0.1:{p}" for p in self.client_ports]
 
     def start(self, i: int | None = None) -> None:
-        for k in ([i] if i is not None else range(len(self.names))):
+        for k in ([i] if i is not None else [k for k in range(len(self.names)) if k not in self.procs]):
             data = self.base / self.names[k]
             state = "existing" if data.exists() else "new"
             log = open(self.base / f"{self.names[k]}.log", "ab")
@@ -78,7 +78,7 @@ class EtcdCluster:
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if any(self._healthy(p) for i, p in enumerate(self.client_ports) if i in self.procs):
+            if any(self._healthy(p) for k, p in enumerate(self.client_ports) if k in self.procs):
                 return
             time.sleep(0.1)
         raise RuntimeError("etcd cluster did not become healthy: " + self.log_tail())

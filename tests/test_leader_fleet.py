@@ -264,3 +264,28 @@ def test_leader_cut_off_from_etcd_stops_and_the_other_takes_over_the_fleet(nodes
         h.cleanup()
         for p in proxies:
             p.close()
+
+
+def test_etcd_lost_by_every_host_stops_reconciling_never_serving(hosts, cluster):
+    a = hosts.daemon("host-a")
+    a.wait_event("leader.elected", timeout=30)
+    b = hosts.daemon("host-b")
+    b.wait_event("leader.standby", timeout=30)
+    hosts.wait_ready("host-a", 1)
+    serving = hosts.engines()
+    try:
+        for i in range(3):
+            cluster.stop(i)
+        a.wait_event("leader.lost", timeout=6 * LEASE_S)
+        b.wait_event("leader.no-etcd", timeout=6 * LEASE_S)
+        hosts.bump(3)  # pulled by both; acted on by neither
+        wait_for(lambda: all(len([e for e in d.events("pass.standby") if "no etcd endpoint" in e["msg"]
+                                  or "could not be renewed" in e["msg"]]) >= 3 for d in (a, b)), 60,
+                 "both hosts standing by without etcd")
+        assert hosts.engines() == serving  # the engine serves on, untouched
+        assert all(d.proc.poll() is None and "Traceback" not in d.logfile.read_text() for d in (a, b))
+    finally:
+        cluster.start()
+    # etcd back: one of them leads again and catches up, each rank once.
+    wait_for(lambda: a.events("leader.elected")[1:] or b.events("leader.elected"), 60, "a leader again")
+    hosts.assert_exactly(3)
