@@ -176,3 +176,69 @@ def test_no_endpoint_answering_is_one_error_naming_each(tmp_path):
     with pytest.raises(EtcdUnavailable) as info:
         client.grant(5)
     assert all(f"127.0.0.1:{p}" in str(info.value) for p in ports)
+
+
+def openssl(*args, cwd):
+    import subprocess
+
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+            "-keyout", f"{name}-key.pem", "-out", f"{name}.pem", cwd=d)
+
+
+def signed(d, ca, name, ext):
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}-key.pem",
+            "-out", f"{name}.csr", cwd=d)
+    (d / f"{name}.ext").write_text(ext)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}-key.pem", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
+
+
+def test_tls_with_client_certificates_and_a_ca_that_does_not_sign_the_server_named(tmp_path):
+    import subprocess
+
+    from tests.etcd_cluster import ETCD
+
+    d = tmp_path / "pki"
+    d.mkdir()
+    make_ca(d, "ca")
+    make_ca(d, "other-ca")
+    # clientAuth too: etcd's JSON gateway dials its own gRPC port with the server certificate.
+    signed(d, "ca", "server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    signed(d, "ca", "client", "extendedKeyUsage=clientAuth\n")
+    client_port, peer_port = free_ports(2)
+    log = open(tmp_path / "etcd.log", "wb")
+    proc = subprocess.Popen(
+        [ETCD, "--name", "tls", "--data-dir", str(tmp_path / "data"),
+         "--listen-client-urls", f"https://127.0.0.1:{client_port}",
+         "--advertise-client-urls", f"https://127.0.0.1:{client_port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-cluster", f"tls=http://127.0.0.1:{peer_port}",
+         "--cert-file", str(d / "server.pem"), "--key-file", str(d / "server-key.pem"),
+         "--client-cert-auth", "--trusted-ca-file", str(d / "ca.pem")],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    try:
+        url = f"https://127.0.0.1:{client_port}"
+        good = EtcdClient([url], ca_file=str(d / "ca.pem"), cert_file=str(d / "client.pem"),
+                          key_file=str(d / "client-key.pem"))
+        lease = None
+        deadline = time.monotonic() + 20
+        while lease is None and time.monotonic() < deadline:
+            try:
+                lease = good.grant(5)
+            except EtcdUnavailable:
+                time.sleep(0.2)
+        assert lease, (tmp_path / "etcd.log").read_text()[-2000:]
+        wrong = EtcdClient([url], ca_file=str(d / "other-ca.pem"), cert_file=str(d / "client.pem"),
+                           key_file=str(d / "client-key.pem"))
+        with pytest.raises(EtcdUnavailable) as info:
+            wrong.grant(5)
+        assert "other-ca.pem" in str(info.value) and "TLS" in str(info.value)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        log.close()

@@ -88,6 +88,8 @@ class EtcdClient:
         self.timeout_s = timeout_s
         tls = any(e.scheme == "https" for e in self.endpoints)
         self._tls = tls_context(ca_file, cert_file, key_file) if tls else None
+        # Named in a TLS failure: which files this host presented and trusted.
+        self._tls_files = ", ".join(f"{k} {v}" for k, v in (("ca_file", ca_file), ("cert_file", cert_file)) if v)
         self._good = 0
         self._lock = threading.Lock()
 
@@ -107,7 +109,8 @@ class EtcdClient:
             except _Refused as exc:  # etcd answered: an error that another member would answer too
                 raise EtcdUnavailable(f"etcd {url.netloc} refused {path}: {exc}") from None
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                reasons.append(f"{url.netloc}: {_reason(exc)}")
+                files = f" (leader.etcd {self._tls_files})" if isinstance(exc, ssl.SSLError) and self._tls_files else ""
+                reasons.append(f"{url.netloc}: {_reason(exc)}{files}")
                 continue
             with self._lock:
                 self._good = i
