@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from reconciler.agent_keys import Answer
 from reconciler.launcher import node_agent
 from reconciler.launcher.ssh_launcher import SshLauncher
@@ -137,3 +139,35 @@ def test_a_fenced_slurm_launcher_submits_no_job():
     outcome = launcher.start(launch)
     assert outcome.fenced and not outcome.ok and "epoch 9" in outcome.reason
     assert client.ran == []
+
+
+@pytest.mark.process  # the agent runs as python3 processes
+def test_a_pass_of_a_deposed_leader_is_fenced_on_the_node_and_says_so(tmp_path):
+    """The whole way: run_pass -> the actor -> the real node agent (LocalTransport, a python3 per call):
+    the node has seen epoch 5, a pass with epoch 4 starts nothing and its decision is `fenced`."""
+    import yaml
+
+    from reconciler.catalog import load_catalog
+    from reconciler.owner import catalog_owner
+    from reconciler.reconcile import run_pass
+    from reconciler.transport import LocalTransport
+    from tests.apply_support.local import free_port
+    from tests.conftest import REPO, copy_tracked
+
+    root = tmp_path / "catalog"
+    copy_tracked(REPO / "examples" / "single-machine", root)
+    fleet = yaml.safe_load((root / "fleet.yaml").read_text())
+    fleet["state_dir"] = str(tmp_path / "state")
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet, sort_keys=False))
+    model_file = next((root / "models").glob("*.yaml"))
+    model = yaml.safe_load(model_file.read_text())
+    model["profiles"][0]["port"] = free_port()
+    model_file.write_text(yaml.safe_dump(model, sort_keys=False))
+    catalog = load_catalog(root, with_revision=False)
+    transports = {"local": LocalTransport("local")}
+    newer = SshLauncher.for_fleet(catalog.fleet, transports, owner=catalog_owner(catalog), epoch=5)
+    assert newer.fence("local") is None
+    result = run_pass(catalog, transports=transports, ready_wait_s=0, epoch=4, write_status=False)
+    fenced = [d for d in result.decisions if d.action == "fenced"]
+    assert fenced and not fenced[0].ok and "epoch 5" in fenced[0].reason
+    assert not [p for p in (tmp_path / "state" / "replicas").glob("*.json")]  # nothing was started
