@@ -91,6 +91,11 @@ def test_one_daemon_leads_the_other_stands_by_and_says_who(cluster, tmp_path):
             assert refused.returncode != 0 and "leads this fleet" in refused.stderr
             assert "Traceback" not in refused.stderr
             assert f"pid {a.pid}" in refused.stderr
+            forced = run_cli("apply", str(b_repo.path), "--force", "--dry-run")
+            # past the lease's question (the fleet's node is not reachable from here: that is the error)
+            assert "leads this fleet" not in forced.stderr and "Traceback" not in forced.stderr, forced.stderr
+            planned = run_cli("plan", str(b_repo.path))
+            assert "leads this fleet" not in planned.stderr and "Traceback" not in planned.stderr
 
 
 def test_a_killed_leader_is_replaced_and_a_paused_one_does_not_act_again(cluster, tmp_path):
@@ -155,4 +160,7 @@ def test_etcd_unreachable_at_start_is_a_standby_that_says_so(tmp_path):
         a.wait_event("leader.no-etcd")
         a.wait_event("pass.standby", count=2)
         assert a.passes("begin") == [] and a.proc.poll() is None
+        refused = run_cli("apply", str(repo.path))
+        assert refused.returncode != 0 and "cannot ask etcd who leads" in refused.stderr
+        assert "--force" in refused.stderr and "Traceback" not in refused.stderr
     assert "Traceback" not in a.logfile.read_text()
