@@ -258,7 +258,7 @@ class Daemon:
         except Exception as exc:  # a bug: log it whole, keep the daemon alive
             self.log("pass.error", error=f"{type(exc).__name__}: {exc}", msg="".join(traceback.format_exc()))
         finally:
-            if not self._standby:  # status is the leader's to write (SPEC 14)
+            if self._writes_status():
                 self._write_status()
             elapsed = self.clock() - started
             self.metrics.pass_ended(result_kind, elapsed)
@@ -301,6 +301,13 @@ class Daemon:
                       f"not acting: {view.why or 'no leader yet'}"))
         return False
 
+    def _writes_status(self) -> bool:
+        """Status is the leader's to write and commit (SPEC 14): not a standby's, nor a leader's that lost
+        its lease during the pass."""
+        if self._standby:
+            return False
+        return self.election is None or self.election.epoch() is not None
+
     def _start_election(self, catalog: Catalog) -> None:
         settings = catalog.fleet.leader
 
@@ -326,7 +333,7 @@ class Daemon:
 
     def refresh_status(self) -> None:
         """No pass: only bring the git facts in status up to date (uncommitted edits, branch)."""
-        if self._standby:
+        if not self._writes_status():
             return
         try:
             self.revisions.read_worktree_facts()
