@@ -137,6 +137,8 @@ class ApplyPass:
                 self._memory = _etcd_memory_store(self.leadership, log)
                 self._memory_loaded = False
                 self._counts = _etcd_counts_store(self.leadership, log)
+                # What this daemon saw before another led in between is not the fleet now: probe it whole.
+                self._last, self._probed_at, self._ready = None, None, {}
                 self._fence_all(catalog, epoch, log)
                 self._epoch = epoch
             election = self.leadership
