@@ -27,7 +27,9 @@ The modules, top layer first; a module imports only from the layers below it
                         (filters); app (Starlette routes, the read-only guard, templates/, static/), server
                         (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
-                        (watch), the lock (lock), the log (events), metrics from a pass (observe)
+                        (watch), the lock (lock), the log (events), metrics from a pass (observe); under
+                        fleet.yaml `leader:`, who acts: the election and its pure judgement (election) over
+                        etcd's v3 JSON gateway (etcd)
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor/              the pass's effects, through a Launcher, at once: the Actor (dispatch) over a
                         replace and its drain (replacing), weights fetched first (weights), a start or
@@ -52,7 +54,7 @@ The modules, top layer first; a module imports only from the layers below it
     status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
                         YAML, atomic, only on change
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
-                        (node_agent, stdlib only, runs on the node, with its /proc facts in agent_proc
+                        (node_agent, stdlib only, runs on the node, fences a deposed leader's epoch, with its /proc facts in agent_proc
                         and its records and logs in agent_files) over any transport (ssh_launcher),
                         or Slurm jobs (slurm_launcher)
     fetch/              copying weights to a node that lacks them (agent runs on the node)

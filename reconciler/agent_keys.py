@@ -75,3 +75,4 @@ class Answer:
     EXISTS = "exists"  # logs, output: whether the file is there
     LINES = "lines"
     OFFSET = "offset"  # where the next read of an appended log starts
+    FENCED = "fenced"  # start, stop, fence: refused for an old epoch; the highest epoch this node has seen

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("apply", help="one reconcile pass: probe, plan, act, write status")
     _catalog_arg(p)
     p.add_argument("--dry-run", action="store_true", help="probe and plan, change nothing")
+    p.add_argument("--force", action="store_true",
+                   help="apply even while a daemon leads this fleet through etcd (fleet.yaml `leader:`)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
 
     p = sub.add_parser("run", help="the daemon: watch the catalog, resync, reconcile")

@@ -115,6 +115,8 @@ class Metrics:
                                    registry=r)
         self.last_success = Gauge("reconciler_last_successful_pass_timestamp_seconds",
                                   "When the last pass that applied a revision ended (Unix time).", registry=r)
+        self.leader = Gauge("reconciler_leader", "1 while this daemon leads and acts (always, without `leader:` in "
+                            "fleet.yaml), 0 while it stands by.", registry=r)
         self.applied_revision = Info("reconciler_applied_revision", "The catalog revision in force.", registry=r)
         self._fleet = _FleetCollector()
         r.register(self._fleet)

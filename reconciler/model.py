@@ -118,10 +118,22 @@ class SlurmSettings:
 
 
 @frozen
+class LeaderSettings:
+    """fleet.yaml `leader:` (SPEC section 14): the etcd cluster the daemons elect their leader in."""
+
+    endpoints: tuple[str, ...]
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    lease_s: int = 15
+
+
+@frozen
 class Fleet:
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = SshSettings()
     slurm: SlurmSettings | None = None
+    leader: LeaderSettings | None = None  # None: one daemon per catalog, under its local lock
     owner: str | None = None  # fleet.yaml `owner:`; None: derived from the catalog (reconciler.owner)
     # fleet.yaml `unreachable_grace_s`: how long replicas on a node that does not answer are left
     # alone before they are placed elsewhere (SPEC 7, Node loss)

@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 from reconciler.actor.dispatch import Actor
 from reconciler.actor.work import LogFn, RenderFn
-from reconciler.autoscale import AutoscaleState, next_pass_at, with_counts
+from reconciler.autoscale import AutoscaleState, kept_states, next_pass_at, with_counts
 from reconciler.canary import CanaryCopy, Measurement, Rollout, advance, canary_ids, checks_due, next_wake
 from reconciler.canary_checks import Target, measure as measure_checks
 from reconciler.observed import observe_replica
@@ -133,6 +133,9 @@ def run_pass(
     autoscale: LoadReader | None = None,
     ready: Mapping[str, ReplicaState] | None = None,
     measure: "MeasureFn | None" = None,
+    epoch: int | None = None,
+    may_act: Callable[[], str | None] = lambda: None,
+    counts_kept: Mapping[str, AutoscaleState] | None = None,
 ) -> PassResult:
     """Probe the fleet, plan against the catalog, act on the plan, write status/.
 
@@ -149,6 +152,10 @@ def run_pass(
                   None (apply): the count in force is kept, so a manual pass never undoes the
                   daemon's scaling.
     measure       a canary's checks (canary_checks.measure, the default): one measurement of each.
+    epoch, may_act  the leader's epoch that every start and stop carries for the nodes to fence, and
+                  whether it may still act (SPEC 14: the daemon's, under `leader:`); None: no fencing.
+    counts_kept   each autoscaled model's count in force as the leaders keep it in etcd (SPEC 14), in
+                  place of status/'s (a new leader's clone may hold an older status); None: status/'s.
     A dry run probes and plans, reports what it would do, and changes nothing,
     status files included.
     """
@@ -157,9 +164,10 @@ def run_pass(
     memory = history or PassMemory()
     # 0. The count in force of each autoscaled model, as status/ holds it (min without it): the
     #    catalog's `replicas` for this pass. The catalog itself is never written.
-    in_force = counts_in_force(catalog)
+    in_force = counts_in_force(catalog) if counts_kept is None else kept_states(catalog, counts_kept)
     fleet_transports = FleetTransports(transports, catalog.fleet)
-    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog))
+    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog), epoch=epoch,
+                                         may_act=may_act)
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
     # 1. Probe: the fleet as it is; and how busy each draining copy's engine is (SPEC section 10).

@@ -367,6 +367,13 @@ class Upstream:
 
 
 @frozen
+class LeaderStatus:
+    host: str
+    since: str  # UTC, ISO 8601
+    epoch: int
+
+
+@frozen
 class CatalogStatus:
     """What status/catalog.yaml says, whoever applied last (`apply` or the daemon), so a reviewer and
     a daemon started later read one shape.
@@ -384,6 +391,7 @@ class CatalogStatus:
     warnings: tuple[str, ...] = ()
     # Models the fleet does not run as HEAD says, in words: a canary rollout aborted (SPEC section 13).
     out_of_sync: tuple[str, ...] = ()
+    leader: LeaderStatus | None = None  # with `leader:` in fleet.yaml: who leads (SPEC 14)
 
 
 def catalog_document(st: CatalogStatus) -> dict:
@@ -398,6 +406,8 @@ def catalog_document(st: CatalogStatus) -> dict:
         doc["uncommitted_changes"] = list(st.uncommitted)
         if st.upstream is not None:
             doc["upstream"] = {"ref": st.upstream.ref, "state": st.upstream.state, "message": st.upstream.message}
+    if st.leader is not None:
+        doc["leader"] = {"host": st.leader.host, "since": st.leader.since, "epoch": st.leader.epoch}
     doc["warnings"] = list(st.warnings)
     if st.out_of_sync:  # only when some model is: a catalog without rollouts keeps its file as it was
         doc["out_of_sync"] = list(st.out_of_sync)

@@ -113,6 +113,7 @@ class DecisionAction(StrEnum):
     WARN = "warn"  # nothing done to a replica: something a person should know (a hand-edited gateway file)
     CHECK = "check"  # one measurement of a canary rollout's check (SPEC section 13)
     ROLLOUT = "rollout"  # a canary rollout moved: Progressing, Promoting, Complete or Aborted
+    FENCED = "fenced"  # a node refused this host's epoch, or its lease ran out: it no longer leads (SPEC 14)
 
 
 class TransportKind(StrEnum):
@@ -157,3 +158,11 @@ class RolloutPhase(StrEnum):
     PROMOTING = "Promoting"  # the checks held for analysis_s: the rest is replaced (section 7)
     COMPLETE = "Complete"
     ABORTED = "Aborted"  # a check failed or a canary copy did: canary stopped, the spec not tried again
+
+
+class Role(StrEnum):
+    """A daemon's part under `leader:` in fleet.yaml (SPEC section 14)."""
+
+    LEADER = "leader"  # holds the lease and renewed it within the renew deadline: it acts
+    STANDBY = "standby"  # another daemon leads: pulls, may probe, acts on nothing
+    NO_ETCD = "no-etcd"  # etcd cannot be reached (or refuses): acts on nothing until it can

@@ -29,6 +29,9 @@ command -v make >/dev/null 2>&1 || need+=(make)
 # The dashboard's browser tests drive Debian's Chromium headless through its chromedriver.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+# The leader tests run a real etcd cluster of three members on loopback (SPEC section 14).
+[ -x /usr/bin/etcd ] || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

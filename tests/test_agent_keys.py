@@ -31,7 +31,7 @@ from tests.conftest import REPO
 OLD_RECORD_KEYS = {"id", "model", "profile", "rank", "nnodes", "spec_hash", "pid", "pgid", "start_time",
                    "started_at", "port", "gpus", "argv", "env_keys", "log", "managed_by", "revision", "owner"}
 OLD_ANSWER_KEYS = {"ok", "reason", "failure", "port_in_use", "already_running", "pid", "pgid", "log", "start_time",
-                   "revision", "ranks", "rank", "detail", "exists", "lines", "offset"}
+                   "revision", "ranks", "rank", "detail", "exists", "lines", "offset", "fenced"}
 
 
 def _names(cls) -> dict[str, str]:

@@ -396,3 +396,15 @@ def test_a_pass_that_changed_one_node_rebuilds_that_row_only(tmp_path):
     row = next(n for n in third.nodes if n.id == node)
     assert row is not next(n for n in after.nodes if n.id == node)
     assert {c.holder_phase for c in row.gpus if c.holder == placed["id"]} == {"Failed"}
+
+
+def test_the_leader_its_status_names_is_on_the_overview_and_absent_without_one(tmp_path):
+    root = planned_catalog(tmp_path)
+    catalog = {"last_attempted_revision": "a" * 40, "last_applied_revision": "a" * 40, "message": "applied",
+               "errors": [], "warnings": []}
+    (root / "status" / "catalog.yaml").write_text(dump_yaml(catalog))
+    assert 'id="leader"' not in TestClient(create_app(root)).get("/").text
+    catalog["leader"] = {"host": "mgmt-b", "since": "2026-12-05T07:00:00Z", "epoch": 42}
+    (root / "status" / "catalog.yaml").write_text(dump_yaml(catalog))
+    html = TestClient(create_app(root)).get("/").text
+    assert 'id="leader"' in html and "mgmt-b" in html and "epoch 42" in html

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from reconciler.actor.stopping import StopActions
+from reconciler.actor.work import FENCED
 from reconciler.errors import RenderError
 from reconciler.launcher import StartOutcome
 from reconciler.model import Action, RankKey, RankLaunch
@@ -106,6 +107,8 @@ class StartActions(StopActions):
             return None
         launch, outcome = failed
         message = f"rank {launch.rank} on {launch.node} did not start: {outcome.reason}"
+        if outcome.fenced:  # this host no longer leads (SPEC 14): said in its own word
+            self.decide(launch.replica, launch.node, FENCED, message, ok=False)
         self.roll_back(outcomes, message)
         if outcome.port_in_use:
             # The snapshot written after this pass says so, and the next plan picks another port.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from reconciler.actor.work import ActorWork
+from reconciler.actor.work import FENCED, ActorWork
 from reconciler.launcher import StopOutcome
 from reconciler.model import Action, RankKey
 from reconciler.outcomes import ActionOutcome, ReplicaState
@@ -34,7 +34,9 @@ class StopActions(ActorWork):
             outcomes = list(pool.map(lambda t: self.launcher.stop(t[0], replica, t[1]), targets))
         ok = True
         for (node, rank), outcome in zip(targets, outcomes):
-            self.decide(replica, node, DecisionAction.STOP, f"{reason} ({outcome.detail})", ok=outcome.ok)
+            # Fenced: this host no longer leads; the decision says so in its own word (SPEC 14).
+            self.decide(replica, node, FENCED if outcome.fenced else DecisionAction.STOP, f"{reason} ({outcome.detail})",
+                        ok=outcome.ok)
             self.note_unanswered(outcome)
             if outcome.ok:
                 self.stopped.append(RankKey(node, replica, rank))

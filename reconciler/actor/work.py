@@ -23,6 +23,7 @@ from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, NodeS
 # `apply` waits at most this long for a started replica to become Ready; past it the
 # replica is reported Starting and the next pass (or the daemon) keeps watching.
 APPLY_READY_WAIT_S = 300.0
+FENCED = DecisionAction.FENCED  # a node refused this host's epoch, or its lease ran out (SPEC 14)
 
 RenderFn = Callable[[Model, Profile, Placement, Fleet, Inventory], list[RankLaunch]]
 LogFn = Callable[[Decision], None]

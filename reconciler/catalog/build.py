@@ -17,6 +17,7 @@ from reconciler.model import (
     Model,
     NodeSpec,
     Profile,
+    LeaderSettings,
     SlurmSettings,
     SshSettings,
     UpdatePolicy,
@@ -97,7 +98,16 @@ def build_fleet(data: dict) -> Fleet:
             extra_args=tuple(str(a) for a in slurm.get("extra_args") or ()),
             command_timeout_s=float(slurm.get("command_timeout_s", 30)),
         )
-    return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"),
+    leader = data.get("leader")
+    leader_settings = None
+    if leader is not None:
+        etcd = leader["etcd"]
+        leader_settings = LeaderSettings(
+            endpoints=tuple(str(e) for e in etcd["endpoints"]),
+            ca_file=etcd.get("ca_file"), cert_file=etcd.get("cert_file"), key_file=etcd.get("key_file"),
+            lease_s=int(leader.get("lease_s", LeaderSettings.lease_s)),
+        )
+    return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"), leader=leader_settings,
                  unreachable_grace_s=float(data.get("unreachable_grace_s", Fleet.unreachable_grace_s)),
                  gpu_quarantine_s=float(data.get("gpu_quarantine_s", Fleet.gpu_quarantine_s)))
 

@@ -150,7 +150,7 @@ def _load_fleet(root: Path, read, problems: list[Problem]) -> tuple[Fleet | None
         return None, None
     errs = schema_problems(doc, "fleet")
     if not errs:
-        errs = fleet_problems(doc)
+        errs = fleet_problems(doc, str(root))
     problems += errs
     if errs:
         return None, None

@@ -5,6 +5,7 @@ resolved, one fabric per HCA, owned engine flags, llama.cpp over IPv6.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Iterator, Mapping
 
@@ -22,8 +23,8 @@ from reconciler.catalog.documents import Document
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 
-def fleet_problems(doc: Document) -> list[Problem]:
-    problems: list[Problem] = []
+def fleet_problems(doc: Document, root: str | None = None) -> list[Problem]:
+    problems: list[Problem] = _leader_problems(doc, root)
     nodes = doc.data.get("nodes") or []
     seen: dict[str, int] = {}
     for i, node in enumerate(nodes):
@@ -82,6 +83,46 @@ def _slurm_problems(doc: Document, nodes: list, ids: Mapping[str, int]) -> list[
                 problems.append(doc.at(("nodes", i, "slurm_name" if "slurm_name" in node else "id"),
                                        f"node {node['id']}: Slurm node {name} is also node {names[name]}"))
             names[name] = node["id"]
+    return problems
+
+
+ETCD_SCHEMES = ("http", "https")
+
+
+def _leader_problems(doc: Document, root: str | None) -> list[Problem]:
+    """SPEC section 14: `leader.etcd`'s endpoints are URLs, and its TLS files are there (relative to
+    the catalog) on this management host: a daemon must not find out at its first election."""
+    from urllib.parse import urlsplit
+
+    leader = doc.data.get("leader")
+    if not isinstance(leader, Mapping):
+        return []
+    etcd = leader.get("etcd") or {}
+    problems: list[Problem] = []
+    for i, endpoint in enumerate(etcd.get("endpoints") or ()):
+        try:
+            url = urlsplit(str(endpoint))
+            port = url.port
+        except ValueError as exc:
+            problems.append(doc.at(("leader", "etcd", "endpoints", i), f"etcd endpoint {endpoint!r}: {exc}"))
+            continue
+        if url.scheme not in ETCD_SCHEMES or not url.hostname or url.path not in ("", "/") or url.query:
+            problems.append(doc.at(("leader", "etcd", "endpoints", i),
+                                   f"etcd endpoint {endpoint!r} is not a URL such as https://etcd-1:2379 "
+                                   "(http or https, a host, a port, no path)"))
+        elif port is None:
+            problems.append(doc.at(("leader", "etcd", "endpoints", i),
+                                   f"etcd endpoint {endpoint!r} has no port (etcd's client port is usually 2379)"))
+    for field in ("ca_file", "cert_file", "key_file"):
+        name = etcd.get(field)
+        if name is None:
+            continue
+        path = os.path.join(root, os.path.expanduser(str(name))) if root is not None else os.path.expanduser(str(name))
+        if not os.path.isfile(path):
+            problems.append(doc.at(("leader", "etcd", field), f"leader.etcd.{field}: {name}: no such file on this host"))
+    if ("cert_file" in etcd) != ("key_file" in etcd):
+        given, missing = ("cert_file", "key_file") if "cert_file" in etcd else ("key_file", "cert_file")
+        problems.append(doc.at(("leader", "etcd", given), f"leader.etcd.{given} needs {missing} too"))
     return problems
 
 

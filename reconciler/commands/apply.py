@@ -42,6 +42,36 @@ def catalog_status(catalog, out_of_sync: tuple[str, ...] = ()) -> CatalogStatus:
                          out_of_sync=tuple(out_of_sync))
 
 
+def refuse_while_a_leader_acts(catalog) -> None:
+    """Under fleet.yaml `leader:` (SPEC 14), a pass by hand beside the leader's would act on the same
+    nodes with no epoch: refused, naming the leader, unless --force. etcd out of reach: refused too, as
+    nobody can say that no leader acts."""
+    settings = catalog.fleet.leader
+    if settings is None:
+        return
+    import os
+
+    from reconciler.daemon.election import current_leader
+    from reconciler.daemon.etcd import EtcdClient, EtcdUnavailable
+    from reconciler.errors import ReconcilerError
+    from reconciler.owner import catalog_owner
+
+    def path(name):
+        return None if name is None else os.path.join(catalog.root, os.path.expanduser(name))
+
+    client = EtcdClient(settings.endpoints, ca_file=path(settings.ca_file), cert_file=path(settings.cert_file),
+                        key_file=path(settings.key_file))
+    try:
+        leader = current_leader(client, catalog_owner(catalog))
+    except EtcdUnavailable as exc:
+        raise ReconcilerError(f"cannot ask etcd who leads this fleet ({exc}); nothing was applied: "
+                              "`reconciler apply --force` applies anyway") from None
+    if leader is not None:
+        raise ReconcilerError(f"a reconciler daemon on {leader.host} (pid {leader.pid}, epoch "
+                              f"{leader.create_revision}) leads this fleet and holds the lease in etcd; nothing "
+                              "was applied: the leader applies what is committed, or `reconciler apply --force`")
+
+
 def write_catalog_status(catalog, out_of_sync: tuple[str, ...] = ()) -> None:
     try:
         status.write_catalog_status(catalog.root, catalog_status(catalog, out_of_sync))
@@ -68,6 +98,8 @@ def main(args) -> int:
     # One reconciler acts on a catalog at a time: a pass of ours beside a daemon's would start what
     # it starts a second time. A dry run changes nothing and takes no lock.
     lock = None if args.dry_run else CatalogLock(lock_path(Path(catalog.root), _git_of(catalog)), catalog.root, APPLY)
+    if not args.dry_run and not getattr(args, "force", False):
+        refuse_while_a_leader_acts(catalog)
     if lock is not None:
         lock.acquire()  # DaemonLocked (exit 1) names the holder
     try:

@@ -113,6 +113,11 @@ class ApplyPass:
         self._prober = FleetProber()  # probes outlive a pass: a silent node is not waited on twice
         # Set by the daemon: whether work waits for the loop (a commit arrived during this pass).
         self.pending = lambda: False
+        # Set by the daemon under fleet.yaml `leader:` (SPEC 14): the election, whose epoch each pass acts
+        # with; None: no leader, no fencing, the memory in its local file.
+        self.leadership = None
+        self._epoch: int | None = None  # the epoch this pass memory and the nodes' fences are for
+        self._counts = (lambda: None, lambda catalog, states: None)  # autoscaled counts in etcd, under leader:
 
     def _transports(self, catalog) -> dict:
         ids = {n.id for n in catalog.fleet.nodes}
@@ -122,6 +127,27 @@ class ApplyPass:
         return {node.id: self._pool.transport_for(node) for node in catalog.fleet.nodes}
 
     def __call__(self, catalog, log, *, trigger: str = "interval"):
+        leading = {}
+        if self.leadership is not None:
+            epoch = self.leadership.epoch()
+            if epoch is None:
+                return None  # lost the lease between the loop's question and now: act on nothing
+            if epoch != self._epoch:
+                # A new epoch (this daemon has just become the leader): the memory the last leader left in
+                # etcd, and every node told the new epoch before anything is done, so that nothing the
+                # deposed leader still has in flight lands on a node after this one's first action.
+                self._memory = _etcd_memory_store(self.leadership, log)
+                self._memory_loaded = False
+                self._counts = _etcd_counts_store(self.leadership, log)
+                # What this daemon saw before another led in between is not the fleet now: probe it whole.
+                self._last, self._probed_at, self._ready = None, None, {}
+                self._fence_all(catalog, epoch, log)
+                self._epoch = epoch
+            election = self.leadership
+            leading = {"epoch": epoch, "may_act": lambda: (
+                None if election.epoch() == epoch else f"this daemon no longer leads (its epoch was {epoch})")}
+            if any(m.autoscale is not None for m in catalog.models):
+                leading["counts_kept"] = self._counts[0]()
         if not self._memory_loaded:
             self._history = self._memory[0](catalog.root)
             self._memory_loaded = True
@@ -149,9 +175,12 @@ class ApplyPass:
             kwargs["autoscale"] = self._read_loads
             kwargs["ready"] = self._ready
         result = self._run_pass(
-            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs
+            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs,
+            **leading,
         )
         self._history = result.memory
+        if "counts_kept" in leading and getattr(result, "autoscale", None):
+            self._counts[1](catalog, result.autoscale)
         self._ready = getattr(result, "replicas", None) or {}
         counts = getattr(result, "autoscale", None)
         self._scaled = (with_counts(catalog, counts), counts) if counts else None
@@ -172,12 +201,109 @@ class ApplyPass:
         catalog, states = self._scaled
         return rising_models(catalog, states, read_model_loads(catalog, self._ready, self._read_loads))
 
+    def _fence_all(self, catalog, epoch: int, log) -> None:
+        """The new epoch recorded on every node that answers (the node agent's `fence`), at once."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from reconciler.launcher import SshLauncher
+        from reconciler.owner import catalog_owner
+
+        nodes = [n.id for n in catalog.fleet.nodes]
+        launcher = SshLauncher.for_fleet(catalog.fleet, self._transports(catalog), owner=catalog_owner(catalog),
+                                         epoch=epoch)
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+            outcomes = list(pool.map(launcher.fence, nodes))
+        missed = {node: o.reason for node, o in zip(nodes, outcomes) if o is not None}
+        log("leader.fenced", epoch=epoch, nodes=len(nodes) - len(missed), of=len(nodes),
+            missed=sorted(missed) or None,
+            msg=f"epoch {epoch} recorded on {len(nodes) - len(missed)} of {len(nodes)} nodes"
+                + (f"; not on {', '.join(sorted(missed))} (each action there carries it too)" if missed else ""))
+
     def close(self) -> None:
         self._pool.close()
 
 
 def _memory_file_store():
     return (lambda root: load_memory(memory_path(root)), lambda root, m: save_memory(memory_path(root), m))
+
+
+MEMORY_KEY = "memory"
+COUNTS_KEY = "autoscale"
+
+
+def _etcd_counts_store(election, log):
+    """Under `leader:`, the autoscaled counts in force, kept in etcd beside the memory: a new leader
+    goes on from the count the last one reached, not from its clone's status/, which may be older.
+    (load() -> {model: AutoscaleState} or None when etcd has none, save(catalog, states))."""
+    import json
+
+    from reconciler.autoscale import state_document, state_from_document
+    from reconciler.daemon.etcd import EtcdUnavailable
+
+    kept = {}
+
+    def load():
+        if "states" not in kept:
+            try:
+                raw = election.load_state(COUNTS_KEY)
+                doc = json.loads(raw) if raw else None
+            except (EtcdUnavailable, ValueError) as exc:
+                log("autoscale.unavailable", error=str(exc), msg="the autoscaled counts could not be read from "
+                    "etcd: status/'s are in force this pass")
+                return None
+            if not isinstance(doc, dict):
+                return None  # none kept yet: status/'s
+            kept["states"] = {name: s for name, d in doc.items() if (s := state_from_document(d)) is not None}
+        return kept["states"]
+
+    def save(catalog, states):
+        kept["states"] = dict(states)
+        models = {m.name: m for m in catalog.models}
+        doc = {name: state_document(models[name], s) for name, s in sorted(states.items()) if name in models}
+        try:
+            if not election.save_state(COUNTS_KEY, json.dumps(doc, sort_keys=True).encode()):
+                log("autoscale.refused", msg="etcd refused the autoscaled counts: this daemon no longer leads")
+        except EtcdUnavailable as exc:
+            log("autoscale.unavailable", error=str(exc), msg="the autoscaled counts could not be written to etcd")
+    return load, save
+
+
+def _etcd_memory_store(election, log):
+    """Under `leader:` (SPEC 14) the pass memory (backoffs, grace periods, drains, GPU quarantines) lives in
+    etcd, where the next leader finds it; written only while this daemon leads (etcd refuses a deposed
+    leader's write). etcd out of reach: the pass goes on, and says so."""
+    import json
+
+    from reconciler.daemon.etcd import EtcdUnavailable
+    from reconciler.memory import memory_from_document, memory_to_document
+    from reconciler.outcomes import PassMemory
+
+    def load(_root):
+        try:
+            raw = election.load_state(MEMORY_KEY)
+        except EtcdUnavailable as exc:
+            log("memory.unavailable", error=str(exc), msg="the pass memory could not be read from etcd: "
+                "this pass starts from none (backoffs and grace periods begin again)")
+            return PassMemory()
+        try:
+            return memory_from_document(json.loads(raw)) if raw else PassMemory()
+        except ValueError:  # unreadable: forgotten, never an error (as the local file)
+            return PassMemory()
+
+    last = {}
+
+    def save(_root, memory):
+        value = json.dumps(memory_to_document(memory), sort_keys=True).encode()
+        if last.get("value") == value:
+            return
+        try:
+            if election.save_state(MEMORY_KEY, value):
+                last["value"] = value
+            else:
+                log("memory.refused", msg="etcd refused the pass memory: this daemon no longer leads")
+        except EtcdUnavailable as exc:
+            log("memory.unavailable", error=str(exc), msg="the pass memory could not be written to etcd")
+    return load, save
 
 
 def apply_pass(interval: float = 60.0) -> PassFn:

@@ -25,6 +25,8 @@ from reconciler import status as status_files
 from reconciler.autoscale import look_every
 from reconciler.canary import out_of_sync
 from reconciler.constants import Exit
+from reconciler.daemon.election import Election, View
+from reconciler.daemon.etcd import EtcdClient, EtcdConfigError
 from reconciler.daemon.events import EventLog
 from reconciler.daemon.lock import DAEMON, CatalogLock, lock_path
 from reconciler.daemon.observe import node_events, observe_pass
@@ -35,7 +37,11 @@ from reconciler.gitrev import GitCatalog, GitError
 from reconciler.metrics import Metrics, MetricsServer
 from reconciler.model import Catalog
 from reconciler.outcomes import PassResult
+from reconciler.owner import catalog_owner
+from reconciler.status import LeaderStatus
+from reconciler.vocabulary import Role
 
+LEADER_CHANGE = "leader"  # the election's thread: this daemon became (or stopped being) the leader
 PassFn = Callable[..., "PassResult | None"]  # (catalog, log, *, trigger: str) -> the pass result
 
 
@@ -91,6 +97,10 @@ class Daemon:
         self._asked_at: float | None = None  # wall time the last pass asked to pass again (reconcile.next_pass_wanted)
         self._look_at: float | None = None  # when the loop next reads the loads between passes (_load_rose)
         self.lock = CatalogLock(lock_path(self.root, self.git), str(self.root), DAEMON)
+        # Under fleet.yaml `leader:` (SPEC 14): the election, for the settings it was started with.
+        self.election: Election | None = None
+        self._election_for: tuple | None = None
+        self._standby = False  # this pass found another daemon leading (or etcd gone): it acts on nothing
 
     # ------------------------------------------------------------ waking
 
@@ -165,6 +175,8 @@ class Daemon:
             close = getattr(self.pass_fn, "close", None)
             if callable(close):
                 close()  # connections only: engines keep running
+            if self.election is not None:
+                self.election.stop()  # the lease handed back: a standby takes over at once
             self.lock.release()
 
     def _run_until_stopped(self, watcher: Watcher | None) -> None:
@@ -232,7 +244,7 @@ class Daemon:
 
     def _wants_pass(self, reasons: set[str]) -> bool:
         """A full pass, or only a status refresh? Status commits and editor saves need no pass."""
-        if reasons & {"start", "interval", "SIGHUP", "wake"}:
+        if reasons & {"start", "interval", "SIGHUP", "wake", LEADER_CHANGE}:
             return True
         if self.git is None:
             return FILE_CHANGE in reasons
@@ -245,6 +257,7 @@ class Daemon:
         started = self.clock()
         result_kind = "error"
         self._asked_at = None
+        self._standby = False
         self.passes += 1
         try:
             if pull and self.options.git_pull and self.git is not None:
@@ -259,6 +272,9 @@ class Daemon:
             elif catalog is None:
                 result_kind = "invalid"
                 self.log("pass.skipped", msg="no valid revision has ever been applied: nothing to do")
+            elif not self._leads(catalog):
+                result_kind = "standby"
+                self._standby = True
             else:
                 self.log("pass.start", trigger=trigger, revision=_short(catalog.revision))
                 result = self.pass_fn(catalog, self.log, trigger=trigger)
@@ -270,14 +286,83 @@ class Daemon:
         except Exception as exc:  # a bug: log it whole, keep the daemon alive
             self.log("pass.error", error=f"{type(exc).__name__}: {exc}", msg="".join(traceback.format_exc()))
         finally:
-            self._write_status()
+            if self._writes_status():
+                self._write_status()
             elapsed = self.clock() - started
             self.metrics.pass_ended(result_kind, elapsed)
             self.metrics.revision(self.state.applied)
             self.log("pass.end", trigger=trigger, result=result_kind, seconds=round(elapsed, 3))
 
+    # ------------------------------------------------------------ who acts (SPEC 14)
+
+    def _leads(self, catalog: Catalog) -> bool:
+        """Whether this daemon acts on this pass: always without `leader:` in fleet.yaml; under it, only
+        while the election says it leads. Hands the pass its epoch (pass_fn.leadership)."""
+        settings = catalog.fleet.leader
+        if settings is None:
+            self._end_election()
+            self.state.leader = None
+            self.metrics.leader.set(1.0)
+            return True
+        wanted = (settings, catalog_owner(catalog))
+        if self.election is None or self._election_for != wanted:
+            self._end_election()
+            try:
+                self._start_election(catalog)
+            except EtcdConfigError as exc:
+                self.log("leader.config", error=str(exc), msg="this daemon cannot talk to etcd and acts on nothing "
+                         "until fleet.yaml or the files change; engines keep serving")
+                self.metrics.leader.set(0.0)
+                return False
+            self._election_for = wanted
+        view = self.election.view()
+        self.metrics.leader.set(1.0 if view.leading else 0.0)
+        if hasattr(self.pass_fn, "leadership"):
+            self.pass_fn.leadership = self.election
+        if view.leading:
+            since = self.election.became_leader_at or time.time()
+            self.state.leader = LeaderStatus(self.election.host, _iso(since), view.epoch)
+            return True
+        self.log("pass.standby", role=view.role.value, leader=view.describe(),
+                 msg=(f"{view.describe()} leads: this daemon stands by (its clone pulled, nothing acted on)"
+                      if view.leader is not None and view.role is Role.STANDBY else
+                      f"not acting: {view.why or 'no leader yet'}"))
+        return False
+
+    def _writes_status(self) -> bool:
+        """Status is the leader's to write and commit (SPEC 14): not a standby's, nor a leader's that lost
+        its lease during the pass."""
+        if self._standby:
+            return False
+        return self.election is None or self.election.epoch() is not None
+
+    def _start_election(self, catalog: Catalog) -> None:
+        settings = catalog.fleet.leader
+
+        def path(name: str | None) -> str | None:  # a relative TLS file is the catalog's
+            return None if name is None else os.path.join(catalog.root, os.path.expanduser(name))
+
+        client = EtcdClient(settings.endpoints, ca_file=path(settings.ca_file), cert_file=path(settings.cert_file),
+                            key_file=path(settings.key_file))
+        self.election = Election(client, catalog_owner(catalog), settings.lease_s, log=self.log,
+                                 on_change=self._on_leadership)
+        self.election.start(wait_s=client.timeout_s * len(settings.endpoints) + 1.0)
+
+    def _on_leadership(self, view: View) -> None:
+        """From the election's thread: a new leader passes at once, a deposed one says so at once."""
+        self.metrics.leader.set(1.0 if view.leading else 0.0)
+        self.request(LEADER_CHANGE)
+
+    def _end_election(self) -> None:
+        if self.election is not None:
+            self.election.stop()
+            self.election = None
+            self._election_for = None
+
     def refresh_status(self) -> None:
         """No pass: only bring the git facts in status up to date (uncommitted edits, branch)."""
+        if not self._writes_status():
+            return
         try:
             self.revisions.read_worktree_facts()
         except GitError as exc:
@@ -312,10 +397,14 @@ class Daemon:
 
 
 def _trigger_name(reasons: set[str]) -> str:
-    for name in ("SIGHUP", "start", GIT_CHANGE, FILE_CHANGE, "interval", "wake"):
+    for name in ("SIGHUP", "start", LEADER_CHANGE, GIT_CHANGE, FILE_CHANGE, "interval", "wake"):
         if name in reasons:
             return {"git": "commit"}.get(name, name)
     return ",".join(sorted(reasons))
+
+
+def _iso(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
 def _default_load(path: str) -> Catalog:

@@ -18,7 +18,7 @@ from reconciler.daemon.events import EventLog
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.gitrev import GitCatalog, GitError, PullOutcome
 from reconciler.model import Catalog
-from reconciler.status import CatalogStatus, Upstream, catalog_document
+from reconciler.status import CatalogStatus, LeaderStatus, Upstream, catalog_document
 from reconciler.vocabulary import PullState
 
 DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"
@@ -42,6 +42,7 @@ class DaemonState:
     took_over_from: int | None = None  # pid of a daemon that died holding the lock
     unreachable: set[str] = field(default_factory=set)  # nodes the last pass found unreachable
     out_of_sync: tuple[str, ...] = ()  # models whose canary rollout of HEAD's spec was aborted (SPEC 13)
+    leader: LeaderStatus | None = None  # under `leader:` in fleet.yaml, while this daemon leads (SPEC 14)
 
 
 class Revisions:
@@ -160,6 +161,7 @@ class Revisions:
             branch=st.branch if self.git is not None else None,
             uncommitted=tuple(st.uncommitted) if self.git is not None else None,
             upstream=upstream, warnings=tuple(self.warnings()), out_of_sync=st.out_of_sync,
+            leader=self.state.leader,
         )
 
     def status_document(self) -> dict:

@@ -39,6 +39,7 @@ class Overview:
     gpus: dict[str, int]
     gpu_total: int
     gateway: list[str]
+    leader: dict | None = None  # status/catalog.yaml `leader:` (SPEC 14): who leads, as its last status says
 
 
 def overview(snap: StatusSnapshot, ix: Index) -> Overview:
@@ -55,7 +56,14 @@ def overview(snap: StatusSnapshot, ix: Index) -> Overview:
         ready=phases.get(Phase.READY, 0), unplaced=_unplaced_count(ix),
         phases=_phases_shown(phases), node_states=_node_state_counts(ix), gpus=gpus, gpu_total=sum(gpus.values()),
         gateway=[rel for rel, _ in snap.gateway],
+        leader=_leader(cat.get("leader")),
     )
+
+
+def _leader(doc) -> dict | None:
+    if not isinstance(doc, dict) or not doc.get("host"):
+        return None
+    return {"host": str(doc["host"]), "epoch": doc.get("epoch"), "since": str(doc.get("since") or "")}
 
 
 def sync_state(snap: StatusSnapshot, applied: str | None, attempted: str | None,

@@ -27,6 +27,8 @@ class StartOutcome:
     # Not ok: whether retrying can help (FailureKind.TEMPORARY: a timeout, a taken port) or not until the
     # catalog or the node changes (FailureKind.PERMANENT: the engine's binary is not there). None reads as temporary.
     failure: FailureKind | None = None
+    # Refused by the node for an epoch older than one it has seen (SPEC 14): this host no longer leads.
+    fenced: bool = False
 
 
 @frozen
@@ -38,6 +40,7 @@ class StopOutcome:
     # The node did not answer the request (a TransportError: no connection, or no answer by the deadline):
     # the pass reports it unreachable, as a probe would have, so what follows does not wait on it again.
     unanswered: bool = False
+    fenced: bool = False  # refused for an old epoch, as StartOutcome.fenced
 
 
 # A managed rank as its node reports it now: the one rank type (model.RunningRank), with node,

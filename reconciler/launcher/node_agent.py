@@ -80,6 +80,68 @@ def rank_lock(records_dir, name):
     return fd
 
 
+def read_epoch(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def epoch_fence(req, records_dir):
+    """Fencing (SPEC section 14): an action carries its leader's epoch, and this node keeps the highest
+    epoch it has seen for the owner, in a file beside the records. Returns (fd, None) with a shared lock
+    held for the action (an action of a newer epoch waits for it, then no older one gets in), or (None,
+    the refusal) for an epoch older than one seen here. No epoch (no `leader:` in fleet.yaml): (None, None).
+    """
+    epoch = req.get("epoch")
+    if not epoch:
+        return None, None
+    epoch = int(epoch)
+    os.makedirs(records_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(records_dir, ".epoch.%s" % (owner_of(req) or "-"))
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        seen = read_epoch(path)
+        if epoch > seen:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the actions of older epochs in progress here
+            seen = read_epoch(path)
+            if epoch > seen:
+                write_atomically(path, "%d\n" % epoch)
+                seen = epoch
+            fcntl.flock(fd, fcntl.LOCK_SH)  # not atomic: a newer epoch may have come in between
+            seen = read_epoch(path)
+        if epoch < seen:
+            os.close(fd)
+            return None, {Answer.OK: False, Answer.FENCED: seen,
+                          Answer.REASON: "fenced: this node has seen epoch %d of a newer leader; an action of "
+                                         "epoch %d comes from a leader that was deposed" % (seen, epoch)}
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, None
+
+
+def fenced(op):
+    """`op` run under the epoch fence."""
+    def run(req):
+        fd, refusal = epoch_fence(req, state_paths(req["state_dir"])[1])
+        if refusal is not None:
+            return refusal
+        try:
+            return op(req)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return run
+
+
+def op_fence(req):
+    """A new leader's first word to a node: its epoch recorded, nothing else done."""
+    return {Answer.OK: True}
+
+
 def op_start(req):
     root, records_dir, logs_dir = state_paths(req["state_dir"])
     for d in (records_dir, logs_dir):
@@ -410,7 +472,9 @@ def op_port(req):
     return {Answer.OK: problem is None, Answer.REASON: problem or ""}
 
 
-OPS = {"start": op_start, "stop": op_stop, "status": op_status, "logs": op_logs, "output": op_output, "port": op_port}
+# What changes a node is fenced; what only reads is not (a standby may read).
+OPS = {"start": fenced(op_start), "stop": fenced(op_stop), "fence": fenced(op_fence), "status": op_status,
+       "logs": op_logs, "output": op_output, "port": op_port}
 
 
 _TERM_REQUESTED = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from reconciler.errors import CommandTimeout, TransportError
 from reconciler.launcher.base import RankState, StartOutcome, StopOutcome
@@ -175,7 +175,11 @@ class JobOutput:
 class SlurmLauncher:
     """One Slurm job per replica, behind the per-rank Launcher interface."""
 
-    def __init__(self, fleet: Fleet, client: SlurmClient, owner: str, *, stop_grace_s: float = 10.0):
+    def __init__(self, fleet: Fleet, client: SlurmClient, owner: str, *, stop_grace_s: float = 10.0,
+                 fence: Callable[[], str | None] = lambda: None):
+        """fence: asked before every sbatch and scancel (SPEC 14): None while this host's epoch may act
+        on submit_via, else why not (a newer leader's epoch was seen there, or the lease ran out)."""
+        self.fence = fence
         self.fleet = fleet
         self.client = client
         self.owner = owner
@@ -218,6 +222,10 @@ class SlurmLauncher:
             except SlurmUnavailable as exc:
                 return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=f"job {name}: {exc}")
             live = [j for j in jobs.live.get(launch.replica, []) if j.live]
+            refusal = self.fence()
+            if refusal is not None:
+                return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, fenced=True,
+                                    reason=f"job {name}: {refusal}")
             if live:
                 job, shape = jobs.by_replica[launch.replica]
                 wanted = tuple((l.node, l.port) for l in launches)
@@ -263,6 +271,9 @@ class SlurmLauncher:
                     targets.append(job)
             if not targets:
                 return StopOutcome(node, replica, ok=True, detail="no Slurm job running")
+            refusal = self.fence()
+            if refusal is not None:
+                return StopOutcome(node, replica, ok=False, detail=refusal, fenced=True)
             details = []
             ok = True
             for job in targets:
@@ -483,8 +494,34 @@ def fleet_launcher(catalog, transports: Any, ssh_launcher: Any, *, owner: str | 
     fleet = catalog.fleet
     if not has_slurm(fleet):
         return ssh_launcher
-    slurm = SlurmLauncher(fleet, SlurmClient(fleet, transports), owner or catalog_owner(catalog), stop_grace_s=stop_grace_s)
+    client = SlurmClient(fleet, transports)
+    slurm = SlurmLauncher(fleet, client, owner or catalog_owner(catalog), stop_grace_s=stop_grace_s,
+                          fence=slurm_fence(client, ssh_launcher))
     return RoutingLauncher({n.id: slurm for n in fleet.nodes if n.launcher == LauncherKind.SLURM}, ssh_launcher)
+
+
+def slurm_fence(client: SlurmClient, ssh_launcher: Any) -> Callable[[], str | None]:
+    """The fence of a leader's Slurm actions: its epoch recorded by the node agent on submit_via (where
+    sbatch and scancel run), refused there when a newer leader's was seen. No epoch: nothing to check."""
+    if not getattr(ssh_launcher, "epoch", None):
+        return lambda: None
+    where = client.where
+    spec = client.fleet.node(where)
+    state_dir = spec.state_dir if spec is not None else ssh_launcher.state_dirs.get(where, "~/.local/state/llm-reconciler")
+
+    def fence() -> str | None:
+        refusal = ssh_launcher.may_act()
+        if refusal is not None:
+            return f"not acting: {refusal}"
+        try:
+            transport = client.transport()
+        except SlurmUnavailable as exc:
+            return str(exc)
+        on_submit_host = type(ssh_launcher)({where: transport}, {where: state_dir}, owner=ssh_launcher.owner,
+                                            epoch=ssh_launcher.epoch, python=ssh_launcher.python)
+        outcome = on_submit_host.fence(where)
+        return None if outcome is None else f"on {where}: {outcome.reason}"
+    return fence
 
 
 def fold_slurm(catalog, transports: Any, inventory: Inventory, *, owner: str | None = None) -> Inventory:

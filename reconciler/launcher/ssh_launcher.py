@@ -7,7 +7,7 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from reconciler.agent_keys import Answer, Record
 from reconciler.errors import TransportError, kind_of
@@ -50,6 +50,13 @@ def request_of(stdin: bytes) -> dict:
     return json.loads(base64.b64decode(first.split(b'"')[1]))
 
 
+FENCED_OPS = ("start", "stop", "fence")  # the agent's operations that change a node
+
+
+def not_leading(reason: str) -> str:
+    return f"not acting: {reason}"
+
+
 class SshLauncher:
     """Starts and stops ranks through each node's Transport (LocalTransport or SshTransport).
 
@@ -66,10 +73,17 @@ class SshLauncher:
         stop_grace_s: float = 10.0,
         timeout_s: float | None = None,
         owner: str | None = None,
+        epoch: int | None = None,
+        may_act: Callable[[], str | None] = lambda: None,
     ):
         """owner: the catalog's owner (reconciler.owner); its records carry it and only its
-        own ranks are started, stopped, reported or adopted (None: records without an owner)."""
+        own ranks are started, stopped, reported or adopted (None: records without an owner).
+        epoch: the leader's (SPEC 14), carried by every start and stop for the node to fence; None
+        without `leader:`. may_act: None while this host may act, else why not (a leader whose lease
+        could not be renewed stops before its next start or stop, even inside a pass)."""
         self.owner = owner
+        self.epoch = epoch
+        self.may_act = may_act
         self.transports = transports
         self.state_dirs = dict(state_dirs or {})
         self.python = python
@@ -93,6 +107,8 @@ class SshLauncher:
         request = {**request, "state_dir": self.state_dirs.get(node, DEFAULT_STATE_DIR)}
         if self.owner is not None:
             request["owner"] = self.owner
+        if self.epoch and request.get("op") in FENCED_OPS:
+            request["epoch"] = self.epoch
         # -I -S: the agent needs nothing but the stdlib, so skip site-packages and PYTHON* variables
         # (a third of the interpreter's start-up, and immune to a node's stray PYTHONPATH).
         # The argv is constant; the request rides on stdin, where `ps` on the node cannot read its secrets.
@@ -114,7 +130,23 @@ class SshLauncher:
             raise TransportError(node, "node agent answered something that is not a JSON object")
         return answer
 
+    def fence(self, node: str) -> StartOutcome | None:
+        """A new leader's epoch recorded on `node` before anything else (None when it was): from then
+        on no older leader's action reaches it. A fenced or unanswered node is an outcome."""
+        try:
+            answer = self._call(node, {"op": "fence"})
+        except TransportError as exc:
+            return StartOutcome(node, "-", 0, ok=False, reason=exc.reason, uncertain=True)
+        if answer.get(Answer.OK):
+            return None
+        return StartOutcome(node, "-", 0, ok=False, reason=str(answer.get(Answer.REASON, "")),
+                            fenced=Answer.FENCED in answer)
+
     def start(self, launch: RankLaunch) -> StartOutcome:
+        refusal = self.may_act()
+        if refusal is not None:
+            return StartOutcome(launch.node, launch.replica, launch.rank, ok=False, reason=not_leading(refusal),
+                                fenced=True)
         env = dict(launch.env)
         env_files: dict[str, str] = {}
         for name, ref in sorted(launch.secret_env.items()):
@@ -163,9 +195,13 @@ class SshLauncher:
             revision=answer.get(Answer.REVISION) if isinstance(answer.get(Answer.REVISION), str) else None,
             # The agent says which of its refusals no retry can mend (a binary not on the node).
             failure=_failure_kind(answer.get(Answer.FAILURE)),
+            fenced=Answer.FENCED in answer,
         )
 
     def stop(self, node: str, replica: str, rank: int | None = None, *, keep_record: bool = False) -> StopOutcome:
+        refusal = self.may_act()
+        if refusal is not None:
+            return StopOutcome(node, replica, ok=False, detail=not_leading(refusal), fenced=True)
         request = {"op": "stop", "replica": replica, "rank": rank, "grace_s": self.stop_grace_s,
                    "keep_record": keep_record}
         try:
@@ -174,6 +210,8 @@ class SshLauncher:
             answer = self._call(node, request, timeout=base + 2 * self.stop_grace_s)
         except TransportError as exc:
             return StopOutcome(node, replica, ok=False, detail=exc.reason, unanswered=True)
+        if Answer.FENCED in answer:
+            return StopOutcome(node, replica, ok=False, detail=str(answer.get(Answer.REASON, "")), fenced=True)
         details = "; ".join(f"rank {r[Answer.RANK]}: {r[Answer.DETAIL]}" for r in answer.get(Answer.RANKS, []))
         return StopOutcome(node, replica, ok=bool(answer.get(Answer.OK)), detail=details or "nothing running")
 
