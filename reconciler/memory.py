@@ -97,7 +97,7 @@ def started_with_after(catalog: Catalog, inventory: Inventory, before: Mapping[s
             model = catalog.model(r.model)
             profile = model.profile(r.profile) if model is not None else None
             if profile is not None:
-                out[key] = StartedWith(profile.engine, profile.metrics)
+                out[key] = StartedWith(profile.engine, profile.metrics, model.drain_s)
     return dict(sorted(out.items()))
 
 
@@ -262,12 +262,20 @@ def draining_copy(action: Action) -> Placement | None:
     return None
 
 
-def new_drain(action: Action, copy: Placement, catalog: Catalog, now: float) -> Drain:
+def new_drain(action: Action, copy: Placement, catalog: Catalog, now: float,
+              started_with: Mapping[str, StartedWith] | None = None) -> Drain:
+    """A drain beginning now. A removed model's copy takes the drain_s and engine it was started with
+    (PassMemory.started_with), not a default: its model's file is gone."""
     model = catalog.model(action.model)
-    drain_s = model.drain_s if model is not None else DEFAULT_DRAIN_S
+    started = (started_with or {}).get(copy_key(action.replica, copy.nodes[0].node, copy.nodes[0].port))
+    if model is not None:
+        drain_s = model.drain_s
+    else:
+        drain_s = started.drain_s if started is not None and started.drain_s is not None else DEFAULT_DRAIN_S
     profile = model.profile(copy.profile) if model is not None else None
+    engine = profile.engine if profile is not None else (started.engine if started is not None else "")
     return Drain(action.replica, action.model, tuple(a.node for a in copy.nodes), copy.nodes[0].port,
-                 profile.engine if profile is not None else "", now, now + drain_s, profile=copy.profile)
+                 engine, now, now + drain_s, profile=copy.profile)
 
 
 def drain_done(d: Drain, now: float) -> str | None:
@@ -313,7 +321,8 @@ def next_drain_check(draining: Mapping[str, Drain], now: float, settle_s: float 
     return min(due) if due else None
 
 
-def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float) -> Plan:
+def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float,
+                started_with: Mapping[str, StartedWith] | None = None) -> Plan:
     """The plan with each stop of a serving copy turned into a Draining wait until the copy has drained
     (pure; SPEC sections 10 and 13). A drain begins in the pass that first decides the stop: that pass
     writes the gateway files without the replica, and a later pass stops it once the gateway serves
@@ -327,7 +336,7 @@ def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now
             actions.append(a)
             continue
         key = drain_key(a.replica, (n.node for n in copy.nodes))
-        d = draining.get(key) or new_drain(a, copy, catalog, now)
+        d = draining.get(key) or new_drain(a, copy, catalog, now, started_with)
         done = drain_done(d, now) if key in draining else None
         if done is not None:
             actions.append(dataclasses.replace(a, reason=f"{a.reason}; drained: {done}"))
@@ -361,7 +370,8 @@ def memory_to_document(memory: PassMemory) -> dict:
                         for rid, s in sorted(memory.gpu_strikes.items())},
         "quarantines": [{"node": n, "gpu": i, "reason": q.reason, "until": q.until, "uuid": q.uuid}
                         for (n, i), q in sorted(memory.quarantines.items())],
-        "started_with": {key: {"engine": w.engine, **({"metrics": dataclasses.asdict(w.metrics)} if w.metrics else {})}
+        "started_with": {key: {"engine": w.engine, "drain_s": w.drain_s,
+                               **({"metrics": dataclasses.asdict(w.metrics)} if w.metrics else {})}
                          for key, w in sorted(memory.started_with.items())},
     }
 
@@ -380,7 +390,8 @@ def memory_from_document(doc: Any) -> PassMemory:
                          for rid, s in (doc.get("gpu_strikes") or {}).items()},
             quarantines={(str(q["node"]), int(q["gpu"])): Quarantine(str(q["reason"]), float(q["until"]), str(q.get("uuid", "")))
                          for q in doc.get("quarantines") or ()},
-            started_with={str(key): StartedWith(str(w["engine"]), ProfileMetrics(**w["metrics"]) if w.get("metrics") else None)
+            started_with={str(key): StartedWith(str(w["engine"]), ProfileMetrics(**w["metrics"]) if w.get("metrics") else None,
+                                                None if w.get("drain_s") is None else float(w["drain_s"]))
                           for key, w in (doc.get("started_with") or {}).items()},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
@@ -456,7 +467,7 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain,
     )
     # Serving copies to be stopped drain first (hold_drains).
-    return hold_drains(planned, catalog, memory.draining, now)
+    return hold_drains(planned, catalog, memory.draining, now, memory.started_with)
 
 
 def memory_path(catalog_root: str) -> Path:

@@ -111,10 +111,12 @@ def copy_key(replica: str, head_node: str, port: int) -> str:
 @frozen
 class StartedWith:
     """What a copy was started with that its drain needs once its model or profile may be gone: its
-    engine and the series its /metrics reports its load in (a `command` profile's `metrics:`)."""
+    engine, the series its /metrics reports its load in (a `command` profile's `metrics:`), and its
+    model's drain_s."""
 
     engine: str
     metrics: ProfileMetrics | None = None
+    drain_s: float | None = None
 
 
 @frozen

@@ -167,7 +167,7 @@ def test_what_a_copy_was_started_with_is_recorded_kept_and_forgotten_with_it():
     inv = inventory(observed("a", replicas=[rank("tiny-0", "tiny", "c", port=9000), rank("tiny-0", "tiny", "c", r=1, port=9001)]),
                     observed("b", replicas=[rank("gone-0", "gone", "x", port=9100)]))
     first = started_with_after(cat, inv, {})
-    assert first == {copy_key("tiny-0", "a", 9000): StartedWith("command", TINY)}  # heads only; an unknown model: nothing
+    assert first == {copy_key("tiny-0", "a", 9000): StartedWith("command", TINY, 10.0)}  # heads only; an unknown model: nothing
     removed = catalog(fleet(node_spec("a"), node_spec("b")))
     assert started_with_after(removed, inv, first) == first  # the model removed: what it was started with stays
     assert started_with_after(removed, inventory(observed("a"), observed("b")), first) == {}  # stopped: forgotten
@@ -177,6 +177,11 @@ def test_what_a_copy_was_started_with_is_recorded_kept_and_forgotten_with_it():
                                                                    out_at=1.5)})
     again = memory_from_document(memory_to_document(memory))
     assert again.started_with == first and again.draining == memory.draining
+    # Its model removed, the copy drains for the drain_s it was started with, not a default.
+    long = {k: dataclasses.replace(v, drain_s=120.0) for k, v in first.items()}
+    p = plan_remembering(removed, inv, now=1000.0, memory=PassMemory(started_with=long))
+    assert sorted((d.replica, d.until, d.engine) for d in p.draining.values()) == [
+        ("gone-0", 1010.0, ""), ("tiny-0", 1120.0, "command")]  # gone-0: nothing recorded, the default
 
 
 def test_a_removed_models_copy_drains_by_the_series_it_was_started_with():
