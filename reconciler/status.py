@@ -496,11 +496,15 @@ def write_gateway_files(catalog_root: str | os.PathLike, catalog: Catalog,
 
 def read_served(catalog_root: str | os.PathLike) -> gateway.Served | None:
     """status/gateway/served.json, what `reconciler gateway` says it serves; None without one."""
+    path = status_dir(catalog_root) / GATEWAY_DIR / gateway.SERVED_FILE
     try:
-        doc = json.loads((status_dir(catalog_root) / GATEWAY_DIR / gateway.SERVED_FILE).read_text())
+        doc, touched = json.loads(path.read_text()), path.stat().st_mtime
     except (OSError, ValueError):
         return None
-    return gateway.Served.from_document(doc)
+    served = gateway.Served.from_document(doc)
+    # Its mtime is the heartbeat: the gateway touches the file rather than rewrite it, so a daemon that
+    # commits status/ commits only what changed.
+    return None if served is None else dataclasses.replace(served, alive_at=max(served.alive_at, touched))
 
 
 def write_served(catalog_root: str | os.PathLike, served: gateway.Served) -> bool:
