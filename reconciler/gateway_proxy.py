@@ -221,10 +221,19 @@ class Gateway:
 
     # ------------------------------------------------------------ following the file
 
+    async def beat(self) -> None:
+        """Touch served.json every SERVED_HEARTBEAT_S, on its own: a LiteLLM taking a minute to start on
+        a new file must not make the report look like that of a gateway gone (the pass would then count
+        settle_s and stop copies the LiteLLM in force still routes to)."""
+        while not self.stopping.is_set():
+            self._heartbeat()
+            try:
+                await asyncio.wait_for(self.stopping.wait(), SERVED_HEARTBEAT_S)
+            except asyncio.TimeoutError:
+                pass
+
     async def follow(self) -> None:
-        """Look at the file every WATCH_S; a new content is taken over by a new LiteLLM. Touch
-        served.json every SERVED_HEARTBEAT_S."""
-        last_beat = 0.0
+        """Look at the file every WATCH_S; a new content is taken over by a new LiteLLM."""
         while not self.stopping.is_set():
             try:
                 text = self.file.read_bytes()
@@ -242,9 +251,6 @@ class Gateway:
                 dead, self.current = self.current, None
                 dead.stop()
                 continue
-            if time.monotonic() - last_beat >= SERVED_HEARTBEAT_S:
-                last_beat = time.monotonic()
-                self._heartbeat()
             try:
                 await asyncio.wait_for(self.stopping.wait(), WATCH_S)
             except asyncio.TimeoutError:
@@ -333,12 +339,12 @@ class Gateway:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
-        follower = asyncio.create_task(self.follow())
+        follower, beater = asyncio.create_task(self.follow()), asyncio.create_task(self.beat())
         try:
             await server.serve(sockets=[sock])
         finally:
             self.stopping.set()
-            await follower
+            await asyncio.gather(follower, beater, return_exceptions=True)
             self.withdraw()
             await asyncio.gather(*self._stops, return_exceptions=True)
             for b in [*self.retiring, *([self.current] if self.current else [])]:
