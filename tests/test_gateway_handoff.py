@@ -35,7 +35,8 @@ KEY = "sk-test-gateway-handoff"
 SERVED = "chat"
 
 
-def chat_model(replicas: int, port: int, marker: str, *, drain_s: float = 60) -> str:
+def chat_model(replicas: int, port: int, marker: str, *, drain_s: float = 60, rev: str = "1") -> str:
+    """The chat model; another `rev` is another spec (its environment): every replica is replaced."""
     doc = {
         "name": "chat", "source": "chat-weights", "served_name": SERVED, "replicas": replicas,
         "spread": "preferred", "drain_s": drain_s,
@@ -44,7 +45,7 @@ def chat_model(replicas: int, port: int, marker: str, *, drain_s: float = 60) ->
             "command": [sys.executable, str(CHAT_ENGINE), "--host", "127.0.0.1", "--port", "${PORT}",
                         "--chunks", "6", "--chunk-s", "0.05"],
             "metrics": {"waiting": "chat:requests_waiting", "running": "chat:requests_running"},
-            "env": {"E2E_MARKER": marker}, "health_path": "/health", "start_timeout_s": 30,
+            "env": {"E2E_MARKER": marker, "CHAT_REV": rev}, "health_path": "/health", "start_timeout_s": 30,
         }],
     }
     return yaml.safe_dump(doc, sort_keys=False)
