@@ -18,8 +18,10 @@ without SSH and the daemon reuses its connection pool.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Mapping
@@ -39,6 +41,7 @@ from reconciler.engine_metrics import (
     read_loads,
     series_for,
 )
+from reconciler.constants import STATUS_DIR
 from reconciler.errors import TEMPORARY, ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
@@ -345,9 +348,22 @@ def wait_for_handoffs(catalog: Catalog, memory: PassMemory, keys: list[str], *, 
         judged = with_handoffs(catalog, replace(memory, draining={k: memory.draining[k] for k in keys}), clock())
         if all(d.handed_off for d in judged.draining.values()):
             return True
-        if clock() >= deadline:
+        if clock() >= deadline or _gateway_refused_the_file(catalog):
             return False
         sleep(poll_s)
+
+
+def _gateway_refused_the_file(catalog: Catalog) -> bool:
+    """`reconciler gateway` said it will not serve the litellm.yaml on disk (its LiteLLM failed on it):
+    waiting longer in this apply is pointless; the copies stay Draining, with its reason."""
+    served = read_served(catalog.root)
+    if served is None or not served.refused_sha256:
+        return False
+    try:
+        on_disk = (Path(catalog.root) / STATUS_DIR / "gateway" / "litellm.yaml").read_bytes()
+    except OSError:
+        return False
+    return hashlib.sha256(on_disk).hexdigest() == served.refused_sha256
 
 
 def with_drain_loads(catalog: Catalog, memory: PassMemory, timeout_s: float = METRICS_TIMEOUT_S) -> PassMemory:

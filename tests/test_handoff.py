@@ -146,6 +146,18 @@ def test_apply_waits_only_for_copies_that_may_stop_now_and_stops_waiting_at_sett
     clock[0] = 1000.0
     assert not wait_for_handoffs(cat, idle, ["m-2@a"], clock=lambda: clock[0], sleep=sleep, poll_s=1.0,
                                  gateway_wait_s=30)
+    assert clock[0] == 1030.0
+    # One that says it refused the file on disk: no point waiting in this apply.
+    text = b"model_list: []\n"
+    (tmp_path / "status" / "gateway" / "litellm.yaml").write_bytes(text)
+    import hashlib
+
+    write_served(tmp_path, dataclasses.replace(served(API), refused_sha256=hashlib.sha256(text).hexdigest(),
+                                               refused="LiteLLM exited with 3"))
+    clock[0] = 1000.0
+    assert not wait_for_handoffs(cat, idle, ["m-2@a"], clock=lambda: clock[0], sleep=sleep, poll_s=1.0,
+                                 gateway_wait_s=30)
+    assert clock[0] == 1000.0
 
 
 def test_a_pending_hand_off_asks_for_a_pass_when_settle_s_ends():
