@@ -209,3 +209,17 @@ def test_a_file_litellm_cannot_start_on_is_refused_and_the_copies_it_would_let_g
         assert "Traceback" not in gateway.text() and "Traceback" not in out.stderr
     finally:
         gateway.stop()
+
+
+def test_reconciler_gateway_says_what_is_missing_without_a_traceback(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("nodes: []\n")
+    env = {"LLMFLEET_LITELLM": "/bin/true"}
+    no_key = run_cli("gateway", str(tmp_path), env={**env, "LITELLM_MASTER_KEY": ""})
+    assert no_key.returncode == 2 and "LITELLM_MASTER_KEY is not set" in no_key.stderr, no_key.stderr
+    ours = run_cli("gateway", str(tmp_path), "--", "--port", "5", env={**env, "LITELLM_MASTER_KEY": KEY})
+    assert ours.returncode == 2 and "--port after --" in ours.stderr, ours.stderr
+    nowhere = run_cli("gateway", str(tmp_path / "nope"), env={**env, "LITELLM_MASTER_KEY": KEY})
+    assert nowhere.returncode == 1 and "no such catalog directory" in nowhere.stderr
+    bad = run_cli("gateway", str(tmp_path), "--address", "localhost", env={**env, "LITELLM_MASTER_KEY": KEY})
+    assert bad.returncode == 2 and "expected HOST:PORT" in bad.stderr
+    assert not any("Traceback" in r.stderr for r in (no_key, ours, nowhere, bad))
