@@ -234,6 +234,41 @@ def run_pass(
     return result
 
 
+# A replace goes one copy at a time: each step's old copies hand off before the next pass stops them.
+MAX_HANDOFF_PASSES = 32
+
+
+def apply_pass(catalog: Catalog, *, log: LogFn = lambda d: None, history: PassMemory | None = None,
+               **kw) -> PassResult:
+    """What a one-shot `apply` runs: a pass (run_pass), and where it left draining copies that may stop
+    now (idle, or drain_s 0), the wait for their hand-off (at most gateway.settle_s, or until
+    `reconciler gateway` serves without them) and one more pass that stops them (SPEC 13), so a replace
+    of idle copies completes in one apply. A copy still running requests is left Draining for a later
+    pass, as the daemon leaves it; so is one the gateway does not let go. The decisions of every pass."""
+    result = run_pass(catalog, log=log, history=history, **kw)
+    decisions = list(result.decisions)
+    waited: list[str] = []
+    for _ in range(MAX_HANDOFF_PASSES):
+        if result.memory is None:
+            break
+        asked = with_drain_loads(catalog, result.memory)
+        keys = stoppable_drains(asked)
+        if not keys or keys == waited:  # the last pass did not stop them (a stop that failed): no loop
+            break
+        waited = keys
+        for key in keys:
+            d = asked.draining[key]
+            log(Decision(d.replica, d.nodes[0], "wait", "out of every gateway file, runs no request: waiting for "
+                         f"the gateway to serve without it (gateway.settle_s {catalog.fleet.gateway_settle_s:g} s, "
+                         "or until reconciler gateway says so)"))
+        if not wait_for_handoffs(catalog, asked, keys):
+            break
+        result = run_pass(catalog, log=log, history=result.memory, **kw)
+        decisions += result.decisions
+    result.decisions = decisions
+    return result
+
+
 # How soon the daemon looks again at a replica it left Starting (it judges starts on later passes):
 # the period of a Kubernetes readiness probe.
 START_RECHECK_S = 10.0

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from reconciler import memory as memory_store
 from reconciler.memory import PassMemory, load_memory, memory_path
-from reconciler.outcomes import Decision
-from reconciler.reconcile import run_pass, stoppable_drains, wait_for_handoffs, with_drain_loads
+from reconciler.reconcile import apply_pass, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
 from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
@@ -99,47 +98,17 @@ def _apply_once(catalog, dry_run: bool, log):
     memory_file = memory_path(catalog.root)
     transports = TransportPool()  # LocalTransport for `transport: local` nodes, SSH otherwise
     try:
-        result = run_pass(catalog, transports=transports, dry_run=dry_run, log=log, history=load_memory(memory_file))
-        if not dry_run:
-            result = _after_handoffs(catalog, result, transports, log)
+        history = load_memory(memory_file)
+        if dry_run:
+            result = run_pass(catalog, transports=transports, dry_run=True, log=log, history=history)
+        else:
+            result = apply_pass(catalog, transports=transports, log=log, history=history)
     finally:
         transports.close()
     if result.memory is not None and not dry_run:
         save_memory(memory_file, result.memory)
     if not dry_run:
         write_catalog_status(catalog)
-    return result
-
-
-# A replace goes one copy at a time: each step's old copies hand off before the next pass stops them.
-MAX_HANDOFF_PASSES = 32
-
-
-def _after_handoffs(catalog, result, transports, log):
-    """SPEC 13: a copy this pass left draining that may stop now (idle, or drain_s 0) is stopped within
-    this run, once the gateway serves without it (at most gateway.settle_s, or as soon as `reconciler
-    gateway` says so): one more pass stops it. A copy still running requests stays Draining for a later
-    pass, as the daemon leaves it; so does one whose hand-off the gateway does not take."""
-    decisions = list(result.decisions)
-    waited: list[str] = []
-    for _ in range(MAX_HANDOFF_PASSES):
-        if result.memory is None:
-            break
-        asked = with_drain_loads(catalog, result.memory)
-        keys = stoppable_drains(asked)
-        if not keys or keys == waited:  # the last pass did not stop them (a stop that failed): no loop
-            break
-        waited = keys
-        for key in keys:
-            d = asked.draining[key]
-            log(Decision(d.replica, d.nodes[0], "wait", "out of every gateway file, runs no request: waiting for the "
-                         f"gateway to serve without it (gateway.settle_s {catalog.fleet.gateway_settle_s:g} s, or "
-                         "until reconciler gateway says so)"))
-        if not wait_for_handoffs(catalog, asked, keys):
-            break
-        result = run_pass(catalog, transports=transports, log=log, history=result.memory)
-        decisions += result.decisions
-    result.decisions = decisions
     return result
 
 
