@@ -16,7 +16,7 @@ The modules, top layer first; a module imports only from the layers below it
 
     cli                 argument parsing; __main__ runs it
     commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
-                        run, engine_check, dashboard); plan_words and plan_markdown put a plan in words and
+                        run, engine_check, dashboard, gateway); plan_words and plan_markdown put a plan in words and
                         in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
     dashboard/          status/ as read-only web pages, served by commands (dashboard, run) and importing none:
                         it shares the `status` JSON and words (status_view) and the rejection groups
@@ -30,6 +30,8 @@ The modules, top layer first; a module imports only from the layers below it
                         (watch), the lock (lock), the log (events), metrics from a pass (observe); under
                         fleet.yaml `leader:`, who acts: the election and its pure judgement (election) over
                         etcd's v3 JSON gateway (etcd)
+    gateway_proxy       `reconciler gateway`: the front (uvicorn, httpx) over the LiteLLM in force, a
+                        second LiteLLM taking each new litellm.yaml over, status/gateway/served.json
     reconcile           one pass as a flat sequence of steps; status written deferred
     actor/              the pass's effects, through a Launcher, at once: the Actor (dispatch) over a
                         replace and its drain (replacing), weights fetched first (weights), a start or
@@ -41,7 +43,8 @@ The modules, top layer first; a module imports only from the layers below it
     engine_metrics,     requests running and waiting, from an engine's own /metrics (draining, autoscaling);
     canary_checks       a canary's checks measured: its request sent to canary and stable copies, PromQL
                         through Prometheus's HTTP API; every fault a failed measurement in words
-    gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready
+    gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready;
+                        what `reconciler gateway` serves (Served) and whether a copy's hand-off is done
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
                         (each replica's backoff, grace periods, drains), kept between one-shot applies
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1:8765", metavar="HOST:PORT",
                    help="where to serve the pages (default 127.0.0.1:8765)")
 
+    p = sub.add_parser("gateway", help="run the LiteLLM proxy on status/gateway/litellm.yaml, following it live")
+    _catalog_arg(p)
+    p.add_argument("--address", default="127.0.0.1:4000", metavar="HOST:PORT",
+                   help="where clients connect (default 127.0.0.1:4000); arguments after -- go to litellm")
+
     p = sub.add_parser("logs", help="an engine's own log (stdout and stderr), from the node it runs on")
     p.add_argument("replica", metavar="REPLICA")
     _catalog_arg(p)
@@ -137,7 +142,13 @@ def _import_command(name: str, freeze: bool):
 
 
 def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `reconciler gateway [CATALOG] -- EXTRA LITELLM ARGS`: what follows -- is litellm's, never ours.
+    passed: list[str] = []
+    if "--" in argv and "gateway" in argv[:argv.index("--")]:
+        argv, passed = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
+    args.litellm_args = passed
     module = _import_command(args.command, freeze_imports)
     try:
         return module.main(args)

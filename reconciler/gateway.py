@@ -112,3 +112,76 @@ def prometheus_targets(catalog: Catalog, replicas: Mapping[str, ReplicaState]) -
         "labels": {"model": h.model.name, "replica": h.replica, "node": h.node, "engine": h.engine,
                    "__metrics_path__": METRICS_PATH},
     } for h in ready_heads(catalog, replicas)]
+
+
+# --------------------------------------------------------------------------
+# The hand-off (SPEC 13): does the gateway serve without a copy that drains?
+# --------------------------------------------------------------------------
+
+# status/gateway/served.json: what `reconciler gateway` says it serves, written by it, read by the pass.
+SERVED_FILE = "served.json"
+# `reconciler gateway` rewrites its report at least this often while it runs; a report older than
+# SERVED_STALE_S is a gateway that is gone (the pass then counts gateway.settle_s, as for one it does not run).
+SERVED_HEARTBEAT_S = 5.0
+SERVED_STALE_S = 30.0
+
+
+@frozen
+class Served:
+    """What `reconciler gateway` serves now: the litellm.yaml it has live (its sha256, and the api_base
+    of every entry in it), since when, and the last file it could not take with why, in words."""
+
+    sha256: str
+    api_bases: tuple[str, ...]
+    since: float
+    alive_at: float  # when the gateway last said so (SERVED_HEARTBEAT_S)
+    pid: int = 0
+    refused_sha256: str = ""  # the newest file it tried and did not take ("" when it took every one)
+    refused: str = ""
+
+    def as_document(self) -> dict:
+        return {"sha256": self.sha256, "api_bases": list(self.api_bases), "since": self.since,
+                "alive_at": self.alive_at, "pid": self.pid, "refused_sha256": self.refused_sha256,
+                "refused": self.refused}
+
+    @classmethod
+    def from_document(cls, doc) -> "Served | None":
+        """None for anything that is not such a report (a half-written or foreign file reads as none)."""
+        try:
+            return cls(str(doc["sha256"]), tuple(str(a) for a in doc["api_bases"]), float(doc["since"]),
+                       float(doc["alive_at"]), int(doc.get("pid", 0)), str(doc.get("refused_sha256", "")),
+                       str(doc.get("refused", "")))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            return None
+
+
+def litellm_api_bases(doc) -> tuple[str, ...]:
+    """The api_base of every entry of a LiteLLM config (what a gateway serving it may send requests to)."""
+    entries = doc.get("model_list") if isinstance(doc, dict) else None
+    bases = []
+    for e in entries if isinstance(entries, list) else ():
+        params = e.get("litellm_params") if isinstance(e, dict) else None
+        if isinstance(params, dict) and isinstance(params.get("api_base"), str):
+            bases.append(params["api_base"])
+    return tuple(sorted(set(bases)))
+
+
+def handoff(out_at: float | None, api_base: str | None, now: float, settle_s: float,
+            served: Served | None) -> tuple[bool, str]:
+    """Whether a draining copy's removal has reached the gateway (pure), and if not why, in words.
+
+    out_at: when the status files without it were written (None: not yet). With `reconciler gateway`
+    running (a fresh Served), exactly when what it serves has no entry at the copy's api_base; otherwise
+    once settle_s has passed since out_at (a gateway the user runs says nothing)."""
+    if out_at is None:
+        return False, "the gateway files without it are not written yet"
+    if served is not None and now - served.alive_at <= SERVED_STALE_S:
+        if api_base is None or api_base not in served.api_bases:
+            return True, ""
+        why = f"reconciler gateway (pid {served.pid}) still serves it (litellm.yaml sha256 {served.sha256[:12]})"
+        if served.refused:
+            why += f"; it did not take the new file: {served.refused}"
+        return False, why
+    if now >= out_at + settle_s:
+        return True, ""
+    return False, f"gateway.settle_s ({settle_s:g} s) since the files without it were written has not passed"

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable, Mapping
 from reconciler.backoff import Backoff, attempt_key
 from reconciler.canary import CheckTally, Rollout
 from reconciler.inventory import inventory_from_document, inventory_to_document, utc_text
-from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
-from reconciler.outcomes import GpuStrikes, PassMemory, ReplicaState  # noqa: F401  (re-exported)
+from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, ProfileMetrics, Quarantine
+from reconciler.outcomes import GpuStrikes, PassMemory, ReplicaState, StartedWith, copy_key  # noqa: F401  (re-exported)
 from reconciler.status import write_rendered
 from reconciler.plan import Drain, Plan, Waiting, drain_key, plan as make_plan
 from reconciler.vocabulary import ActionKind, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
@@ -67,7 +67,41 @@ def remember(
         quarantines=quarantines,
         draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
         rollouts=dict(memory.rollouts),  # moved after the pass's checks (reconcile.rollouts_after)
+        started_with=dict(memory.started_with),
     )
+
+
+def started_with_after(catalog: Catalog, inventory: Inventory, before: Mapping[str, StartedWith]
+                       ) -> dict[str, StartedWith]:
+    """What each running copy was started with (pure): kept from when it was first seen (the pass that
+    started it), so a copy whose model or profile is later removed or changed still drains by the
+    series its engine reports. A copy seen for the first time is recorded from the catalog in force
+    (the one it was started from, or for a copy older than this record, the best knowledge there is).
+    Copies no longer running are forgotten; those on a node that does not answer are kept."""
+    out: dict[str, StartedWith] = {}
+    away = {n.id for n in inventory.nodes if n.state == NodeState.UNREACHABLE}
+    for key, value in before.items():
+        if _head_node(key) in away:
+            out[key] = value
+    for n in inventory.nodes:
+        if n.id in away:
+            continue
+        for r in n.replicas:
+            if r.rank != 0:
+                continue
+            key = copy_key(r.id, n.id, r.port)
+            if key in before:
+                out[key] = before[key]
+                continue
+            model = catalog.model(r.model)
+            profile = model.profile(r.profile) if model is not None else None
+            if profile is not None:
+                out[key] = StartedWith(profile.engine, profile.metrics, model.drain_s)
+    return dict(sorted(out.items()))
+
+
+def _head_node(key: str) -> str:
+    return key.rpartition("@")[2].rpartition(":")[0]
 
 
 class _Wanted:
@@ -179,13 +213,13 @@ def _marked(gpu, quarantine: Quarantine | None, now: float):
 
 def draining_after(plan: Plan, inventory: Inventory, begun: Mapping[str, Drain]) -> dict[str, Drain]:
     """The drains still under way: those the plan holds and those begun in the pass, while their copy
-    still runs (a copy stopped by hand, or crashed and stopped, is forgotten). `running` is dropped:
-    the next pass asks the engine again."""
+    still runs (a copy stopped by hand, or crashed and stopped, is forgotten). `running` and the
+    hand-off's answer are dropped: the next pass asks the engine and the gateway again; `out_at` stays."""
     recorded = {(n.id, r.id) for n in inventory.nodes for r in n.replicas}
     out = {}
     for key, d in {**plan.draining, **begun}.items():
         if (d.nodes[0], d.replica) in recorded:
-            out[key] = dataclasses.replace(d, running=None, note="")
+            out[key] = dataclasses.replace(d, running=None, note="", handed_off=False, handoff_note="")
     return dict(sorted(out.items()))
 
 
@@ -227,21 +261,43 @@ def draining_copy(action: Action) -> Placement | None:
     return None
 
 
-def new_drain(action: Action, copy: Placement, catalog: Catalog, now: float) -> Drain:
+def new_drain(action: Action, copy: Placement, catalog: Catalog, now: float,
+              started_with: Mapping[str, StartedWith] | None = None) -> Drain:
+    """A drain beginning now. A removed model's copy takes the drain_s and engine it was started with
+    (PassMemory.started_with), not a default: its model's file is gone."""
     model = catalog.model(action.model)
-    drain_s = model.drain_s if model is not None else DEFAULT_DRAIN_S
+    started = (started_with or {}).get(copy_key(action.replica, copy.nodes[0].node, copy.nodes[0].port))
+    if model is not None:
+        drain_s = model.drain_s
+    else:
+        drain_s = started.drain_s if started is not None and started.drain_s is not None else DEFAULT_DRAIN_S
     profile = model.profile(copy.profile) if model is not None else None
+    engine = profile.engine if profile is not None else (started.engine if started is not None else "")
     return Drain(action.replica, action.model, tuple(a.node for a in copy.nodes), copy.nodes[0].port,
-                 profile.engine if profile is not None else "", now, now + drain_s, profile=copy.profile)
+                 engine, now, now + drain_s, profile=copy.profile)
 
 
 def drain_done(d: Drain, now: float) -> str | None:
-    """Why a drain is over (pure), or None while it goes on."""
+    """Why a drain is over (pure), or None while it goes on. SPEC 13: never before the gateway serves
+    without the copy (drain_s 0 included: it skips waiting for requests, never the hand-off); then once
+    its engine runs no request, or drain_s has passed."""
+    if not d.handed_off:
+        return None
     if d.running is not None and d.running <= 0:
-        return "its engine runs no request"
+        return "the gateway serves without it and its engine runs no request"
     if now >= d.until:
-        return f"drain_s ({d.until - d.started:g} s) has passed" + (f"; {d.note}" if d.note else "")
+        return (f"the gateway serves without it and drain_s ({d.until - d.started:g} s) has passed"
+                + (f"; {d.note}" if d.note else ""))
     return None
+
+
+def with_out_at(memory: PassMemory, at: float) -> PassMemory:
+    """The memory with each drain whose removal from the status files was just written stamped with
+    when (SPEC 13, step 1): the hand-off is counted from there, never from when the pass began."""
+    if all(d.out_at is not None for d in memory.draining.values()):
+        return memory
+    return dataclasses.replace(memory, draining={
+        k: d if d.out_at is not None else dataclasses.replace(d, out_at=at) for k, d in memory.draining.items()})
 
 
 # How soon the daemon asks a draining copy's engine again while it still runs requests: a drain ends
@@ -249,20 +305,29 @@ def drain_done(d: Drain, now: float) -> str | None:
 DRAIN_RECHECK_S = 5.0
 
 
-def next_drain_check(draining: Mapping[str, Drain], now: float) -> float | None:
+def next_drain_check(draining: Mapping[str, Drain], now: float, settle_s: float = 0.0) -> float | None:
     """When a pass should run next for the drains left going (pure, epoch seconds): each one's deadline,
-    or sooner to ask its engine again; None without drains. Never now: a drain kept past its deadline
-    (its stop failed) is looked at again DRAIN_RECHECK_S later, not in a loop of passes."""
-    due = [d.until if now < d.until < now + DRAIN_RECHECK_S else now + DRAIN_RECHECK_S for d in draining.values()]
+    or the end of its gateway.settle_s, or sooner to ask its engine and the gateway again; None without
+    drains. Never now: a drain kept past its deadline (its stop failed, a gateway that does not take the
+    change) is looked at again DRAIN_RECHECK_S later, not in a loop of passes."""
+    due = []
+    for d in draining.values():
+        times = [d.until]
+        if d.out_at is not None and not d.handed_off:
+            times.append(d.out_at + settle_s)
+        soon = [t for t in times if now < t < now + DRAIN_RECHECK_S]
+        due.append(min(soon) if soon else now + DRAIN_RECHECK_S)
     return min(due) if due else None
 
 
-def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float) -> Plan:
+def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now: float,
+                started_with: Mapping[str, StartedWith] | None = None) -> Plan:
     """The plan with each stop of a serving copy turned into a Draining wait until the copy has drained
-    (pure; SPEC section 10). A drain begins in the pass that first decides the stop: that pass writes the
-    gateway files without the replica, and a later pass stops it once its engine (asked before the
-    pass, Drain.running) runs no request, or once drain_s has passed. drain_s 0 stops at once. A crash,
-    a node that does not answer, a broken GPU: the plan marks no drain (Action.drain), so no wait."""
+    (pure; SPEC sections 10 and 13). A drain begins in the pass that first decides the stop: that pass
+    writes the gateway files without the replica, and a later pass stops it once the gateway serves
+    without it (Drain.handed_off) and its engine (asked before the pass, Drain.running) runs no request,
+    or drain_s has passed; drain_s 0 waits for the hand-off only. A crash, a node that does not answer,
+    a broken GPU: the plan marks no drain (Action.drain), so no wait."""
     actions, waiting, kept = [], list(plan.waiting), {}
     for a in plan.actions:
         copy = draining_copy(a)
@@ -270,20 +335,20 @@ def hold_drains(plan: Plan, catalog: Catalog, draining: Mapping[str, Drain], now
             actions.append(a)
             continue
         key = drain_key(a.replica, (n.node for n in copy.nodes))
-        d = draining.get(key) or new_drain(a, copy, catalog, now)
-        if d.until <= d.started:  # drain_s: 0
-            actions.append(a)
-            continue
+        d = draining.get(key) or new_drain(a, copy, catalog, now, started_with)
         done = drain_done(d, now) if key in draining else None
         if done is not None:
             actions.append(dataclasses.replace(a, reason=f"{a.reason}; drained: {done}"))
             continue
         kept[key] = d
-        if key in draining:
+        if key in draining and not d.handed_off:
+            step = f"waiting for the gateway to serve without it: {d.handoff_note or 'not asked yet'}"
+        elif key in draining:
             load = f"{d.running:g} request{'s' * (d.running != 1)} running" if d.running is not None else d.note
             step = f"{load}; stopped once no request runs, at the latest after {utc_text(d.until)}"
         else:  # begins now: no clock time in the message, so `plan` says the same thing on every run
-            step = f"stopped once no request runs, at most {d.until - d.started:g} s from now"
+            step = (f"stopped once the gateway serves without it and no request runs "
+                    f"(requests: at most {d.until - d.started:g} s)")
         waiting.append(Waiting(a.replica, a.model, f"draining ({a.reason}): out of every gateway file; {step}",
                                d.until, kind=WaitKind.DRAINING, nodes=d.nodes, next_step=step))
     if not kept and tuple(actions) == plan.actions:
@@ -305,6 +370,9 @@ def memory_to_document(memory: PassMemory) -> dict:
         "quarantines": [{"node": n, "gpu": i, "reason": q.reason, "until": q.until, "uuid": q.uuid}
                         for (n, i), q in sorted(memory.quarantines.items())],
         "rollouts": {name: _rollout_document(r) for name, r in sorted(memory.rollouts.items())},
+        "started_with": {key: {"engine": w.engine, "drain_s": w.drain_s,
+                               **({"metrics": dataclasses.asdict(w.metrics)} if w.metrics else {})}
+                         for key, w in sorted(memory.started_with.items())},
     }
 
 
@@ -323,6 +391,9 @@ def memory_from_document(doc: Any) -> PassMemory:
             quarantines={(str(q["node"]), int(q["gpu"])): Quarantine(str(q["reason"]), float(q["until"]), str(q.get("uuid", "")))
                          for q in doc.get("quarantines") or ()},
             rollouts={str(name): _rollout(r) for name, r in (doc.get("rollouts") or {}).items()},
+            started_with={str(key): StartedWith(str(w["engine"]), ProfileMetrics(**w["metrics"]) if w.get("metrics") else None,
+                                                None if w.get("drain_s") is None else float(w["drain_s"]))
+                          for key, w in (doc.get("started_with") or {}).items()},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return PassMemory()
@@ -398,7 +469,8 @@ def _rollout(doc: Mapping[str, Any]) -> Rollout:
 
 def _drain(doc: Mapping[str, Any]) -> Drain:
     return Drain(str(doc["replica"]), str(doc["model"]), tuple(str(n) for n in doc["nodes"]), int(doc["port"]),
-                 str(doc["engine"]), float(doc["started"]), float(doc["until"]), profile=str(doc.get("profile", "")))
+                 str(doc["engine"]), float(doc["started"]), float(doc["until"]), profile=str(doc.get("profile", "")),
+                 out_at=None if doc.get("out_at") is None else float(doc["out_at"]))
 
 
 def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memory: PassMemory, explain=()) -> Plan:
@@ -413,7 +485,7 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain, rollouts=memory.rollouts,
     )
     # Serving copies to be stopped drain first (hold_drains).
-    return hold_drains(planned, catalog, memory.draining, now)
+    return hold_drains(planned, catalog, memory.draining, now, memory.started_with)
 
 
 def memory_path(catalog_root: str) -> Path:
@@ -431,7 +503,8 @@ def _frozen(memory: PassMemory) -> tuple:
     return (tuple(sorted(memory.backoff.items())), tuple(sorted(memory.unreachable_since.items())),
             memory.last_seen, tuple(sorted(memory.placed_on.items())),
             tuple(sorted(memory.gpu_strikes.items())), tuple(sorted(memory.quarantines.items())),
-            tuple(sorted(memory.draining.items())), tuple(sorted(memory.rollouts.items())))
+            tuple(sorted(memory.draining.items())), tuple(sorted(memory.rollouts.items())),
+            tuple(sorted(memory.started_with.items())))
 
 
 def save_memory(path: Path, memory: PassMemory) -> None:

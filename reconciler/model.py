@@ -139,6 +139,9 @@ class Fleet:
     # alone before they are placed elsewhere (SPEC 7, Node loss)
     unreachable_grace_s: float = 300.0
     gpu_quarantine_s: float = 3600.0  # how long the crash-loop breaker keeps GPUs out (SPEC section 9)
+    # fleet.yaml `gateway: {settle_s}`: how long a copy leaving the gateway files stays running for a gateway
+    # the user runs (one that does not say what it serves) to take the change (SPEC section 13)
+    gateway_settle_s: float = 5.0
     _by_id: Mapping[str, NodeSpec] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from reconciler.autoscale import AutoscaleState
 from reconciler.backoff import Backoff
 from reconciler.canary import Rollout
 from reconciler.frozen import frozen
-from reconciler.model import Assignment, Inventory, Quarantine, replica_ordinal
+from reconciler.model import Assignment, Inventory, ProfileMetrics, Quarantine, replica_ordinal
 from reconciler.plan import Drain, Plan
 from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, Phase
 
@@ -85,6 +85,7 @@ class PassMemory:
     placed_on          replica id -> nodes it was last placed on (which copy is current when two are found)
     gpu_strikes        replica id -> its failed starts in a row on the same GPUs (the crash-loop breaker)
     quarantines        (node id, GPU index) -> the quarantine of that GPU (status/nodes.yaml shows them)
+    started_with       copy_key -> the engine and metrics series a running copy was started with
     """
 
     backoff: Mapping[str, Backoff] = field(default_factory=dict)
@@ -97,6 +98,25 @@ class PassMemory:
     quarantines: Mapping[tuple[str, int], Quarantine] = field(default_factory=dict)
     # model -> its canary rollout (reconciler/canary.py; SPEC section 13): kept here, not in git
     rollouts: Mapping[str, Rollout] = field(default_factory=dict)
+    # copy_key -> what each running copy was started with that its drain reads its load by (SPEC 13):
+    # recorded when the copy is first seen, so a removed model's copy drains by its own series
+    started_with: Mapping[str, "StartedWith"] = field(default_factory=dict)
+
+
+def copy_key(replica: str, head_node: str, port: int) -> str:
+    """One running copy: its head's node and serving port hold one process at a time."""
+    return f"{replica}@{head_node}:{port}"
+
+
+@frozen
+class StartedWith:
+    """What a copy was started with that its drain needs once its model or profile may be gone: its
+    engine, the series its /metrics reports its load in (a `command` profile's `metrics:`), and its
+    model's drain_s."""
+
+    engine: str
+    metrics: ProfileMetrics | None = None
+    drain_s: float | None = None
 
 
 @frozen

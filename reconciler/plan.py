@@ -97,6 +97,12 @@ class Drain:
     running: float | None = None
     note: str = ""  # why `running` is None, in words
     profile: str = ""  # its profile, for the series a command profile declares (`metrics:`)
+    # SPEC 13's hand-off: when the status files without it were written (None: not yet; the pass that
+    # began the drain stamps it once they are on disk), and whether the gateway serves without it now
+    # (asked before the current pass, like `running`), with why not in words.
+    out_at: float | None = None
+    handed_off: bool = False
+    handoff_note: str = ""
 
     @property
     def key(self) -> str:
@@ -368,8 +374,8 @@ class _Diff:
 
     def hold_if_draining(self, stop: Action, model: Model | None) -> None:
         """A copy that drains keeps its GPUs and ports until it stops, a pass or more later: nothing
-        placed in this pass may count on them (with drain_s 0 it stops now, and frees them now)."""
-        if stop.drain and stop.placement is not None and (model is None or model.drain_s > 0):
+        placed in this pass may count on them (with drain_s 0 too: its hand-off to the gateway comes first)."""
+        if stop.drain and stop.placement is not None:
             self.placer.hold(stop.placement)
 
     def on_lost_node(self, rid: str, model: Model, ordinal: int, current: Placement, tries: Backoff,

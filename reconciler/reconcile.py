@@ -18,8 +18,10 @@ without SSH and the daemon reuses its connection pool.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
@@ -34,20 +36,26 @@ from reconciler.engine_metrics import (
     ENGINE_SERIES,
     METRICS_TIMEOUT_S,
     EngineLoad,
+    LoadSeries,
     LoadTarget,
     LoadUnknown,
     profile_series,
     read_loads,
     series_for,
 )
+from reconciler.constants import STATUS_DIR
 from reconciler.errors import ReconcilerError
 from reconciler.fetch import Fetcher
 from reconciler.launcher import Launcher, SshLauncher
 from reconciler.launcher.slurm_launcher import fleet_launcher, fold_slurm
-from reconciler.memory import PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, with_quarantines
+from reconciler.gateway import handoff
+from reconciler.memory import (
+    PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, started_with_after, with_out_at,
+    with_quarantines,
+)
 from reconciler.model import Catalog, Inventory, Model, spec_hash
 from reconciler.owner import catalog_owner
-from reconciler.outcomes import Decision, PassResult, ReplicaState
+from reconciler.outcomes import Decision, PassResult, ReplicaState, copy_key
 from reconciler.placement import Outcome
 from reconciler.plan import Plan, Waiting
 from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
@@ -55,7 +63,9 @@ from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
+from reconciler.status import (
+    counts_in_force, predicted_failures, predicted_pass, read_served, unplaced_message, write_pass,
+)
 from reconciler.transport import FleetTransports, Transport, TransportPool
 from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
@@ -170,17 +180,19 @@ def run_pass(
                                          may_act=may_act)
     launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
 
-    # 1. Probe: the fleet as it is; and how busy each draining copy's engine is (SPEC section 10).
+    # 1. Probe: the fleet as it is; how busy each draining copy's engine is (SPEC section 10), and
+    #    whether the gateway serves without it yet (SPEC 13's hand-off).
     inventory, probe_seconds = _probed(probe(catalog, fleet_transports))
-    memory = with_drain_loads(catalog, memory)
+    memory = with_handoffs(catalog, with_drain_loads(catalog, memory), now)
     # 1b. Autoscale (the daemon): the loads of the replicas the last pass left Ready, read once now,
     #     decide this pass's count; the plan below then starts or stops (drained) what it changes.
     counts = scaled_counts(catalog, in_force, autoscale, ready, now, log)
     catalog = with_counts(catalog, counts)
     # 2. Plan (pure): what to do about it; memory.plan_remembering, which `plan` and `explain` call too,
     #    so they predict it (starts that failed before wait out their backoff, or stay stalled, and
-    #    serving copies to be stopped drain first). Drains that would begin idle end in this pass.
-    plan, memory = plan_with_idle_drains(planner, catalog, inventory, now, memory)
+    #    serving copies to be stopped drain first). A drain that begins now never ends in this pass,
+    #    however idle: the gateway files without the copy are written at its end (SPEC 13).
+    plan = planner(catalog, inventory, now=now, memory=memory)
     result = PassResult(catalog.revision, inventory, plan, dry_run=dry_run, memory=memory, probe_seconds=probe_seconds,
                         autoscale=counts, next_pass_at=next_pass_at(catalog, counts),
                         rollouts=dict(memory.rollouts))
@@ -221,16 +233,58 @@ def run_pass(
                                          attempt_keys=attempt_keys(catalog, inventory, plan),
                                          quarantine_s=catalog.fleet.gpu_quarantine_s,
                                          drains_begun=actor.drains_begun),
-                                rollouts=result.rollouts)
+                                rollouts=result.rollouts,
+                                # What each running copy was started with, kept for its drain (a removed
+                                # model's included).
+                                started_with=started_with_after(catalog, result.inventory, memory.started_with))
         # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
         # The daemon passes again when something this pass left waiting can move (not only on its interval).
-        result.next_pass_at = next_pass_wanted(result, ended=now + (time.monotonic() - began))
+        result.next_pass_at = next_pass_wanted(result, ended=now + (time.monotonic() - began),
+                                               settle_s=catalog.fleet.gateway_settle_s)
         result.next_pass_nodes = wake_nodes(result)
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
             write_status_at_end(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
+            # SPEC 13, step 1 done: the files without each new drain are on disk; its hand-off counts from now.
+            if result.memory is not None:
+                result.memory = with_out_at(result.memory, time.time())
+    return result
+
+
+# A replace goes one copy at a time: each step's old copies hand off before the next pass stops them.
+MAX_HANDOFF_PASSES = 32
+
+
+def apply_pass(catalog: Catalog, *, log: LogFn = lambda d: None, history: PassMemory | None = None,
+               **kw) -> PassResult:
+    """What a one-shot `apply` runs: a pass (run_pass), and where it left draining copies that may stop
+    now (idle, or drain_s 0), the wait for their hand-off (at most gateway.settle_s, or until
+    `reconciler gateway` serves without them) and one more pass that stops them (SPEC 13), so a replace
+    of idle copies completes in one apply. A copy still running requests is left Draining for a later
+    pass, as the daemon leaves it; so is one the gateway does not let go. The decisions of every pass."""
+    result = run_pass(catalog, log=log, history=history, **kw)
+    decisions = list(result.decisions)
+    waited: list[str] = []
+    for _ in range(MAX_HANDOFF_PASSES):
+        if result.memory is None:
+            break
+        asked = with_drain_loads(catalog, result.memory)
+        keys = stoppable_drains(asked)
+        if not keys or keys == waited:  # the last pass did not stop them (a stop that failed): no loop
+            break
+        waited = keys
+        for key in keys:
+            d = asked.draining[key]
+            log(Decision(d.replica, d.nodes[0], "wait", "out of every gateway file, runs no request: waiting for "
+                         f"the gateway to serve without it (gateway.settle_s {catalog.fleet.gateway_settle_s:g} s, "
+                         "or until reconciler gateway says so)"))
+        if not wait_for_handoffs(catalog, asked, keys):
+            break
+        result = run_pass(catalog, log=log, history=result.memory, **kw)
+        decisions += result.decisions
+    result.decisions = decisions
     return result
 
 
@@ -239,14 +293,14 @@ def run_pass(
 START_RECHECK_S = 10.0
 
 
-def next_pass_wanted(result: PassResult, ended: float) -> float | None:
+def next_pass_wanted(result: PassResult, ended: float, settle_s: float = 0.0) -> float | None:
     """When the pass wants the next one (pure, epoch seconds; `ended`: when this one ended): an
     autoscaling move falls due, a drain's next look or deadline, a wait that ends (a restart backoff, a
     grace period), a start still to be judged. None: the resync interval will do. A wait whose end has
     passed asks for nothing, so a wait that outlives its time never spins the daemon."""
     times = [result.next_pass_at]
     if result.memory is not None:
-        times.append(next_drain_check(result.memory.draining, ended))
+        times.append(next_drain_check(result.memory.draining, ended, settle_s))
     if result.plan is not None:
         times += [w.until for w in result.plan.waiting if w.until is not None and w.until > ended]
     if any(st.phase == Phase.STARTING for st in result.replicas.values()):
@@ -377,19 +431,6 @@ def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], auto
     return scale_pass(with_counts(catalog, in_force), ready or {}, in_force, now, autoscale, log)
 
 
-def plan_with_idle_drains(planner: Callable[..., Plan], catalog: Catalog, inventory: Inventory, now: float,
-                          memory: PassMemory) -> tuple[Plan, PassMemory]:
-    """The plan, and the memory it was planned with. A copy that begins to drain and whose engine runs
-    no request now has nothing to drain: with that answer in the memory, the plan stops it in this pass
-    (as it would have in the next)."""
-    plan = planner(catalog, inventory, now=now, memory=memory)
-    idle = idle_new_drains(catalog, plan, memory)
-    if idle:
-        memory = replace(memory, draining={**memory.draining, **idle})
-        plan = planner(catalog, inventory, now=now, memory=memory)
-    return plan, memory
-
-
 def unjudged_starts(actor: Actor) -> list[str]:
     """The replicas this pass started that no action has judged yet (a replace judges its own new copy)."""
     return [r for r in actor.pending if r not in actor.states or actor.states[r].phase == Phase.STARTING]
@@ -415,28 +456,79 @@ def write_status_at_end(catalog: Catalog, result: PassResult, log: LogFn, *, rer
         log(d)
 
 
-def idle_new_drains(catalog: Catalog, plan: Plan, memory: PassMemory) -> dict:
-    """The drains the plan begins whose engine says it runs no request (their `running` set to 0)."""
-    new = {key: d for key, d in plan.draining.items() if key not in memory.draining}
-    if not new:
-        return {}
-    asked = with_drain_loads(catalog, PassMemory(draining=new)).draining
-    return {key: d for key, d in asked.items() if d.running is not None and d.running <= 0}
+def with_handoffs(catalog: Catalog, memory: PassMemory, now: float) -> PassMemory:
+    """The memory with each drain's hand-off judged (gateway.handoff): `reconciler gateway`'s report
+    (status/gateway/served.json) read once, each copy's api_base looked for in it; without a live
+    report, gateway.settle_s counted from when the files without the copy were written."""
+    if not memory.draining:
+        return memory
+    served = read_served(catalog.root)
+    draining = {}
+    for key, d in memory.draining.items():
+        spec = catalog.fleet.node(d.nodes[0])
+        api_base = spec.data_host.url(d.port, "/v1") if spec is not None else None
+        done, why = handoff(d.out_at, api_base, now, catalog.fleet.gateway_settle_s, served)
+        draining[key] = replace(d, handed_off=done, handoff_note=why)
+    return replace(memory, draining=draining)
+
+
+def stoppable_drains(memory: PassMemory) -> list[str]:
+    """The drains a one-shot `apply` may wait for within its run (SPEC 13): those whose engine runs no
+    request now, or whose drain_s is 0, so that only their hand-off to the gateway keeps them."""
+    return sorted(k for k, d in memory.draining.items()
+                  if d.out_at is not None and ((d.running is not None and d.running <= 0) or d.until <= d.started))
+
+
+def wait_for_handoffs(catalog: Catalog, memory: PassMemory, keys: list[str], *, clock: Callable[[], float] = time.time,
+                      sleep: Callable[[float], None] = time.sleep, poll_s: float = 0.2,
+                      gateway_wait_s: float = 120.0) -> bool:
+    """Wait (apply only; the daemon never does) until the gateway serves without each of `keys`: at most
+    gateway.settle_s for a gateway the user runs, or until `reconciler gateway` says so (at most
+    gateway_wait_s: one that never takes the change leaves the copies for a later pass). True when
+    every one was handed off."""
+    deadline = clock() + max(catalog.fleet.gateway_settle_s, gateway_wait_s)
+    while True:
+        judged = with_handoffs(catalog, replace(memory, draining={k: memory.draining[k] for k in keys}), clock())
+        if all(d.handed_off for d in judged.draining.values()):
+            return True
+        if clock() >= deadline or _gateway_refused_the_file(catalog):
+            return False
+        sleep(poll_s)
+
+
+def _gateway_refused_the_file(catalog: Catalog) -> bool:
+    """`reconciler gateway` said it will not serve the litellm.yaml on disk (its LiteLLM failed on it):
+    waiting longer in this apply is pointless; the copies stay Draining, with its reason."""
+    served = read_served(catalog.root)
+    if served is None or not served.refused_sha256:
+        return False
+    try:
+        on_disk = (Path(catalog.root) / STATUS_DIR / "gateway" / "litellm.yaml").read_bytes()
+    except OSError:
+        return False
+    return hashlib.sha256(on_disk).hexdigest() == served.refused_sha256
 
 
 def with_drain_loads(catalog: Catalog, memory: PassMemory, timeout_s: float = METRICS_TIMEOUT_S) -> PassMemory:
     """The memory with each draining copy's requests running, as its engine's /metrics says now (all at
     once, each under its own deadline). An answer that cannot be trusted (a hang, garbage, no such
-    series) leaves `running` None with the reason: that drain then ends at drain_s."""
+    series) leaves `running` None with the reason: that drain then ends at drain_s. A copy is asked by
+    the series it was started with (PassMemory.started_with), whatever became of its model since."""
     if not memory.draining:
         return memory
     targets, notes = [], {}
     for key, d in memory.draining.items():
         spec = catalog.fleet.node(d.nodes[0])
-        # A removed model's engine is not known any more: each engine's series is tried in turn.
+        started = memory.started_with.get(copy_key(d.replica, d.nodes[0], d.port))
+        # Without a record (a copy older than it), the profile in force; for a removed model's copy
+        # not even that: each engine's series is tried in turn.
         model = catalog.model(d.model)
         profile = model.profile(d.profile) if model is not None and d.profile else None
-        if profile is not None:
+        if started is not None:
+            declared = started.metrics
+            candidates = [series_for(started.engine, None if declared is None else LoadSeries(
+                waiting=declared.waiting, running=declared.running, path=declared.path))]
+        elif profile is not None:
             candidates = [profile_series(profile)]
         else:
             candidates = [series_for(d.engine)] if d.engine else list(ENGINE_SERIES.values())

@@ -535,6 +535,33 @@ def write_gateway_files(catalog_root: str | os.PathLike, catalog: Catalog,
     return written, warnings
 
 
+def read_served(catalog_root: str | os.PathLike) -> gateway.Served | None:
+    """status/gateway/served.json, what `reconciler gateway` says it serves; None without one."""
+    path = status_dir(catalog_root) / GATEWAY_DIR / gateway.SERVED_FILE
+    try:
+        doc, touched = json.loads(path.read_text()), path.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    served = gateway.Served.from_document(doc)
+    # Its mtime is the heartbeat: the gateway touches the file rather than rewrite it, so a daemon that
+    # commits status/ commits only what changed.
+    return None if served is None else dataclasses.replace(served, alive_at=max(served.alive_at, touched))
+
+
+def write_served(catalog_root: str | os.PathLike, served: gateway.Served) -> bool:
+    return write_if_changed(status_dir(catalog_root) / GATEWAY_DIR / gateway.SERVED_FILE,
+                            json.dumps(served.as_document(), indent=2, sort_keys=True) + "\n")
+
+
+def removed_model_document(name: str, result: PassResult, fleet: Fleet) -> dict:
+    """status/models/<name>.yaml of a model no longer in the catalog whose copies still drain: kept
+    until its last copy has stopped (SPEC 13), so status shows them Draining."""
+    states = sorted((s for s in result.replicas.values() if s.model == name),
+                    key=lambda s: (replica_ordinal(name, s.replica) or 0, s.replica))
+    return {"name": name, "desired": 0, "ready": 0,
+            "replicas": [_replica_entry(fleet, result, s, s.replica, False) for s in states]}
+
+
 def write_model_files(root: Path, catalog: Catalog, result: PassResult) -> list[Path]:
     changed = []
     wanted = set()
@@ -542,6 +569,12 @@ def write_model_files(root: Path, catalog: Catalog, result: PassResult) -> list[
         path = root / "models" / f"{model.name}.yaml"
         wanted.add(path.name)
         if write_document(path, model_status_document(model, result, catalog.fleet)):
+            changed.append(path)
+    known = {m.name for m in catalog.models}
+    for name in sorted({s.model for s in result.replicas.values() if s.model not in known}):
+        path = root / "models" / f"{name}.yaml"
+        wanted.add(path.name)
+        if write_document(path, removed_model_document(name, result, catalog.fleet)):
             changed.append(path)
     models_dir = root / "models"
     if models_dir.is_dir():

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from reconciler.outcomes import PassResult
-from reconciler.reconcile import run_pass
+from reconciler.reconcile import apply_pass, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.ssh import TransportPool
 from tests.apply_support.cleanup import stop_every_rank
@@ -72,7 +72,7 @@ def vllm_model(name: str, records: Path, *, role: str, nodes: int = 1, replicas:
 
 def apply_once(root: Path, pool, history=None) -> PassResult:
     cat = load_catalog(root, with_revision=False)
-    return run_pass(cat, transports=pool, history=history, ready_wait_s=30)
+    return apply_pass(cat, transports=pool, history=history, ready_wait_s=30)
 
 
 def engine_records(records: Path) -> list[dict]:

@@ -80,7 +80,7 @@ def test_a_drain_ends_on_the_pass_after_its_last_request_not_at_the_next_resync(
     finally:
         release.touch()
         request.join(timeout=60)
-    assert stop["replica"] == "held-1" and "drained: its engine runs no request" in stop["reason"], stop
+    assert stop["replica"] == "held-1" and "the gateway serves without it and its engine runs no request" in stop["reason"], stop
     assert not any(k.startswith("held-1.") for k in e2e.records())
     assert [e.get("trigger") for e in d.events("pass.start")][-1] == "wake"  # the wake-up, not a commit or a resync
 

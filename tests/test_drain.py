@@ -32,13 +32,19 @@ def kinds(p):
     return [(a.action, a.replica) for a in p.actions]
 
 
+def handed(memory, **changes):
+    """The memory with each drain's removal taken by the gateway (SPEC 13), and `changes` besides."""
+    return dataclasses.replace(memory, draining={
+        k: dataclasses.replace(v, out_at=v.started, handed_off=True, **changes) for k, v in memory.draining.items()})
+
+
 def test_a_scale_down_of_a_serving_replica_drains_first_and_is_stopped_once_its_engine_is_idle():
     cat, inv = setup(2)
     first = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
     assert kinds(first) == []  # no stop in the pass that begins the drain: the gateway files go first
     [w] = first.waiting
     assert (w.replica, w.kind, w.until) == ("m-2", WaitKind.DRAINING, 1010.0)
-    assert "out of every gateway file" in w.reason and "at most 10 s from now" in w.reason
+    assert "out of every gateway file" in w.reason and "requests: at most 10 s" in w.reason
     assert predicted_phases(first)["m-2"] == "Draining"
     predicted = predicted_pass(cat, first)
     doc = model_status_document(cat.model("m"), predicted, cat.fleet)
@@ -50,32 +56,48 @@ def test_a_scale_down_of_a_serving_replica_drains_first_and_is_stopped_once_its_
     [d] = memory.draining.values()
     assert (d.replica, d.nodes, d.port, d.started, d.until) == ("m-2", ("a",), 8002, 1000.0, 1010.0)
 
-    busy = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=2.0) for k, v in memory.draining.items()})
+    busy = handed(memory, running=2.0)
     second = plan_remembering(cat, inv, now=1003.0, memory=busy)
     assert kinds(second) == [] and "2 requests running" in second.waiting[0].reason
 
-    idle = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=0.0) for k, v in memory.draining.items()})
+    idle = handed(memory, running=0.0)
     third = plan_remembering(cat, inv, now=1004.0, memory=idle)
     assert kinds(third) == [("stop", "m-2")] and third.waiting == ()
-    assert "drained: its engine runs no request" in third.actions[0].reason
+    assert "drained: the gateway serves without it and its engine runs no request" in third.actions[0].reason
 
 
 def test_a_drain_whose_engine_never_answers_ends_at_drain_s():
     cat, inv = setup(2)
     memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
-    unknown = dataclasses.replace(memory, draining={
-        k: dataclasses.replace(v, running=None, note="its load is unknown (/metrics did not answer within 2 s)")
-        for k, v in memory.draining.items()})
+    unknown = handed(memory, running=None, note="its load is unknown (/metrics did not answer within 2 s)")
     before = plan_remembering(cat, inv, now=1009.0, memory=unknown)
     assert kinds(before) == [] and "/metrics did not answer" in before.waiting[0].reason
     after = plan_remembering(cat, inv, now=1010.0, memory=unknown)
     assert kinds(after) == [("stop", "m-2")] and "drain_s (10 s) has passed" in after.actions[0].reason
 
 
-def test_drain_s_0_stops_at_once():
+def test_an_idle_copy_is_never_stopped_before_the_gateway_serves_without_it():
+    # SPEC 13: idle from the start, and drain_s long past, it stays until its removal reached the gateway.
+    cat, inv = setup(2)
+    memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
+    [d] = memory.draining.values()
+    assert d.out_at is None and not d.handed_off  # the pass that began it has not written the files yet
+    idle = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=0.0) for k, v in memory.draining.items()})
+    for now in (1000.0, 1004.0, 5000.0):
+        p = plan_remembering(cat, inv, now=now, memory=idle)
+        assert kinds(p) == [] and [(w.replica, w.kind) for w in p.waiting] == [("m-2", WaitKind.DRAINING)]
+        assert "waiting for the gateway to serve without it" in p.waiting[0].reason
+    assert kinds(plan_remembering(cat, inv, now=1004.0, memory=handed(idle))) == [("stop", "m-2")]
+
+
+def test_drain_s_0_skips_waiting_for_requests_never_the_hand_off():
     cat, inv = setup(2, drain_s=0.0)
     p = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
-    assert kinds(p) == [("stop", "m-2")] and p.waiting == () and p.draining == {}
+    assert kinds(p) == [] and [w.replica for w in p.waiting] == ["m-2"] and list(p.draining) == ["m-2@a"]
+    memory = remember(PassMemory(), p, inv, {}, 1000.0)
+    busy = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=5.0) for k, v in memory.draining.items()})
+    assert kinds(plan_remembering(cat, inv, now=1001.0, memory=busy)) == []  # not handed off yet
+    assert kinds(plan_remembering(cat, inv, now=1001.0, memory=handed(busy))) == [("stop", "m-2")]
 
 
 def test_a_crashed_replica_is_stopped_at_once():
@@ -187,7 +209,7 @@ def test_a_metrics_endpoint_that_hangs_or_lies_leaves_the_load_unknown_so_drain_
     memory = remember(PassMemory(), plan_remembering(cat, inv, now=1000.0, memory=PassMemory()), inv, {}, 1000.0)
     unknown = dataclasses.replace(memory, draining={k: dataclasses.replace(v, running=hung.running, note=hung.note)
                                                     for k, v in memory.draining.items()})
-    assert kinds(plan_remembering(cat, inv, now=1010.0, memory=unknown)) == [("stop", "m-2")]
+    assert kinds(plan_remembering(cat, inv, now=1010.0, memory=handed(unknown))) == [("stop", "m-2")]
 
 
 def test_a_replaces_old_copy_left_draining_beside_the_new_one_is_stopped_once_idle():
@@ -204,7 +226,7 @@ def test_a_replaces_old_copy_left_draining_beside_the_new_one_is_stopped_once_id
     held = plan_remembering(cat, inv, now=1002.0, memory=memory)
     assert kinds(held) == [] and [(w.replica, w.kind) for w in held.waiting] == [("m-0", WaitKind.DRAINING)]
     assert held.outcomes["m-0"].placement.nodes[0].node == "b"  # the replica is the new copy meanwhile
-    idle = dataclasses.replace(memory, draining={old.key: dataclasses.replace(old, running=0.0)})
+    idle = handed(memory, running=0.0)
     stopped = plan_remembering(cat, inv, now=1003.0, memory=idle)
     assert kinds(stopped) == [("stop", "m-0")] and [a.node for a in stopped.actions[0].placement.nodes] == ["a"]
 
@@ -220,7 +242,7 @@ def test_an_in_place_replace_of_a_serving_copy_drains_it_before_the_stop_and_sta
     held = plan_remembering(cat, inv, now=1000.0, memory=PassMemory())
     assert kinds(held) == [] and predicted_phases(held)["m-0"] == "Draining"
     memory = remember(PassMemory(), held, inv, {}, 1000.0)
-    late = plan_remembering(cat, inv, now=1011.0, memory=memory)
+    late = plan_remembering(cat, inv, now=1011.0, memory=handed(memory))
     assert kinds(late) == [("replace", "m-0")] and "drain_s (10 s) has passed" in late.actions[0].reason
 
 

@@ -15,7 +15,7 @@ import yaml
 from reconciler.catalog import load_catalog
 from reconciler.launcher import SshLauncher
 from reconciler.probe import probe_fleet_report
-from reconciler.reconcile import run_pass
+from reconciler.reconcile import apply_pass, run_pass
 from reconciler.ssh import TransportPool
 from reconciler.vocabulary import CheckResult, GpuHealth
 from tests.apply_support.cleanup import stop_every_rank
@@ -129,7 +129,7 @@ def write_model(root: Path, name: str, records: Path, role: str, gpus: int) -> N
 
 
 def apply_once(root: Path, pool, history=None):
-    return run_pass(load_catalog(root, with_revision=False), transports=pool, history=history, ready_wait_s=30)
+    return apply_pass(load_catalog(root, with_revision=False), transports=pool, history=history, ready_wait_s=30)
 
 
 def visible_devices(fleet, node: str, records: Path) -> list[list[int]]:

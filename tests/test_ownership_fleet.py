@@ -18,7 +18,7 @@ import yaml
 from reconciler.catalog import load_catalog
 from reconciler.launcher import SshLauncher
 from reconciler.owner import catalog_owner
-from reconciler.reconcile import run_pass
+from reconciler.reconcile import apply_pass
 from reconciler.ssh import TransportPool
 from tests.apply_support.local import is_running
 from tests.fleet import fleet  # noqa: F401
@@ -49,7 +49,7 @@ def catalog_repo(root: Path, fleet, records: Path) -> Path:  # noqa: F811
 
 def apply_once(root: Path, pool, history=None):
     cat = load_catalog(root, with_revision=False)
-    return run_pass(cat, transports=pool, history=history, ready_wait_s=30)
+    return apply_pass(cat, transports=pool, history=history, ready_wait_s=30)
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ def test_an_action_on_a_node_that_stopped_answering_does_not_hold_up_the_others(
     (root / "models").mkdir(parents=True)
     doc = fleet.fleet_document(["ok", "mute"])
     doc["ssh"]["command_timeout_s"] = doc["ssh"]["connect_timeout_s"] = COMMAND_TIMEOUT_S
+    doc["gateway"] = {"settle_s": 0}  # old-0's hand-off is done once the files without it are written
     (root / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     records = tmp_path / "engines"
     records.mkdir()
@@ -79,11 +80,15 @@ def test_an_action_on_a_node_that_stopped_answering_does_not_hold_up_the_others(
             first = run_pass(load_catalog(root, with_revision=False), transports=pool, ready_wait_s=30)
             assert first.replicas["old-0"].phase == "Ready", first.decisions
 
-            # The catalog now wants `new` on ok instead of `old` on mute: stop on mute, then start on ok.
+            # `old` removed: old-0 leaves the gateway files and drains (SPEC 13: never stopped in that pass).
             (root / "models" / "old.yaml").unlink()
+            draining = run_pass(load_catalog(root, with_revision=False), transports=pool, ready_wait_s=30,
+                                history=first.memory)
+            assert [d.replica for d in draining.memory.draining.values()] == ["old-0"], draining.decisions
+            # The catalog now wants `new` on ok: stop old-0 on mute (handed off, idle), then start on ok.
             (root / "models" / "new.yaml").write_text(yaml.safe_dump(vllm_model("new", "ok", records), sort_keys=False))
             second = run_pass(load_catalog(root, with_revision=False), transports=pool, log=log, ready_wait_s=30,
-                              planner=cut_once_planned, history=first.memory)
+                              planner=cut_once_planned, history=draining.memory)
 
             assert released == [True], seen  # the start was logged while mute's link was still down
             start = seen.index(("new-0", "ok", "start", True))

@@ -8,7 +8,6 @@ from dataclasses import replace
 from reconciler.actor.starting import StartActions
 from reconciler.actor.waiting import ReadyWaiting
 from reconciler.actor.work import APPLY_READY_WAIT_S
-from reconciler.engine_metrics import EngineLoad, profile_series, read_load
 from reconciler.model import Action
 from reconciler.observed import observe_replica
 from reconciler.outcomes import ActionOutcome
@@ -75,27 +74,24 @@ class ReplaceActions(StartActions, ReadyWaiting):
     def begin_drain(self, action: Action, old_live: list[tuple[str, int]]) -> bool:
         """The new copy serves: the old one, if it was serving, is left to drain (SPEC section 10) rather
         than cut its requests. From here on the replica's state and every gateway file name the new copy;
-        the next passes see the old one as a stale copy to stop, and stop it once it runs no request
-        (memory.hold_drains). False when it is to be stopped at once (drain_s 0, not serving)."""
+        the next passes see the old one as a stale copy to stop, and stop it once the gateway serves
+        without it and it runs no request (memory.hold_drains). Idle or drain_s 0, it still waits for that
+        hand-off (SPEC 13): the gateway files naming it are only written over at the end of this pass.
+        False when it is to be stopped at once (not serving)."""
         previous = action.previous
         model = self.catalog.model(action.model)
-        if not action.drain or previous is None or not previous.nodes or model is None or model.drain_s <= 0:
+        if not action.drain or previous is None or not previous.nodes or model is None:
             return False
         if sorted({(a.node, a.rank) for a in previous.nodes}) != sorted(old_live):
             return False  # part of it is on a node that does not answer: nothing to drain
         profile = model.profile(previous.profile)
-        series = profile_series(profile) if profile is not None else None
-        spec = self.catalog.fleet.node(previous.nodes[0].node)
-        if series is not None and spec is not None:
-            load = read_load(spec.data_host.bare, previous.nodes[0].port, series)
-            if isinstance(load, EngineLoad) and load.running <= 0:
-                return False  # it runs no request: nothing to wait for
         now = self.wall_clock()
         drain = Drain(action.replica, action.model, tuple(a.node for a in previous.nodes), previous.nodes[0].port,
                       profile.engine if profile is not None else "", now, now + model.drain_s, profile=previous.profile)
         self.drains_begun[drain.key] = drain
         self.decide(action.replica, previous.nodes[0].node, DecisionAction.DRAIN,
-                    f"old copy out of every gateway file; stopped once no request runs, at most {model.drain_s:g} s: "
+                    f"old copy out of every gateway file; stopped once the gateway serves without it and no "
+                    f"request runs (at most {model.drain_s:g} s for requests): "
                     f"{action.reason}")
         return True
 

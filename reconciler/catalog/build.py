@@ -109,7 +109,8 @@ def build_fleet(data: dict) -> Fleet:
         )
     return Fleet(nodes=tuple(nodes), ssh=defaults, slurm=slurm_settings, owner=data.get("owner"), leader=leader_settings,
                  unreachable_grace_s=float(data.get("unreachable_grace_s", Fleet.unreachable_grace_s)),
-                 gpu_quarantine_s=float(data.get("gpu_quarantine_s", Fleet.gpu_quarantine_s)))
+                 gpu_quarantine_s=float(data.get("gpu_quarantine_s", Fleet.gpu_quarantine_s)),
+                 gateway_settle_s=float((data.get("gateway") or {}).get("settle_s", Fleet.gateway_settle_s)))
 
 
 def build_profile(p: dict) -> Profile:

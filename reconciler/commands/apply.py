@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reconciler import canary, memory as memory_store
 from reconciler.memory import PassMemory, load_memory, memory_path
-from reconciler.reconcile import run_pass
+from reconciler.reconcile import apply_pass, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
 from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
@@ -131,7 +131,11 @@ def _apply_once(catalog, dry_run: bool, log):
     memory_file = memory_path(catalog.root)
     transports = TransportPool()  # LocalTransport for `transport: local` nodes, SSH otherwise
     try:
-        result = run_pass(catalog, transports=transports, dry_run=dry_run, log=log, history=load_memory(memory_file))
+        history = load_memory(memory_file)
+        if dry_run:
+            result = run_pass(catalog, transports=transports, dry_run=True, log=log, history=history)
+        else:
+            result = apply_pass(catalog, transports=transports, log=log, history=history)
     finally:
         transports.close()
     if result.memory is not None and not dry_run:
