@@ -168,7 +168,7 @@ def write_catalog(root: Path, fleet_doc, models, snapshot):
         (root / "models" / name).write_text(yaml.safe_dump(doc, sort_keys=False))
     (root / "nodes.json").write_text(json.dumps(snapshot))
     from reconciler.inventory import snapshot_text
-    from reconciler.status import dump_yaml
+    from reconciler.status.files import dump_yaml
 
     (root / "nodes.yaml").write_text(dump_yaml(snapshot))  # block style, as status files are written today
     (root / "nodes-flow.yaml").write_text(snapshot_text(snapshot, "../schema/inventory.schema.json"))  # JSON-style YAML

@@ -254,7 +254,7 @@ async def asyncssh_passes(root: Path, names_to_addr: dict[str, str], host_key: P
     from reconciler.catalog import load_catalog
     from reconciler.model import Inventory
     from reconciler.probe.collect import observed_from_report, probe_args, session_command, unreachable
-    from reconciler.status import write_nodes_status
+    from reconciler.status.write import write_nodes_status
 
     catalog = load_catalog(root, with_revision=False)
     specs = list(catalog.fleet.nodes)

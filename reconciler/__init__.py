@@ -54,8 +54,10 @@ The modules, top layer first; a module imports only from the layers below it
                         (system), its GPUs (gpus) and everything else it reads (facts); asking a
                         node or the fleet (collect), the daemon's prober of the fleet (prober), and
                         a node's report read into an ObservedNode (report)
-    status              status/ from one PassResult (write_pass) and status/catalog.yaml: deterministic
-                        YAML, atomic, only on change
+    status/             status/ from one PassResult: the pass's files (write) from the documents, pure
+                        (documents), and what a plan predicts (predict); status/gateway/ with hand edits
+                        detected (gateway_files); the autoscaled counts read back for planning (read_back);
+                        deterministic YAML, atomic, only on change (files)
     launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
                         (node_agent, stdlib only, runs on the node, fences a deposed leader's epoch, with its /proc facts in agent_proc
                         and its records and logs in agent_files) over any transport (ssh_launcher),

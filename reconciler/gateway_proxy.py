@@ -40,7 +40,8 @@ import yaml
 
 from reconciler.errors import ReconcilerError, UsageError
 from reconciler.gateway import SERVED_HEARTBEAT_S, Served, litellm_api_bases
-from reconciler.status import GATEWAY_DIR, LITELLM_FILE, status_dir, write_served
+from reconciler.status.gateway_files import GATEWAY_DIR, LITELLM_FILE, write_served
+from reconciler.status.files import status_dir
 
 WATCH_S = 0.25  # how often the file is looked at (a read and a hash of a few KiB)
 START_TIMEOUT_S = 180.0  # a LiteLLM that does not answer /health/liveliness by then did not take the file

@@ -25,7 +25,7 @@ from reconciler.canary import CheckTally, Rollout
 from reconciler.inventory import inventory_from_document, inventory_to_document, utc_text
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, ProfileMetrics, Quarantine
 from reconciler.outcomes import GpuStrikes, PassMemory, ReplicaState, StartedWith, copy_key  # noqa: F401  (re-exported)
-from reconciler.status import write_rendered
+from reconciler.status.files import write_rendered
 from reconciler.plan import Drain, Plan, Waiting, drain_key, plan as make_plan
 from reconciler.vocabulary import ActionKind, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 

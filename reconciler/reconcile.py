@@ -63,9 +63,10 @@ from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
 from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
-from reconciler.status import (
-    counts_in_force, predicted_failures, predicted_pass, read_served, unplaced_message, write_pass,
-)
+from reconciler.status.read_back import counts_in_force
+from reconciler.status.predict import predicted_failures, predicted_pass, unplaced_message
+from reconciler.status.gateway_files import read_served
+from reconciler.status.write import write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
 from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
@@ -450,9 +451,11 @@ def write_status_at_end(catalog: Catalog, result: PassResult, log: LogFn, *, rer
     since it began: the count in force is read again, so its count stands."""
     if reread_counts:
         result.autoscale = counts_in_force(catalog)
-    said = len(result.decisions)
-    result.written = write_pass_status(catalog, result)
-    for d in result.decisions[said:]:
+    written = write_pass(catalog, result)
+    result.written = [str(p) for p in written.paths]
+    hand_edits = [Decision("-", "-", DecisionAction.WARN, line, ok=True) for line in written.hand_edits]
+    result.decisions += hand_edits
+    for d in hand_edits:
         log(d)
 
 
@@ -712,7 +715,3 @@ def _with_wait(state: ReplicaState, w: Waiting | None, records) -> ReplicaState:
         phase = Phase.UNKNOWN
     return replace(state, phase=phase, message=message)
 
-
-def write_pass_status(catalog: Catalog, result: PassResult) -> list[str]:
-    """Write status/ for this pass from its PassResult (status.write_pass); the files whose content changed."""
-    return [str(p) for p in write_pass(catalog, result)]

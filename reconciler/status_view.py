@@ -22,7 +22,10 @@ class StatusUnreadable(ReconcilerError):
 
 
 @dataclass(frozen=True)
-class CatalogStatus:
+class StatusReport:
+    """What status/ says, as `reconciler status` and the dashboard read it back (the writer's input for
+    status/catalog.yaml is status.documents.CatalogStatus)."""
+
     root: Path
     revision: str | None  # the revision applied, as status/catalog.yaml records it
     message: str  # the daemon's (or apply's) one line on the last attempt
@@ -35,15 +38,15 @@ class CatalogStatus:
         return {r["id"]: (m["name"], r) for m in self.models for r in m["replicas"]}
 
 
-def catalog_status_from_documents(root: Path, catalog_doc: Any, model_docs: list[tuple[Path, Any]]) -> CatalogStatus:
-    """The CatalogStatus of documents already parsed: `status` reads them from disk, the dashboard
+def status_report_from_documents(root: Path, catalog_doc: Any, model_docs: list[tuple[Path, Any]]) -> StatusReport:
+    """The StatusReport of documents already parsed: `status` reads them from disk, the dashboard
     from its cache of the files; both answer the same JSON from the same files."""
     status = root / STATUS_DIR
     if not isinstance(catalog_doc, dict):
         raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document (a mapping)")
     models = [model_entry(path, doc) for path, doc in model_docs]
     revision = catalog_doc.get("last_applied_revision")
-    return CatalogStatus(
+    return StatusReport(
         root=root,
         revision=revision if isinstance(revision, str) else None,
         message=str(catalog_doc.get("message") or ""),
@@ -67,7 +70,7 @@ def model_entry(path: Path, doc: Any) -> dict:
     return entry
 
 
-def json_document(status: CatalogStatus) -> dict:
+def json_document(status: StatusReport) -> dict:
     """SPEC section 6: {"revision", "models": [{"name", "desired", "ready", "replicas": [...]}]}."""
     return {"revision": status.revision, "models": [dict(m) for m in status.models]}
 

@@ -31,7 +31,9 @@ from reconciler.errors import CatalogInvalid
 from reconciler.model import Assignment, AutoscalePolicy, ReplicaRange
 from reconciler.outcomes import ReplicaState
 from reconciler.scaling import METRICS_ACTION, SCALE_ACTION, default_reader, scale_pass
-from reconciler.status import counts_in_force, model_status_document, predicted_pass
+from reconciler.status.read_back import counts_in_force
+from reconciler.status.documents import model_status_document
+from reconciler.status.predict import predicted_pass
 from tests.apply_support.local import free_port, wait_for
 from tests.conftest import run_cli
 
@@ -417,7 +419,7 @@ def test_status_cli_and_json_show_the_count(tmp_path):
                            since=1_700_000_000)
     from reconciler.plan import plan
     from reconciler.model import Inventory
-    from reconciler.status import write_pass
+    from reconciler.status.write import write_pass
 
     scaled = with_counts(cat, {"m": state})
     result = predicted_pass(scaled, plan(scaled, Inventory(())))

@@ -14,7 +14,7 @@ from reconciler.commands.plan_markdown import render_markdown
 from reconciler.commands.status import rollout_lines
 from reconciler.commands._status_files import read_catalog_status
 from reconciler.plan import plan
-from reconciler.status import dump_yaml
+from reconciler.status.files import dump_yaml
 from tests.test_canary_plan import F, M, NEW, catalog, running
 
 MEASURED = [Measurement("request", False, "request: 1 of 2 failed: HTTP 500")]

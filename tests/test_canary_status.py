@@ -13,7 +13,7 @@ from reconciler.model import Assignment, Catalog, Fleet, NodeSpec, RolloutPolicy
 from reconciler.outcomes import PassMemory, PassResult, ReplicaState
 from reconciler.plan import Plan
 from reconciler.schemas import validator
-from reconciler.status import CatalogStatus, catalog_document, endpoints_document, model_status_document
+from reconciler.status.documents import CatalogStatus, catalog_document, endpoints_document, model_status_document
 from reconciler.vocabulary import Phase, RolloutPhase
 from tests.builders import model, profile
 

@@ -103,7 +103,7 @@ def test_a_status_directory_that_cannot_be_written_is_a_message_not_a_traceback(
 
 def test_status_write_error_is_still_an_oserror_for_callers_that_carry_on(tmp_path):
     from reconciler.errors import ReconcilerError
-    from reconciler.status import write_if_changed
+    from reconciler.status.files import write_if_changed
 
     (tmp_path / "status").write_text("")
     with pytest.raises(OSError) as err:

@@ -29,7 +29,7 @@ from reconciler.dashboard.app import create_app  # noqa: E402
 from reconciler.dashboard.server import DashboardServer, parse_address  # noqa: E402
 from reconciler.dashboard.cells import GpuUse, gpu_cell  # noqa: E402
 from reconciler.errors import UsageError  # noqa: E402
-from reconciler.status import dump_yaml  # noqa: E402
+from reconciler.status.files import dump_yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET_VALUE = "hunter2-do-not-show"

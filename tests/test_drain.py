@@ -12,7 +12,8 @@ from reconciler.memory import (
 from reconciler.model import spec_hash
 from reconciler.plan import plan
 from reconciler.vocabulary import WaitKind
-from reconciler.status import endpoints_document, model_status_document, predicted_pass, predicted_phases
+from reconciler.status.documents import endpoints_document, model_status_document
+from reconciler.status.predict import predicted_pass, predicted_phases
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=2)

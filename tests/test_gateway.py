@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from reconciler.gateway import litellm_document, prometheus_targets
-from reconciler.status import predicted_pass, write_gateway_files
+from reconciler.status.predict import predicted_pass
+from reconciler.status.gateway_files import write_gateway_files
 from reconciler.model import Assignment, Catalog, Fleet, NodeSpec
 from reconciler.outcomes import ReplicaState
 from reconciler.vocabulary import Phase

@@ -25,7 +25,8 @@ from reconciler.inventory import inventory_from_document
 from reconciler.model import Catalog
 from reconciler.placement import summarize
 from reconciler.plan import plan
-from reconciler.status import model_status_document, predicted_pass
+from reconciler.status.documents import model_status_document
+from reconciler.status.predict import predicted_pass
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO))

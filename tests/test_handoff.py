@@ -20,7 +20,8 @@ from reconciler.model import Fleet, NodeSpec, ProfileMetrics, spec_hash
 from reconciler.outcomes import PassResult, ReplicaState, StartedWith, copy_key
 from reconciler.plan import Drain
 from reconciler.reconcile import stoppable_drains, wait_for_handoffs, with_drain_loads, with_handoffs
-from reconciler.status import read_served, write_pass, write_served
+from reconciler.status.gateway_files import read_served, write_served
+from reconciler.status.write import write_pass
 from reconciler.vocabulary import NodeState, Phase, WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 from tests.test_catalog import FLEET, MODEL, problems_of, write_catalog

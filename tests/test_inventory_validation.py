@@ -186,7 +186,7 @@ def test_problems_are_placed_on_the_lines_of_their_fields(tmp_path):
 
 
 def test_block_yaml_reads_as_json_does(tmp_path):
-    from reconciler.status import dump_yaml
+    from reconciler.status.files import dump_yaml
 
     doc = copy.deepcopy(EXAMPLE)
     (tmp_path / "nodes.yaml").write_text(dump_yaml(doc))

@@ -14,7 +14,7 @@ from reconciler.errors import InventoryInvalid
 from reconciler.inventory import load_inventory, read_snapshot_document
 from reconciler.inventory import reading
 from reconciler.inventory.reading import SNAPSHOT_PARTS, read_snapshot_parts
-from reconciler.status import dump_yaml
+from reconciler.status.files import dump_yaml
 from tests.builders import fleet, node_spec
 from tests.conftest import REPO
 

@@ -16,7 +16,8 @@ from reconciler.model import Assignment
 from reconciler.outcomes import ReplicaState
 from reconciler.vocabulary import FailureKind, Phase, WaitKind
 from reconciler.memory import plan_remembering as default_planner
-from reconciler.status import model_status_document, predicted_pass
+from reconciler.status.documents import model_status_document
+from reconciler.status.predict import predicted_pass
 from tests.builders import catalog, fleet, inventory, model, node_spec, observed, profile
 
 NOW = 1_000_000.0

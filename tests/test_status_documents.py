@@ -12,9 +12,9 @@ import yaml
 from reconciler.backoff import Backoff
 from reconciler.model import spec_hash
 from reconciler.plan import plan
-from reconciler.status import (
-    endpoint_url, endpoints_document, model_status_document, predicted_pass, predicted_phases, write_pass,
-)
+from reconciler.status.documents import endpoints_document, model_status_document
+from reconciler.status.predict import predicted_pass, predicted_phases
+from reconciler.status.write import write_pass
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 from tests.conftest import REPO
 import pytest
@@ -67,9 +67,11 @@ def test_observed_phases_override_the_prediction_and_drive_endpoints():
 
 
 def test_endpoint_urls_bracket_ipv6_only():
-    assert endpoint_url("10.0.0.1", 80) == "http://10.0.0.1:80"
-    assert endpoint_url("fd00::1", 80) == "http://[fd00::1]:80"
-    assert endpoint_url("gpu-1.example", 80) == "http://gpu-1.example:80"
+    from reconciler.host import Host  # every endpoint in status/ is Fleet.endpoint's, which is Host.url
+
+    assert Host("10.0.0.1").url(80) == "http://10.0.0.1:80"
+    assert Host("fd00::1").url(80) == "http://[fd00::1]:80"
+    assert Host("gpu-1.example").url(80) == "http://gpu-1.example:80"
 
 
 def test_backoff_waiting_replica_is_failed_in_prediction():
@@ -87,12 +89,12 @@ def test_write_pass_writes_once_and_removes_status_of_removed_models(tmp_path):
     c = dataclasses.replace(c, root=str(tmp_path))
     (tmp_path / "status" / "models").mkdir(parents=True)
     (tmp_path / "status" / "models" / "gone.yaml").write_text("name: gone\n")
-    changed = write_pass(c, predicted_pass(c, p), nodes=False)
+    changed = write_pass(c, predicted_pass(c, p), nodes=False).paths
     assert sorted(x.name for x in changed) == ["endpoints.yaml", "gone.yaml", "litellm.yaml", "m.yaml",
                                                "prometheus.json"]
     assert not (tmp_path / "status" / "models" / "gone.yaml").exists()
     assert yaml.safe_load((tmp_path / "status" / "models" / "m.yaml").read_text())["name"] == "m"
-    assert write_pass(c, predicted_pass(c, p), nodes=False) == []
+    assert write_pass(c, predicted_pass(c, p), nodes=False).paths == ()
 
 
 class _CountingHistory(dict):
@@ -137,7 +139,7 @@ def blocked_status_catalog(tmp_path):
 
 def test_a_status_file_that_cannot_be_written_raises_status_write_error_naming_it(tmp_path):
     from reconciler.errors import StatusWriteError
-    from reconciler.status import write_document
+    from reconciler.status.files import write_document
 
     (tmp_path / "status").write_text("a file")
     try:
@@ -165,7 +167,7 @@ def test_nodes_into_an_unwritable_status_is_a_message_not_a_traceback(tmp_path, 
 def test_nodes_status_keeps_only_ports_placement_could_hand_out_so_stray_listeners_do_not_rewrite_it(tmp_path):
     from reconciler.model import Inventory, Model, ObservedNode, Profile
     from reconciler.placement import DIST_PORT_BASE
-    from reconciler.status import write_nodes_status
+    from reconciler.status.write import write_nodes_status
 
     models = [Model("m", "/w", profiles=(Profile("p", "vllm", gpu_class="H100-80GB", gpus_per_node=1, port=8000),))]
 

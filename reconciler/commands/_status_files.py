@@ -2,7 +2,7 @@
 
 Status files are machine-written but live in a git repository people edit and
 merge: a file may be missing, half-merged or hand-edited. Each problem is one
-line naming the file, never a traceback. The documents become a CatalogStatus in
+line naming the file, never a traceback. The documents become a StatusReport in
 reconciler.status_view, which the dashboard reads too.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from reconciler.constants import STATUS_DIR
-from reconciler.status_view import CatalogStatus, StatusUnreadable, catalog_status_from_documents
+from reconciler.status_view import StatusReport, StatusUnreadable, status_report_from_documents
 
 try:
     from yaml import CSafeLoader as _Loader
@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
     from yaml import SafeLoader as _Loader
 
 
-def read_catalog_status(catalog: str) -> CatalogStatus:
+def read_catalog_status(catalog: str) -> StatusReport:
     root = Path(catalog)
     if not root.is_dir():
         raise StatusUnreadable(f"{catalog}: no such directory")
@@ -35,7 +35,7 @@ def read_catalog_status(catalog: str) -> CatalogStatus:
         raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document (a mapping)")
     model_docs = [(path, _read(path)) for path in sorted((status / "models").glob("*.yaml"))] \
         if (status / "models").is_dir() else []
-    return catalog_status_from_documents(root, catalog_doc, model_docs)
+    return status_report_from_documents(root, catalog_doc, model_docs)
 
 
 def _read(path: Path, optional: bool = False) -> Any:

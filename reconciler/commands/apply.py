@@ -15,8 +15,8 @@ from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
 from reconciler.errors import StatusWriteError
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
-from reconciler import status
-from reconciler.status import CatalogStatus
+from reconciler.status import write as status_write
+from reconciler.status.documents import CatalogStatus
 from reconciler.vocabulary import NodeState, Phase
 
 
@@ -74,7 +74,7 @@ def refuse_while_a_leader_acts(catalog) -> None:
 
 def write_catalog_status(catalog, out_of_sync: tuple[str, ...] = ()) -> None:
     try:
-        status.write_catalog_status(catalog.root, catalog_status(catalog, out_of_sync))
+        status_write.write_catalog_status(catalog.root, catalog_status(catalog, out_of_sync))
     except StatusWriteError as exc:
         print(f"reconciler: could not write {Path(catalog.root) / STATUS_DIR / 'catalog.yaml'}: {exc.reason}",
               file=sys.stderr)

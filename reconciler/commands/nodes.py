@@ -23,7 +23,7 @@ from reconciler.owner import catalog_owner
 from reconciler.placement.capacity import gpu_unusable
 from reconciler.probe import FleetProbe, probe_fleet_report
 from reconciler.ssh import TransportPool
-from reconciler.status import status_snapshot, write_nodes_status
+from reconciler.status.write import status_snapshot, write_nodes_status
 from reconciler.vocabulary import GpuHealth, NodeState
 
 GIB = 1 << 30

@@ -18,7 +18,10 @@ from reconciler.plan import Plan
 from reconciler.autoscale import with_counts
 from reconciler.canary import RolloutView, checks_text
 from reconciler.commands.plan_words import same_rejections, span, where_text
-from reconciler.status import counts_in_force, observed_revisions, predicted_pass, rejection_document, write_pass
+from reconciler.status.read_back import counts_in_force
+from reconciler.status.predict import observed_revisions, predicted_pass
+from reconciler.status.documents import rejection_document
+from reconciler.status.write import write_pass
 from reconciler.vocabulary import ActionKind
 
 

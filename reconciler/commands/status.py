@@ -11,7 +11,7 @@ import json
 import sys
 
 from reconciler.commands._status_files import read_catalog_status
-from reconciler.status_view import CatalogStatus, endpoint_text, json_document, message_text, nodes_text
+from reconciler.status_view import StatusReport, endpoint_text, json_document, message_text, nodes_text
 from reconciler.constants import Exit
 from reconciler.vocabulary import Phase
 
@@ -23,7 +23,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
+def rows(status: StatusReport) -> list[tuple[str, dict, list[str]]]:
     out = []
     for model in status.models:
         for r in model["replicas"]:
@@ -34,14 +34,14 @@ def rows(status: CatalogStatus) -> list[tuple[str, dict, list[str]]]:
     return out
 
 
-def summary(status: CatalogStatus) -> str:
+def summary(status: StatusReport) -> str:
     replicas = [r for m in status.models for r in m["replicas"]]
     ready = sum(1 for r in replicas if r.get("phase") == Phase.READY)
     return (f"{_plural(len(status.models), 'model')}, {ready} of {_plural(len(replicas), 'replica')} Ready"
             if replicas else f"{_plural(len(status.models), 'model')}, no replicas")
 
 
-def autoscale_lines(status: CatalogStatus) -> list[str]:
+def autoscale_lines(status: StatusReport) -> list[str]:
     """One line per autoscaled model: `llama: replicas 1-4 (now 2, wants 4): requests 13 over 2 replicas > target 4`."""
     out = []
     for model in status.models:
@@ -55,7 +55,7 @@ def autoscale_lines(status: CatalogStatus) -> list[str]:
     return out
 
 
-def rollout_lines(status: CatalogStatus) -> list[str]:
+def rollout_lines(status: StatusReport) -> list[str]:
     """Per model with a canary rollout: `chat: rollout Progressing (canary weight 10%): ...`, then its checks."""
     out = []
     for model in status.models:
@@ -72,7 +72,7 @@ def rollout_lines(status: CatalogStatus) -> list[str]:
     return out
 
 
-def print_text(status: CatalogStatus) -> None:
+def print_text(status: StatusReport) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from reconciler import status as status_files
+from reconciler.status.write import write_catalog_status
 from reconciler.autoscale import look_every
 from reconciler.canary import out_of_sync
 from reconciler.constants import Exit
@@ -38,7 +38,7 @@ from reconciler.metrics import Metrics, MetricsServer
 from reconciler.model import Catalog
 from reconciler.outcomes import PassResult
 from reconciler.owner import catalog_owner
-from reconciler.status import LeaderStatus
+from reconciler.status.documents import LeaderStatus
 from reconciler.vocabulary import Role
 
 LEADER_CHANGE = "leader"  # the election's thread: this daemon became (or stopped being) the leader
@@ -374,7 +374,7 @@ class Daemon:
 
     def _write_status(self) -> None:
         try:
-            status_files.write_catalog_status(self.root, self.revisions.catalog_status())
+            write_catalog_status(self.root, self.revisions.catalog_status())
             self.metrics.catalog_valid.set(0.0 if self.state.errors else 1.0)
             if self.options.commit_status and self.git is not None:
                 commit = self.git.commit_status(self.state.applied, self.state.attempted, push=self.options.push)

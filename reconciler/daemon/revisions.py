@@ -18,7 +18,7 @@ from reconciler.daemon.events import EventLog
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.gitrev import GitCatalog, GitError, PullOutcome
 from reconciler.model import Catalog
-from reconciler.status import CatalogStatus, LeaderStatus, Upstream, catalog_document
+from reconciler.status.documents import CatalogStatus, LeaderStatus, Upstream, catalog_document
 from reconciler.vocabulary import PullState
 
 DETACHED = "HEAD is detached: the commit checked out is applied; --git-pull has no branch to follow"

@@ -31,7 +31,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from reconciler.status_view import StatusUnreadable, catalog_status_from_documents, json_document, message_text, nodes_text
+from reconciler.status_view import StatusUnreadable, status_report_from_documents, json_document, message_text, nodes_text
 from reconciler.dashboard.cells import GPU_USES
 from reconciler.dashboard.files import StatusFiles, StatusSnapshot
 from reconciler.dashboard.filters import Filters
@@ -230,11 +230,11 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
 
     def status_json(snap: StatusSnapshot) -> bytes:
         try:
-            status = catalog_status_from_documents(
+            status = status_report_from_documents(
                 files.root, snap.catalog.doc or {},
                 [(files.root / r.rel, r.doc) for r in snap.models if r.doc is not None])
         except StatusUnreadable:  # a catalog.yaml that was never good: no revision to tell
-            status = catalog_status_from_documents(files.root, {}, [
+            status = status_report_from_documents(files.root, {}, [
                 (files.root / r.rel, r.doc) for r in snap.models if r.doc is not None])
         return (json.dumps(json_document(status), indent=2) + "\n").encode()
 
