@@ -311,6 +311,8 @@ class Engine:
             self.record.update(state="failed", errors=[f"bind {self.host}:{self.port}: {exc}"])
             die(f"[Errno {exc.errno}] error while attempting to bind on address ({self.host!r}, {self.port}): {exc.strerror}")
         self.servers.append(server)
+        if self.listen_when_ready:
+            log(f"port {self.port} bound on {self.host}; loading the model")  # real vLLM logs its loading too
 
         def listen_and_serve():
             if self.listen_when_ready:
