@@ -27,7 +27,8 @@ from reconciler.launcher.agent_files import START_MARK
 from tests.fleet import TestFleet
 from tests.gitcatalog import CatalogRepo, DaemonProcess, git, wait_for
 from tests.real_vllm import PROFILE_ARGS, PROFILE_ENV, vllm_bin, vllm_model
-from tests.test_gateway_real import Child, alive, free_loopback_port, get_json, pid_of, program, wait_until
+from tests.apply_support.local import is_running
+from tests.test_gateway_real import Child, free_loopback_port, get_json, pid_of, program, wait_until
 
 pytestmark = [pytest.mark.fleet, pytest.mark.real_engine]
 
@@ -240,12 +241,12 @@ def test_real_vllm_serves_through_endpoints_and_litellm_logs_and_drains_a_stream
         status = replicas(catalog)
         assert status["gemma-1"]["phase"] == "Draining", status["gemma-1"]
         assert endpoint not in yaml.safe_load((catalog / "status" / "endpoints.yaml").read_text())["models"]["gemma"]
-        assert alive(pid) and stream.is_alive(), "the draining replica was stopped while its stream ran"
+        assert is_running(pid) and stream.is_alive(), "the draining replica was stopped while its stream ran"
         passes = 0
         while "gemma-1" in replicas(catalog) and passes < 60:
             passes += 1
             if stream.is_alive():
-                assert alive(pid), "stopped mid-stream"
+                assert is_running(pid), "stopped mid-stream"
             later = apply(catalog, state)
             assert later.returncode == 0, later.stdout + later.stderr
             if stream.is_alive():
@@ -254,7 +255,7 @@ def test_real_vllm_serves_through_endpoints_and_litellm_logs_and_drains_a_stream
         assert stream.error is None, f"the stream was cut: {stream.error!r}"
         assert stream.done and stream.finish_reason == "length" and stream.chunks >= STREAM_TOKENS - 2, vars(stream)
         assert "gemma-1" not in replicas(catalog)
-        assert wait_until("gemma-1's vLLM to end", lambda: not alive(pid), timeout=60)
+        assert wait_until("gemma-1's vLLM to end", lambda: not is_running(pid), timeout=60)
     finally:
         for child in children:
             child.stop()
