@@ -16,7 +16,7 @@ The modules, top layer first; a module imports only from the layers below it
 
     cli                 argument parsing; __main__ runs it
     commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
-                        run, engine_check, dashboard); plan_words and plan_markdown put a plan in words and
+                        run, engine_check, dashboard, events, alert_rules); plan_words and plan_markdown put a plan in words and
                         in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
     dashboard/          status/ as read-only web pages, beside the commands whose builders it reuses (the
                         `status` JSON, `plan`'s rejection groups): files (status/ read, cached, last good kept);
@@ -39,6 +39,8 @@ The modules, top layer first; a module imports only from the layers below it
     gateway             status/gateway/: the LiteLLM config and Prometheus targets, from what is Ready
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
                         (each replica's backoff, grace periods, drains), kept between one-shot applies
+    eventlog            the event log and history samples on disk beside the memory: JSON lines,
+                        bounded and rotated, read back filtered, followed (SPEC section 15)
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
                         frozen Catalog (build), the directory as a whole (load)
     probe/              the node-side probe program: one pass, the session, the payload (script), its
@@ -57,6 +59,9 @@ The modules, top layer first; a module imports only from the layers below it
                         (node), long-lived commands (remote), host keys (trust), OpenSSH config (config)
     gitrev, metrics,    git revisions of the catalog; the daemon's Prometheus metrics; the catalog's
     owner               owner id (stable across clones), which every record on a node carries
+    events, history,    pure: a pass's events from its PassResult against what the last pass left, and
+    alerts              reading them back (filters, --since); one history sample per pass; the
+                        Prometheus alerting rules over the daemon's metrics (`reconciler alert-rules`)
     outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
     plan                desired x observed -> ordered actions (pure)
     copies              what runs, for the plan: node records grouped into one copy per replica (pure)
