@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 from reconciler.errors import StatusWriteError
 from reconciler.events import Event, EventFilter, Seen, Skipped, read_events, seen_from_document, seen_to_document, \
     to_document
-from reconciler.history import Sample, read_samples, sample_to_document
+from reconciler.history import KEYFRAME_EVERY, Sample, read_samples, sample_to_document
 from reconciler.memory import memory_path
 from reconciler.status import write_rendered
 
@@ -176,16 +176,25 @@ class SampleRing:
 
     def __init__(self, directory: str | os.PathLike, max_bytes: int = SAMPLES_MAX_BYTES):
         self.lines = RotatingLines(Path(directory) / SAMPLES_FILE, max_bytes)
+        self._last: Sample | None = None  # what the next sample is written as a change from
+        self._since_keyframe = 0
 
     @classmethod
     def for_catalog(cls, catalog_root: str | os.PathLike) -> "SampleRing":
         return cls(log_dir(catalog_root))
 
     def append(self, sample: Sample) -> None:
-        self.lines.append([json.dumps(sample_to_document(sample), separators=(",", ":"))])
+        """One pass's sample: whole the first time this process writes and every KEYFRAME_EVERY
+        samples (and after a rotation, so each file starts whole), else as a change from the last."""
+        rotated = not self.lines.path.exists()
+        previous = None if rotated or self._since_keyframe >= KEYFRAME_EVERY else self._last
+        self.lines.append([json.dumps(sample_to_document(sample, previous), separators=(",", ":"))])
+        self._since_keyframe = 0 if previous is None else self._since_keyframe + 1
+        self._last = sample
 
     def read(self, since: float | None = None) -> list[Sample]:
         out: list[Sample] = []
+        carried: dict = {}  # the models as the older file left them: the newer file's first lines change them
         for path in self.lines.files():
-            out += read_samples(_read_lines(path), since)
+            out += read_samples(_read_lines(path), since, carried)
         return out

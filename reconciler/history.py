@@ -34,12 +34,17 @@ class Sample:
     time: float
     models: Mapping[str, ModelFigures] = field(default_factory=dict)
     gpus: Mapping[str, int] = field(default_factory=dict)  # GPU_KINDS -> GPUs
+    totals: ModelFigures | None = None  # the fleet's (fleet_figures), kept so a fleet chart reads no model
 
     def fleet(self) -> ModelFigures:
-        """The fleet's figures: the models' summed (requests in flight over those that have a figure)."""
-        flights = [m.in_flight for m in self.models.values() if m.in_flight is not None]
-        return ModelFigures(sum(m.ready for m in self.models.values()), sum(m.desired for m in self.models.values()),
-                            sum(flights) if flights else None)
+        return self.totals if self.totals is not None else fleet_figures(self.models)
+
+
+def fleet_figures(models: Mapping[str, ModelFigures]) -> ModelFigures:
+    """The fleet's figures: the models' summed (requests in flight over those that have a figure)."""
+    flights = [m.in_flight for m in models.values() if m.in_flight is not None]
+    return ModelFigures(sum(m.ready for m in models.values()), sum(m.desired for m in models.values()),
+                        sum(flights) if flights else None)
 
 
 def sample_of(result: PassResult, catalog: Catalog, now: float) -> Sample:
@@ -61,33 +66,60 @@ def sample_of(result: PassResult, catalog: Catalog, now: float) -> Sample:
         for g in n.gpus:
             kind = "quarantined" if g.quarantined is not None and g.health == GpuHealth.OK else str(g.health)
             gpus[kind] = gpus.get(kind, 0) + 1
-    return Sample(now, models, gpus)
+    return Sample(now, models, gpus, fleet_figures(models))
 
 
-def sample_to_document(s: Sample) -> dict:
-    """Compact: a day of samples of a large fleet is most of the history's bytes."""
-    return {"t": round(s.time, 3),
-            "m": {name: [f.ready, f.desired] + ([f.in_flight] if f.in_flight is not None else [])
-                  for name, f in s.models.items()},
-            "g": [s.gpus.get(k, 0) for k in GPU_KINDS]}
+# Every this many samples the whole sample is written (a keyframe); the others hold only the models
+# whose figures changed, so a quiet day of a 10,000-replica fleet is a few bytes a pass, and a reader
+# that starts in the middle of a rotated file is whole again at the next keyframe.
+KEYFRAME_EVERY = 120
 
 
-def sample_from_document(doc: dict) -> Sample:
-    models = {str(name): ModelFigures(int(v[0]), int(v[1]), float(v[2]) if len(v) > 2 else None)
-              for name, v in doc["m"].items()}
-    return Sample(float(doc["t"]), models, dict(zip(GPU_KINDS, (int(x) for x in doc["g"]))))
+def sample_to_document(s: Sample, previous: Sample | None = None) -> dict:
+    """A sample as one compact JSON object: `m` holds every model (a keyframe, `k`) or, after
+    `previous`, only the models whose figures changed and `x` the models gone since."""
+    models = s.models if previous is None else {n: f for n, f in s.models.items() if previous.models.get(n) != f}
+    doc = {"t": round(s.time, 3), "f": _figures(s.fleet()), "g": [s.gpus.get(k, 0) for k in GPU_KINDS],
+           "m": {name: _figures(f) for name, f in models.items()}}
+    if previous is None:
+        doc["k"] = 1
+    else:
+        gone = [n for n in previous.models if n not in s.models]
+        if gone:
+            doc["x"] = gone
+    return doc
 
 
-def read_samples(lines: Iterable[bytes | str], since: float | None = None) -> list[Sample]:
-    """The samples of a file's lines at or after `since`; a line that is not one is passed over."""
+def _figures(f: ModelFigures) -> list:
+    return [f.ready, f.desired] + ([round(f.in_flight, 3)] if f.in_flight is not None else [])
+
+
+def _from_figures(v) -> ModelFigures:
+    return ModelFigures(int(v[0]), int(v[1]), float(v[2]) if len(v) > 2 else None)
+
+
+def read_samples(lines: Iterable[bytes | str], since: float | None = None,
+                 models: dict[str, ModelFigures] | None = None) -> list[Sample]:
+    """The samples of a file's lines at or after `since`, each whole (a delta laid over the models
+    before it; `models`: those carried from an older file); a line that is not one is passed over."""
     out = []
+    state: dict[str, ModelFigures] = models if models is not None else {}
     for line in lines:
         if not line.strip():
             continue
         try:
-            s = sample_from_document(json.loads(line))
+            doc = json.loads(line)
+            changed = {str(n): _from_figures(v) for n, v in doc["m"].items()}
+            when, totals = float(doc["t"]), _from_figures(doc["f"])
+            gpus = dict(zip(GPU_KINDS, (int(x) for x in doc["g"])))
+            gone = [str(n) for n in doc.get("x", ())]
         except (ValueError, KeyError, TypeError, AttributeError, IndexError):
             continue
-        if since is None or s.time >= since:
-            out.append(s)
+        if doc.get("k"):
+            state.clear()
+        state.update(changed)
+        for n in gone:
+            state.pop(n, None)
+        if since is None or when >= since:
+            out.append(Sample(when, dict(state), gpus, totals))
     return out
