@@ -16,11 +16,12 @@ from typing import Callable, Iterable, Sequence
 from reconciler.events import Event, utc
 from reconciler.history import GPU_KINDS, ModelFigures, Sample
 
-WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 900, 150, 44, 18, 8
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 900, 160, 44, 18, 8
 DAY_S = 86400.0
 
-COLORS = {"ready": "#2e7d32", "desired": "#546e7a", "in flight": "#1565c0", "ok": "#2e7d32",
+COLORS = {"ready": "#2e7d32", "desired": "#ef6c00", "in flight": "#1565c0", "ok": "#2e7d32",
           "quarantined": "#f9a825", "unhealthy": "#c62828", "lost": "#6a1b9a"}
+DASHED = frozenset({"desired"})
 EVENT_COLORS = {"replica": "#1565c0", "node": "#ef6c00", "gpu": "#c62828", "autoscale": "#00838f",
                 "rollout": "#6a1b9a", "revision": "#546e7a"}
 
@@ -120,6 +121,8 @@ def svg(chart: Chart) -> str:
     parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
              f'aria-label="{escape(chart.title)}">', f"<title>{escape(chart.title)}</title>"]
     base = HEIGHT - BOTTOM
+    parts.append(f'<text x="{LEFT + 6}" y="{TOP + 10}" font-size="11" font-weight="bold" fill="#263238">'
+                 f"{escape(chart.title)}</text>")
     parts.append(f'<line x1="{LEFT}" y1="{base}" x2="{WIDTH}" y2="{base}" stroke="#90a4ae" stroke-width="1"/>')
     parts.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{base}" stroke="#90a4ae" stroke-width="1"/>')
     parts.append(f'<text x="{LEFT - 4}" y="{TOP + 8}" text-anchor="end" font-size="10" fill="#455a64">{chart.top:g}</text>')
@@ -140,7 +143,8 @@ def svg(chart: Chart) -> str:
                 x, y = run[0]
                 parts.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{s.color}"><title>{escape(s.label)}</title></circle>')
             else:
+                dashed = ' stroke-dasharray="5 3"' if s.label in DASHED else ""  # desired under ready stays seen
                 parts.append(f'<polyline class="series" points="{points}" fill="none" stroke="{s.color}" '
-                             f'stroke-width="1.5"><title>{escape(s.label)}</title></polyline>')
+                             f'stroke-width="1.5"{dashed}><title>{escape(s.label)}</title></polyline>')
     parts.append("</svg>")
     return "".join(parts)
