@@ -23,7 +23,8 @@ The modules, top layer first; a module imports only from the layers below it
                         what each page shows, pure: the snapshot cross-referenced (index) over the fleet
                         grid's GPU cells (cells) and an unplaced replica's rejections grouped (rejections),
                         the pages over it (overview, models, fleet) and what the URL narrows them to
-                        (filters); app (Starlette routes, the read-only guard, templates/, static/), server
+                        (filters); the history's charts as inline SVG, pure (charts); app (Starlette routes,
+                        the read-only guard, templates/, static/), server
                         (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
                         (watch), the lock (lock), the log (events), metrics from a pass (observe)
