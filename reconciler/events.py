@@ -129,8 +129,9 @@ def seen_after(result: PassResult, before: Seen | None) -> Seen:
     before = before or Seen()
     nodes = result.inventory.nodes if result.inventory is not None else ()
     down = frozenset(n.id for n in nodes if n.state == NodeState.UNREACHABLE)
+    ok = GpuHealth.OK  # `is` first: tens of thousands of GPUs a pass, and a StrEnum's == is a Python call
     bad = {(n.id, g.index) for n in nodes if n.state != NodeState.UNREACHABLE for g in n.gpus
-           if g.health != GpuHealth.OK}
+           if g.health is not ok and g.health != ok}
     bad |= {(n, i) for n, i in before.bad_gpus if n in down}
     quarantined = frozenset(result.memory.quarantines) if result.memory is not None else before.quarantined
     return Seen({rid: st.phase for rid, st in result.replicas.items()}, down, frozenset(bad), quarantined,
@@ -167,12 +168,13 @@ def _node_events(before: Seen, result: PassResult, now: float) -> list[Event]:
 
 def _gpu_events(before: Seen, result: PassResult, now: float) -> list[Event]:
     out = []
+    ok = GpuHealth.OK
     nodes = result.inventory.nodes if result.inventory is not None else ()
     for n in nodes:
         if n.state == NodeState.UNREACHABLE:
             continue
         for g in n.gpus:
-            if g.health != GpuHealth.OK and (n.id, g.index) not in before.bad_gpus:
+            if g.health is not ok and g.health != ok and (n.id, g.index) not in before.bad_gpus:
                 out.append(Event(now, EventKind.GPU_UNHEALTHY, f"{g.health}: {g.health_reason}".rstrip(": "),
                                  node=n.id, gpu=g.index))
     if result.memory is not None:

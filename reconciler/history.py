@@ -60,12 +60,22 @@ def sample_of(result: PassResult, catalog: Catalog, now: float) -> Sample:
         models[m.name] = ModelFigures(ready.get(m.name, 0), desired, scaled.metric_sum if scaled is not None else None)
     gpus = dict.fromkeys(GPU_KINDS, 0)
     nodes = result.inventory.nodes if result.inventory is not None else ()
+    ok, quarantined = 0, 0
+    healthy = GpuHealth.OK
     for n in nodes:
         if n.state == NodeState.UNREACHABLE:
             continue
         for g in n.gpus:
-            kind = "quarantined" if g.quarantined is not None and g.health == GpuHealth.OK else str(g.health)
-            gpus[kind] = gpus.get(kind, 0) + 1
+            h = g.health
+            # `is` first: 32,000 GPUs at 4,000 nodes, and a StrEnum's == is a Python call each
+            if h is healthy or h == healthy:
+                if g.quarantined is None:
+                    ok += 1
+                else:
+                    quarantined += 1
+            else:
+                gpus[str(h)] = gpus.get(str(h), 0) + 1
+    gpus["ok"], gpus["quarantined"] = ok, quarantined
     return Sample(now, models, gpus, fleet_figures(models))
 
 
