@@ -36,12 +36,12 @@ from dashboard import first_byte  # noqa: E402
 from reconciler.autoscale import AutoscaleState  # noqa: E402
 from reconciler.catalog import load_catalog  # noqa: E402
 from reconciler.eventlog import EventJournal, SampleRing  # noqa: E402
-from reconciler.events import pass_events, revision_applied, seen_after  # noqa: E402
-from reconciler.history import sample_of  # noqa: E402
+from reconciler.events import Event, pass_events, revision_applied, seen_after  # noqa: E402
+from reconciler.history import Sample, fleet_figures, sample_of  # noqa: E402
 from reconciler.inventory import inventory_from_document, read_snapshot_document  # noqa: E402
 from reconciler.model import Assignment, Inventory  # noqa: E402
 from reconciler.outcomes import Decision, PassMemory, PassResult, ReplicaState  # noqa: E402
-from reconciler.vocabulary import NodeState, Phase  # noqa: E402
+from reconciler.vocabulary import EventKind, NodeState, Phase  # noqa: E402
 from tests.test_dashboard_browser import Dashboard, big_tree  # noqa: E402
 
 DAY_PASSES = 2880  # one pass every 30 s
@@ -117,19 +117,29 @@ def history(root: Path, work: Path) -> None:
     journal = EventJournal.for_catalog(root)
     ring = SampleRing(journal.directory)
     ids = [(m.name, rid) for m in catalog.models for rid in m.replica_ids()]
-    seen = None
     now = time.time()
     t0 = time.perf_counter()
-    for p in range(DAY_PASSES):
-        states = {rid: ReplicaState(rid, name, None, Phase.READY) for name, rid in ids}
-        for k in range(3):
-            name, rid = ids[(p * 3 + k) % len(ids)]
-            states[rid] = ReplicaState(rid, name, None, Phase.FAILED, "rank 0 exited with status 1")
-        result = PassResult(catalog.revision, inventory, None, replicas=states, memory=PassMemory())
-        seen, _ = record(journal, ring, seen, result, catalog, now - 86400 + p * 30)
+    # The first pass through the record step (every replica Ready is news), then a day of passes as
+    # the record step leaves them, written directly: three replicas crash and come back each pass.
+    states = {rid: ReplicaState(rid, name, None, Phase.READY) for name, rid in ids}
+    first = PassResult(catalog.revision, inventory, None, replicas=states, memory=PassMemory())
+    record(journal, ring, None, first, catalog, now - 86400)
+    base = sample_of(first, catalog, now - 86400)
+    for p in range(1, DAY_PASSES):
+        t = now - 86400 + p * 30
+        crashed = [ids[(p * 3 + k) % len(ids)] for k in range(3)]
+        models = dict(base.models)
+        for name, _ in crashed:
+            f = models[name]
+            models[name] = dataclasses.replace(f, ready=f.ready - 1)
+        ring.append(Sample(t, models, base.gpus, fleet_figures(models)))
+        journal.append([Event(t, EventKind.REPLICA_FAILED, "rank 0 exited with status 1", model=name, replica=rid,
+                              node="n1", failure="temporary") for name, rid in crashed]
+                       + [Event(t, EventKind.REPLICA_READY, "Ready", model=name, replica=rid, node="n1")
+                          for name, rid in crashed])
     print(f"\na day written ({DAY_PASSES} passes) in {time.perf_counter() - t0:.0f} s: events "
           f"{sum(f.stat().st_size for f in journal.events.files()) >> 20} MiB, samples "
-          f"{sum(f.stat().st_size for f in ring.lines.files()) >> 20} MiB")
+          f"{sum(f.stat().st_size for f in ring.lines.files()) >> 10} KiB")
     dash = Dashboard(root)
     try:
         first_byte(dash.port, "/")  # the status tree parsed once, as a running dashboard has it

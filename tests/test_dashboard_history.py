@@ -39,6 +39,14 @@ def test_a_chart_keeps_one_point_per_pixel_column_and_leaves_gaps_for_unknown_fi
     assert chart.top == 20000.0  # one scale for the chart: rounded up from its largest value (17,279)
 
 
+def test_events_in_one_pixel_column_share_one_mark():
+    end = 1_800_000_000.0
+    many = [Event(end - 3600, EventKind.REPLICA_READY, "Ready", replica=f"r-{i}") for i in range(10000)]
+    chart = line_chart("t", [], end - DAY_S, end, [], many + [Event(end - 60, EventKind.NODE_BACK, "back", node="n1")])
+    assert len(chart.ticks) == 2
+    assert chart.ticks[0][2].endswith("and 9995 more") and "r-0" in chart.ticks[0][2]
+
+
 def test_the_charts_of_the_fleet_and_of_a_model():
     now = 1_800_000_000.0
     samples = [sample(now - 3600, 2, flight=3.0), sample(now - 1800, 4, flight=5.0,
