@@ -15,6 +15,13 @@ Generates bench/placement.py's fleet and catalog and writes its status/ with `re
 3. The history page: a day of samples (2,880 at one per 30 s) and its events, served by `python -m
    reconciler dashboard` on loopback: first byte and full answer of /history, /history?model=...,
    /api/events (the first request, and the best of five after).
+
+Measured on 2 shared cores, `python3 bench/events.py --passes 60` (4,000 nodes, 10,040 replicas,
+202 models): the record step 307 ms on the first pass (10,101 events: every replica Ready is news),
+median 92 ms (worst 316 ms) after, at 7 events a pass (three crashes and their Ready each pass, a
+pessimistic churn); 3.3 MiB of events and 0.3 MiB of samples a day at one pass per 30 s. /history
+on that day: first byte 1.18 s for the first request, 0.56 s after (1.3 MB); /history?model= 0.58 s;
+/api/events?since=1h 0.38 s; the whole day's /api/events 0.74 s (4 MB).
 """
 
 from __future__ import annotations
