@@ -16,7 +16,7 @@ The modules, top layer first; a module imports only from the layers below it
 
     cli                 argument parsing; __main__ runs it
     commands/           one module per command (apply, plan, explain, validate, status, nodes, logs,
-                        run, engine_check, dashboard, gateway); plan_words and plan_markdown put a plan in words and
+                        run, engine_check, dashboard, gateway, events, alert_rules); plan_words and plan_markdown put a plan in words and
                         in a pull-request comment; _observe reads a snapshot or probes; _status_files reads status/
     dashboard/          status/ as read-only web pages, served by commands (dashboard, run) and importing none:
                         it shares the `status` JSON and words (status_view) and the rejection groups
@@ -24,7 +24,8 @@ The modules, top layer first; a module imports only from the layers below it
                         what each page shows, pure: the snapshot cross-referenced (index) over the fleet
                         grid's GPU cells (cells) and an unplaced replica's rejections grouped (rejections),
                         the pages over it (overview, models, fleet) and what the URL narrows them to
-                        (filters); app (Starlette routes, the read-only guard, templates/, static/), server
+                        (filters); the history's charts as inline SVG, pure (charts); app (Starlette routes,
+                        the read-only guard, templates/, static/), server
                         (uvicorn on a thread or in the foreground)
     daemon/             the loop and signals (loop), the revision in force (revisions), the watcher
                         (watch), the lock (lock), the log (events), metrics from a pass (observe); under
@@ -47,6 +48,8 @@ The modules, top layer first; a module imports only from the layers below it
                         what `reconciler gateway` serves (Served) and whether a copy's hand-off is done
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
                         (each replica's backoff, grace periods, drains), kept between one-shot applies
+    eventlog            the event log and history samples on disk beside the memory: JSON lines,
+                        bounded and rotated, read back filtered, followed (SPEC section 15)
     catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
                         frozen Catalog (build), the directory as a whole (load)
     probe/              the node-side probe program: one pass, the session, the payload (script), its
@@ -67,6 +70,9 @@ The modules, top layer first; a module imports only from the layers below it
                         (node), long-lived commands (remote), host keys (trust), OpenSSH config (config)
     gitrev, metrics,    git revisions of the catalog; the daemon's Prometheus metrics; the catalog's
     owner               owner id (stable across clones), which every record on a node carries
+    events, history,    pure: a pass's events from its PassResult against what the last pass left, and
+    alerts              reading them back (filters, --since); one history sample per pass; the
+                        Prometheus alerting rules over the daemon's metrics (`reconciler alert-rules`)
     outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
     plan                desired x observed -> ordered actions (pure)
     copies              what runs, for the plan: node records grouped into one copy per replica (pure)

@@ -95,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, default=None, metavar="N", help="the last N lines (default 100)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing what the engine writes, until Ctrl-C")
 
+    p = sub.add_parser("events", help="what happened: the event log the daemon and apply keep, newest last")
+    _catalog_arg(p)
+    p.add_argument("--since", metavar="WHEN", help="only events since then: 30m, 1h, 2d, or a time (2026-01-31T03:00Z)")
+    p.add_argument("--model", metavar="M", help="only events about model M")
+    p.add_argument("--node", metavar="N", help="only events about node N")
+    p.add_argument("--kind", metavar="K", help="only events of kind K (replica.ready, node.unreachable, ...)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events, until Ctrl-C")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="json: one object per line")
+
+    p = sub.add_parser("alert-rules", help="print the Prometheus alerting rules for the daemon's metrics")
+    p.add_argument("--for", dest="for_", metavar="DURATION",
+                   help="use this `for:` in every rule instead of each rule's own (for tests of the rules)")
+
     p = sub.add_parser("explain", help="where each replica of MODEL went, or why it could not go anywhere")
     p.add_argument("model", metavar="MODEL")
     _catalog_arg(p)

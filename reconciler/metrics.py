@@ -49,6 +49,14 @@ class FleetFigures:
     probe_seconds: Mapping[str, float] | None = None
     autoscale_current: Mapping[str, int] = field(default_factory=dict)  # autoscaled model -> count in force
     autoscale_wanted: Mapping[str, int] = field(default_factory=dict)  # autoscaled model -> what the load wants
+    # What the shipped alert rules (reconciler/alerts.py) fire on; each holds only what is wrong, so a
+    # 4,000-node fleet exports a series per broken thing, not one per GPU.
+    crash_streaks: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, replica) -> failures in a row
+    bad_gpus: Mapping[tuple[str, int], str] = field(default_factory=dict)  # (node, index) -> its GpuHealth
+    quarantined_gpus: frozenset[tuple[str, int]] = frozenset()  # (node, index) the crash-loop breaker keeps out
+    unreachable_since: Mapping[str, float] = field(default_factory=dict)  # node -> epoch s it stopped answering
+    unreachable_grace_s: float | None = None  # fleet.yaml unreachable_grace_s
+    rollout_aborted: Mapping[str, int] = field(default_factory=dict)  # model -> 1 while its rollout is Aborted
 
 
 class _FleetCollector:
@@ -87,6 +95,7 @@ class _FleetCollector:
         for node, ok in sorted(f.node_up.items()):
             up.add_metric([node], 1.0 if ok else 0.0)
         yield up
+        yield from _alert_families(f)
         # A gauge, not a histogram: one series per node (buckets times thousands of nodes would be
         # most of a scrape), and a slow node is found by its latest figure, not by a distribution.
         took = GaugeMetricFamily("reconciler_node_probe_duration_seconds",
@@ -94,6 +103,39 @@ class _FleetCollector:
         for node, seconds in sorted((f.probe_seconds or {}).items()):
             took.add_metric([node], seconds)
         yield took
+
+
+def _alert_families(f: FleetFigures):
+    """The series the shipped alert rules read (reconciler/alerts.py)."""
+    streak = GaugeMetricFamily("reconciler_replica_failures_in_a_row",
+                               "Crashes (or failed starts) in a row of a replica; 0 once it runs.", labels=["model", "replica"])
+    for (model, replica), n in sorted(f.crash_streaks.items()):
+        streak.add_metric([model, replica], n)
+    yield streak
+    bad = GaugeMetricFamily("reconciler_gpu_unhealthy", "1 for each GPU the probe found unhealthy or lost.",
+                            labels=["node", "gpu", "health"])
+    for (node, index), health in sorted(f.bad_gpus.items()):
+        bad.add_metric([node, str(index), health], 1.0)
+    yield bad
+    quarantined = GaugeMetricFamily("reconciler_gpu_quarantined", "1 for each GPU the crash-loop breaker keeps out.",
+                                    labels=["node", "gpu"])
+    for node, index in sorted(f.quarantined_gpus):
+        quarantined.add_metric([node, str(index)], 1.0)
+    yield quarantined
+    since = GaugeMetricFamily("reconciler_node_unreachable_since_timestamp_seconds",
+                              "When a node that does not answer stopped answering (Unix time).", labels=["node"])
+    for node, t in sorted(f.unreachable_since.items()):
+        since.add_metric([node], t)
+    yield since
+    if f.unreachable_grace_s is not None:
+        yield GaugeMetricFamily("reconciler_node_unreachable_grace_seconds",
+                                "fleet.yaml unreachable_grace_s: how long replicas wait for a node to answer.",
+                                value=f.unreachable_grace_s)
+    aborted = GaugeMetricFamily("reconciler_model_rollout_aborted", "1 while the model's rollout is Aborted.",
+                                labels=["model"])
+    for model, n in sorted(f.rollout_aborted.items()):
+        aborted.add_metric([model], n)
+    yield aborted
 
 
 class Metrics:
@@ -117,14 +159,29 @@ class Metrics:
                                   "When the last pass that applied a revision ended (Unix time).", registry=r)
         self.leader = Gauge("reconciler_leader", "1 while this daemon leads and acts (always, without `leader:` in "
                             "fleet.yaml), 0 while it stands by.", registry=r)
+        self.last_pass = Gauge("reconciler_last_pass_timestamp_seconds",
+                               "When the last pass ended, whatever its result (Unix time).", registry=r)
+        self.pass_started = Gauge("reconciler_pass_started_timestamp_seconds",
+                                  "When the last pass began (Unix time).", registry=r)
+        self.pass_in_progress = Gauge("reconciler_pass_in_progress", "1 while a pass runs.", registry=r)
+        self.resync_interval = Gauge("reconciler_resync_interval_seconds", "The daemon's --interval.", registry=r)
+        self.head_applied = Gauge("reconciler_catalog_head_applied",
+                                  "1 when the revision in force is the catalog's HEAD (0: HEAD is invalid or not yet applied).",
+                                  registry=r)
         self.applied_revision = Info("reconciler_applied_revision", "The catalog revision in force.", registry=r)
         self._fleet = _FleetCollector()
         r.register(self._fleet)
         self._lock = threading.Lock()
 
+    def pass_began(self, *, wall: float | None = None) -> None:
+        self.pass_started.set(time.time() if wall is None else wall)
+        self.pass_in_progress.set(1)
+
     def pass_ended(self, result: str, seconds: float, *, wall: float | None = None) -> None:
         self.pass_duration.observe(seconds)
         self.passes.labels(result=result).inc()
+        self.pass_in_progress.set(0)
+        self.last_pass.set(time.time() if wall is None else wall)
         if result == "applied":
             self.last_success.set(time.time() if wall is None else wall)
 

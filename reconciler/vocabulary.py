@@ -166,3 +166,23 @@ class Role(StrEnum):
     LEADER = "leader"  # holds the lease and renewed it within the renew deadline: it acts
     STANDBY = "standby"  # another daemon leads: pulls, may probe, acts on nothing
     NO_ETCD = "no-etcd"  # etcd cannot be reached (or refuses): acts on nothing until it can
+
+
+class EventKind(StrEnum):
+    """What an event in the event log says happened (SPEC section 15); `reconciler events --kind` takes these."""
+
+    REPLICA_STARTED = "replica.started"
+    REPLICA_READY = "replica.ready"
+    REPLICA_FAILED = "replica.failed"  # with its failure kind and reason
+    REPLICA_DRAINING = "replica.draining"
+    REPLICA_STOPPED = "replica.stopped"
+    NODE_UNREACHABLE = "node.unreachable"
+    NODE_BACK = "node.back"
+    GPU_UNHEALTHY = "gpu.unhealthy"
+    GPU_QUARANTINED = "gpu.quarantined"
+    AUTOSCALE = "autoscale.decision"
+    ROLLOUT_STEP = "rollout.step"
+    ROLLOUT_PROMOTED = "rollout.promoted"
+    ROLLOUT_ABORTED = "rollout.aborted"
+    REVISION_APPLIED = "revision.applied"
+    REVISION_REFUSED = "revision.refused"  # with its validation errors

@@ -26,6 +26,8 @@ command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 # The real Prometheus that scrapes status/gateway/prometheus.json (tests/test_gateway_real.py).
 [ -x /usr/bin/prometheus ] || need+=(prometheus)
+# The real Alertmanager the shipped alert rules fire into (tests/test_alerts_real.py).
+[ -x /usr/bin/prometheus-alertmanager ] || need+=(prometheus-alertmanager)
 # The dashboard's browser tests drive Debian's Chromium headless through its chromedriver.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from reconciler import canary, memory as memory_store
@@ -13,6 +14,9 @@ from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
 from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
 from reconciler.errors import StatusWriteError
+from reconciler.eventlog import EventJournal, SampleRing
+from reconciler.events import pass_events, revision_applied, seen_after
+from reconciler.history import sample_of
 from reconciler.gitrev import GitCatalog, GitError
 from reconciler.ssh import TransportPool
 from reconciler.status import write as status_write
@@ -142,7 +146,25 @@ def _apply_once(catalog, dry_run: bool, log):
         save_memory(memory_file, result.memory)
     if not dry_run:
         write_catalog_status(catalog, tuple(canary.out_of_sync(catalog.models, result.rollouts)))
+        record_events(catalog, result)
     return result
+
+
+def record_events(catalog, result) -> None:
+    """The pass's events and history sample, in the log the daemon keeps (SPEC section 15): `apply`
+    and the daemon share it, and what the last of either saw, so neither says a change twice."""
+    journal = EventJournal.for_catalog(catalog.root)
+    now = time.time()
+    seen = journal.load_seen()
+    events = [revision_applied(catalog.revision, now, by="reconciler apply")] \
+        if seen is None or seen.revision != catalog.revision else []
+    events += pass_events(seen, result, now)
+    try:
+        journal.append(events)
+        SampleRing(journal.directory).append(sample_of(result, catalog, now))
+        journal.save_seen(seen_after(result, seen))
+    except StatusWriteError as exc:  # losing an event costs history, never the pass
+        print(f"reconciler: could not write the event log: {exc}", file=sys.stderr)
 
 
 def _git_of(catalog) -> GitCatalog | None:

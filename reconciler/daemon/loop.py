@@ -33,7 +33,10 @@ from reconciler.daemon.observe import node_events, observe_pass
 from reconciler.daemon.revisions import DaemonState, LoadFn, Revisions, short as _short
 from reconciler.daemon.watch import FILE_CHANGE, GIT_CHANGE, Watcher
 from reconciler.errors import ReconcilerError
+from reconciler.eventlog import EventJournal, SampleRing
+from reconciler.events import pass_events, revision_applied, revision_refused, seen_after
 from reconciler.gitrev import GitCatalog, GitError
+from reconciler.history import sample_of
 from reconciler.metrics import Metrics, MetricsServer
 from reconciler.model import Catalog
 from reconciler.outcomes import PassResult
@@ -73,6 +76,7 @@ class Daemon:
         log: EventLog | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        journal: EventJournal | None = None,
     ):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
@@ -101,6 +105,11 @@ class Daemon:
         self.election: Election | None = None
         self._election_for: tuple | None = None
         self._standby = False  # this pass found another daemon leading (or etcd gone): it acts on nothing
+        # The event log and history samples (SPEC section 15), out of git beside the pass memory.
+        self.journal = journal or EventJournal.for_catalog(self.root)
+        self.samples = SampleRing(self.journal.directory)
+        self._seen = self.journal.load_seen()
+        self._refused_said: str | None = None  # the refused revision already in the event log
 
     # ------------------------------------------------------------ waking
 
@@ -151,6 +160,7 @@ class Daemon:
         watcher = server = None
         try:
             self.revisions.restore_from_status()
+            self.metrics.resync_interval.set(self.options.interval)
             if self.options.metrics_address:
                 server = MetricsServer(self.metrics, self.options.metrics_address)
                 server.start()
@@ -259,6 +269,7 @@ class Daemon:
         self._asked_at = None
         self._standby = False
         self.passes += 1
+        self.metrics.pass_began()
         try:
             if pull and self.options.git_pull and self.git is not None:
                 self.revisions.pull()
@@ -266,6 +277,7 @@ class Daemon:
             catalog = self.state.in_force
             if refused:
                 result_kind = "invalid"
+                self._say_refused()
                 self.log("pass.refused", revision=_short(self.state.attempted), errors=len(self.state.errors),
                          applied=_short(self.state.applied),
                          msg="the revision does not validate: nothing applied, the last good revision stays in force")
@@ -280,6 +292,7 @@ class Daemon:
                 result = self.pass_fn(catalog, self.log, trigger=trigger)
                 self._asked_at = getattr(result, "next_pass_at", None)
                 self._observe(result, catalog)
+                self._record(result, catalog)
                 result_kind = "applied"
         except ReconcilerError as exc:  # a known failure (the fleet, git): a message, and retry next pass
             self.log("pass.failed", error=str(exc))
@@ -291,6 +304,9 @@ class Daemon:
             elapsed = self.clock() - started
             self.metrics.pass_ended(result_kind, elapsed)
             self.metrics.revision(self.state.applied)
+            # HEAD in force: an invalid HEAD, or one no pass has applied yet, reads 0 (the alert's 10 minutes).
+            self.metrics.head_applied.set(1.0 if not self.state.errors and self.state.applied == self.state.attempted
+                                          else 0.0)
             self.log("pass.end", trigger=trigger, result=result_kind, seconds=round(elapsed, 3))
 
     # ------------------------------------------------------------ who acts (SPEC 14)
@@ -394,6 +410,38 @@ class Daemon:
         self.state.out_of_sync = tuple(out_of_sync(catalog.models, getattr(result, "rollouts", {})))
         nodes = result.inventory.nodes if result.inventory is not None else ()
         self.state.unreachable = node_events(self.log, nodes, self.state.unreachable)
+
+
+    def _say_refused(self) -> None:
+        """A refused revision is one event with its errors, not one per pass that keeps refusing it."""
+        attempted = self.state.attempted or ""
+        if attempted == self._refused_said:
+            return
+        self._refused_said = attempted
+        self._append([revision_refused(self.state.attempted, [str(p) for p in self.state.errors], time.time())])
+
+    def _record(self, result: PassResult | None, catalog: Catalog) -> None:
+        """The pass's events and its history sample, at the edge: derived (pure), then appended."""
+        if result is None or not hasattr(result, "replicas"):
+            return
+        now = time.time()
+        events = []
+        if self._seen is None or self._seen.revision != catalog.revision:
+            events.append(revision_applied(catalog.revision, now))
+        events += pass_events(self._seen, result, now)
+        self._seen = seen_after(result, self._seen)
+        self._append(events)
+        try:
+            self.samples.append(sample_of(result, catalog, now))
+            self.journal.save_seen(self._seen)
+        except OSError as exc:  # the history is worth a log line, never a pass
+            self.log("events.error", error=str(exc))
+
+    def _append(self, events) -> None:
+        try:
+            self.journal.append(events)
+        except OSError as exc:
+            self.log("events.error", error=str(exc))
 
 
 def _trigger_name(reasons: set[str]) -> str:

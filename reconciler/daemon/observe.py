@@ -8,7 +8,7 @@ from reconciler.daemon.events import EventLog
 from reconciler.metrics import FleetFigures, Metrics, count_by
 from reconciler.model import OBSERVED_STATES, PHASES, Catalog, ObservedNode
 from reconciler.outcomes import PassResult
-from reconciler.vocabulary import NodeState, Phase
+from reconciler.vocabulary import GpuHealth, NodeState, Phase, RolloutPhase
 
 
 def observe_pass(metrics: Metrics, result: PassResult, catalog: Catalog) -> None:
@@ -33,7 +33,33 @@ def fleet_figures(result: PassResult, catalog: Catalog) -> FleetFigures:
         probe_seconds=result.probe_seconds,
         autoscale_current={name: st.current for name, st in result.autoscale.items()},
         autoscale_wanted={name: st.wanted for name, st in result.autoscale.items()},
+        **alert_figures(result, catalog),
     )
+
+
+def alert_figures(result: PassResult, catalog: Catalog) -> dict:
+    """What the shipped alert rules need of a pass: failures in a row per replica, broken and
+    quarantined GPUs, when each silent node went silent, the grace period."""
+    memory = result.memory
+    nodes = result.inventory.nodes if result.inventory is not None else ()
+    model_of = {rid: m.name for m in catalog.models for rid in m.replica_ids()}
+    streaks = {}
+    if memory is not None:
+        for rid, b in memory.backoff.items():
+            n = max(b.streak, b.failed_starts)
+            if n and rid in model_of:
+                streaks[(model_of[rid], rid)] = n
+    return {
+        "crash_streaks": streaks,
+        "bad_gpus": {(n.id, g.index): str(g.health) for n in nodes if n.state != NodeState.UNREACHABLE
+                     for g in n.gpus if g.health != GpuHealth.OK},
+        "quarantined_gpus": frozenset(memory.quarantines) if memory is not None else frozenset(),
+        "unreachable_since": dict(memory.unreachable_since) if memory is not None else {},
+        "unreachable_grace_s": catalog.fleet.unreachable_grace_s,
+        # SPEC 13: Aborted until a changed spec begins a new rollout (the alert says to fix and commit).
+        "rollout_aborted": {m.name: 1 for m in catalog.models
+                            if (r := result.rollouts.get(m.name)) is not None and r.state == RolloutPhase.ABORTED},
+    }
 
 
 def _desired_counts(result: PassResult, catalog: Catalog) -> dict[str, int]:

@@ -33,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from reconciler.status_view import StatusUnreadable, status_report_from_documents, json_document, message_text, nodes_text
 from reconciler.dashboard.cells import GPU_USES
+from reconciler.dashboard.charts import DAY_S, history_charts, svg
 from reconciler.dashboard.files import StatusFiles, StatusSnapshot
 from reconciler.dashboard.filters import Filters
 from reconciler.dashboard.fleet import fleet_view
@@ -40,6 +41,9 @@ from reconciler.dashboard.index import Index, build_index
 from reconciler.dashboard.models import models_view
 from reconciler.dashboard.overview import overview as overview_of
 from reconciler.dashboard.rejections import rejection_groups
+from reconciler.errors import UsageError
+from reconciler.eventlog import EventJournal, SampleRing
+from reconciler.events import EventFilter, event_line, parse_kind, parse_since, to_document
 from reconciler.vocabulary import NodeState, Phase
 
 log = logging.getLogger("reconciler.dashboard")
@@ -188,6 +192,9 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
     """The dashboard of one catalog directory, as an ASGI app (live: see Reader; hosts: see Guard)."""
     files = files or StatusFiles(catalog)
     reader = Reader(files, live)
+    # The event log and history the daemon keeps for this catalog (out of git, beside its memory).
+    journal = EventJournal.for_catalog(files.root)
+    samples = SampleRing(journal.directory)
     env = _environment()
 
     def page(request: Request, template: str, title: str, snap: StatusSnapshot, **context: Any) -> Response:
@@ -228,6 +235,30 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
                                allow_unicode=True)  # the rejections are shown grouped above it
         return page(request, "replica.html", rep.id, snap, rep=rep, groups=groups, shared=shared, ix=ix, entry=entry)
 
+    def history(request: Request) -> Response:
+        snap, _ = reader.current()
+        now = time.time()
+        model = request.query_params.get("model") or None
+        kept = samples.read(since=now - DAY_S)
+        events, skipped = journal.read(EventFilter(since=now - DAY_S, model=model))
+        charts = [svg(c) for c in history_charts(kept, events, now, model)]
+        names = sorted(kept[-1].models) if kept else []
+        return page(request, "history.html", "History" + (f": {model}" if model else ""), snap, charts=charts,
+                    model=model, names=names, samples=len(kept), events=[event_line(e) for e in events[-200:][::-1]],
+                    skipped=[str(x) for x in skipped])
+
+    def api_events(request: Request) -> Response:
+        q = request.query_params
+        try:
+            keep = EventFilter(since=parse_since(q["since"], time.time()) if q.get("since") else None,
+                               model=q.get("model") or None, node=q.get("node") or None,
+                               kind=parse_kind(q["kind"]) if q.get("kind") else None)
+        except UsageError as exc:  # the same words as `reconciler events`, with the parameter's name
+            return PlainTextResponse(f"400 Bad Request: {str(exc).lstrip('-')}\n", status_code=400)
+        events, skipped = journal.read(keep)
+        return Response(json.dumps({"events": [to_document(e) for e in events],
+                                    "skipped": [str(x) for x in skipped]}), media_type="application/json")
+
     def status_json(snap: StatusSnapshot) -> bytes:
         try:
             status = status_report_from_documents(
@@ -257,6 +288,8 @@ def create_app(catalog: str | Path, files: StatusFiles | None = None, live: bool
         Route("/models", models, methods=["GET"]),
         Route("/fleet", fleet, methods=["GET"]),
         Route("/replicas/{replica}", replica, methods=["GET"]),
+        Route("/history", history, methods=["GET"]),
+        Route("/api/events", api_events, methods=["GET"]),
         Route("/api/status", api_status, methods=["GET"]),
         Route("/api/nodes", api_nodes, methods=["GET"]),
         Route("/api/version", api_version, methods=["GET"]),
