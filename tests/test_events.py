@@ -112,6 +112,23 @@ def test_rollout_step_promotion_and_abort_are_derived_once():
     assert (e.kind, e.model) == (EventKind.ROLLOUT_ABORTED, "chat") and "HTTP 500" in e.message
 
 
+def test_a_pass_whose_canary_aborts_says_so_once_and_the_abort_survives_the_seen_file():
+    from reconciler.canary import Rollout
+    from reconciler.vocabulary import RolloutPhase
+
+    def with_rollout(phase, reason=""):
+        r = result()
+        r.rollouts = {"chat": Rollout("chat", phase, "spec-b", NOW, 10, "abcdef123456", "0123456789ab", reason=reason)}
+        return r
+
+    progressing = seen_after(with_rollout(RolloutPhase.PROGRESSING), None)
+    aborted = with_rollout(RolloutPhase.ABORTED, "request: 2 of 2 failed: HTTP 401")
+    [e] = pass_events(progressing, aborted, NOW)
+    assert (e.kind, e.model) == (EventKind.ROLLOUT_ABORTED, "chat") and "HTTP 401" in e.message
+    kept = seen_from_document(json.loads(json.dumps(seen_to_document(seen_after(aborted, progressing)))))
+    assert pass_events(kept, aborted, NOW) == []  # said once, across a daemon restart too
+
+
 def test_a_dry_run_says_nothing():
     r = result([state("llama-0", Phase.READY)], [observed("n1")])
     r.dry_run = True
