@@ -144,15 +144,25 @@ class CandidateIndexes:
 
     def _build_index(self, profile: Profile, fabric: str | None, candidates: Iterable[int]) -> LevelIndex:
         """The candidates (node indices) that have the profile's GPU class and, if given, adapters on the fabric."""
-        idx = LevelIndex(profile.gpu_class)
+        cls = profile.gpu_class
+        idx = LevelIndex(cls)
+        nodes, node_indexes, members, buckets = self.nodes, self._node_indexes, idx.members, idx.buckets
         for i in candidates:
-            n = self.nodes[i]
+            n = nodes[i]
             if fabric is not None and not n.fabrics.get(fabric):
                 continue
-            if profile.gpu_class is not None and profile.gpu_class not in n.total:
+            if cls is not None and cls not in n.total:
                 continue
-            idx.add(i, n.level(profile.gpu_class))
-            self._node_indexes[i].append(idx)
+            level = n.level(cls)
+            bucket = buckets.get(level)
+            # Candidates come in ascending node order (every pool is), so a bucket is appended to
+            # in order; LevelIndex.add (a sorted insert) only for one that would not be.
+            if bucket is None or (bucket and bucket[-1] > i):
+                idx.add(i, level)
+            else:
+                members.add(i)
+                bucket.append(i)
+            node_indexes[i].append(idx)
         return idx
 
     # ---- keeping the indexes current ------------------------------------
@@ -160,14 +170,24 @@ class CandidateIndexes:
     def _levels(self, n: NodeCapacity, gpus: Iterable[int]) -> dict[str | None, int]:
         """The levels a change to these GPUs (and to the rank count) can move."""
         levels: dict[str | None, int] = {None: n.ranks}
+        gpu_class, free = n.gpu_class, n.free
         for g in gpus:
-            cls = n.gpu_class.get(g)
+            cls = gpu_class.get(g)
             if cls is not None and cls not in levels:
-                levels[cls] = n.level(cls)
+                members = free.get(cls)
+                levels[cls] = len(members) if members else 0  # n.level(cls), inlined: once per rank held
         return levels
 
     def _relevel(self, n: NodeCapacity, before: dict[str | None, int]) -> None:
-        for ix in self._node_indexes[n.idx]:
-            old = before.get(ix.gpu_class, -1)
+        idx = n.idx
+        for ix in self._node_indexes[idx]:
+            cls = ix.gpu_class
+            old = before.get(cls, -1)
             if old != -1:
-                ix.move(n.idx, old, n.level(ix.gpu_class))
+                if cls is None:
+                    new = n.ranks
+                else:
+                    members = n.free.get(cls)
+                    new = len(members) if members else 0
+                if new != old:
+                    ix.move(idx, old, new)

@@ -143,26 +143,35 @@ class Placer(CandidateIndexes):
     def __init__(self, fleet: Fleet, inventory: Inventory, models: Iterable[Model] = ()):
         self.models = {m.name: m for m in models}
         super().__init__(fleet, inventory)
+        self._single_pairs: dict[tuple[int, int], tuple] = {}  # _try_single's (holders, main) indexes
 
     # ---- resource bookkeeping --------------------------------------------
 
     def hold(self, placement: Placement) -> None:
         """Count a running (or just placed) replica's GPUs, ports and presence against its nodes."""
+        rid = placement.replica
         for a in placement.nodes:
             n = self.by_id.get(a.node)
             if n is None:
                 continue  # a node no longer in the fleet holds nothing we hand out
             before = self._levels(n, a.gpus)
+            gpu_class, free, busy = n.gpu_class, n.free, n.busy
             for g in a.gpus:
-                cls = n.gpu_class.get(g)
+                cls = gpu_class.get(g)
                 if cls is None:
                     continue
-                n.free.get(cls, set()).discard(g)
-                n.busy[g] = placement.replica
+                members = free.get(cls)
+                if members is not None:
+                    members.discard(g)
+                busy[g] = rid
             if a.port:
                 n.ports_used.add(a.port)
             n.ranks += 1
-            n.models.setdefault(placement.model, []).append(placement.replica)
+            hosted = n.models.get(placement.model)
+            if hosted is None:
+                n.models[placement.model] = [rid]
+            else:
+                hosted.append(rid)
             self._relevel(n, before)
         if placement.dist_port and placement.nodes:
             head = self.by_id.get(placement.nodes[0].node)
@@ -208,11 +217,18 @@ class Placer(CandidateIndexes):
 
     def _try_single(self, model: Model, profile: Profile, exclude: frozenset) -> list[NodeCapacity] | None:
         need = profile.gpus_per_node if profile.gpu_class else 0
-        main = (self._index(model, profile, None, ("unprobed",)) if model.needs_weights_on_node
-                else self._index(model, profile, None, None))
-        # The nodes holding the weights first (disk is not asked of them): a few dozen per source, in an
-        # index of their own, so a replica is not weighed against every holder that is already full.
-        holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
+        # The pair is looked up once per (model, profile), not per replica: indexes are updated in place.
+        pair_key = (id(model), id(profile))
+        pair = self._single_pairs.get(pair_key)
+        if pair is None:
+            main = (self._index(model, profile, None, ("unprobed",)) if model.needs_weights_on_node
+                    else self._index(model, profile, None, None))
+            # The nodes holding the weights first (disk is not asked of them): a few dozen per source, in an
+            # index of their own, so a replica is not weighed against every holder that is already full.
+            holders = self._index(model, profile, None, model.source) if model.source in self._holders else None
+            pair = self._single_pairs[pair_key] = (holders, main)
+            self._keepalive.append(model)
+        holders, main = pair
         nodes = self.nodes
         name = model.name
         # Avoiding nodes that host the model comes before the weights preference when the
