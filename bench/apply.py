@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler.readiness import http_health  # noqa: E402
-from reconciler.launcher import SshLauncher  # noqa: E402
-from reconciler.transport import LocalTransport  # noqa: E402
+from reconciler.act.readiness import http_health  # noqa: E402
+from reconciler.act.launcher import SshLauncher  # noqa: E402
+from reconciler.observe.transport import LocalTransport  # noqa: E402
 from tests.apply_support.local import free_port, tiny_launch  # noqa: E402
 
 
@@ -78,9 +78,9 @@ def noop_pass(tmp: Path, replicas: int) -> None:
     """The real pass (probe, plan, health checks, status) on one local node with N Ready replicas."""
     import yaml
 
-    from reconciler.reconcile import run_pass
+    from reconciler.control.reconcile import run_pass
     from reconciler.catalog import load_catalog
-    from reconciler.transport import LocalTransport
+    from reconciler.observe.transport import LocalTransport
     from tests.apply_support.local import TINY_ENGINE
 
     root = tmp / "catalog"
@@ -133,8 +133,8 @@ def main() -> None:
         noop_pass(tmp, args.ranks)
 
         if args.ssh:
-            from reconciler.transport import FleetTransports
-            from reconciler.ssh import TransportPool
+            from reconciler.observe.transport import FleetTransports
+            from reconciler.observe.ssh import TransportPool
             from tests.fleet import TestFleet
 
             with TestFleet() as fleet, TransportPool() as pool:

@@ -50,11 +50,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from reconciler.autoscale import AutoscaleState, with_counts  # noqa: E402
+from reconciler.decide.autoscale import AutoscaleState, with_counts  # noqa: E402
 from reconciler.model import (  # noqa: E402
     Assignment, AutoscalePolicy, Catalog, Fleet, Model, NodeSpec, Profile, ReplicaRange)
-from reconciler.outcomes import ReplicaState  # noqa: E402
-from reconciler.scaling import default_reader, scale_pass  # noqa: E402
+from reconciler.decide.outcomes import ReplicaState  # noqa: E402
+from reconciler.act.scaling import default_reader, scale_pass  # noqa: E402
 
 LOAD_ENGINE = REPO / "tests" / "apply_support" / "load_engine.py"
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reconciler.model import (  # noqa: E402
     Assignment, Fleet, Gpu, Inventory, Model, NodeSpec, ObservedNode, Placement, Profile,
 )
-from reconciler.render import render_replica  # noqa: E402
+from reconciler.engines.render import render_replica  # noqa: E402
 
 
 def main() -> None:

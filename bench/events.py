@@ -40,14 +40,14 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from dashboard import first_byte  # noqa: E402
 
-from reconciler.autoscale import AutoscaleState  # noqa: E402
+from reconciler.decide.autoscale import AutoscaleState  # noqa: E402
 from reconciler.catalog import load_catalog  # noqa: E402
-from reconciler.eventlog import EventJournal, SampleRing  # noqa: E402
-from reconciler.events import Event, pass_events, revision_applied, seen_after  # noqa: E402
-from reconciler.history import Sample, fleet_figures, sample_of  # noqa: E402
-from reconciler.inventory import inventory_from_document, read_snapshot_document  # noqa: E402
+from reconciler.record.eventlog import EventJournal, SampleRing  # noqa: E402
+from reconciler.record.events import Event, pass_events, revision_applied, seen_after  # noqa: E402
+from reconciler.record.history import Sample, fleet_figures, sample_of  # noqa: E402
+from reconciler.observe.inventory import inventory_from_document, read_snapshot_document  # noqa: E402
 from reconciler.model import Assignment, Inventory  # noqa: E402
-from reconciler.outcomes import Decision, PassMemory, PassResult, ReplicaState  # noqa: E402
+from reconciler.decide.outcomes import Decision, PassMemory, PassResult, ReplicaState  # noqa: E402
 from reconciler.vocabulary import EventKind, NodeState, Phase  # noqa: E402
 from tests.test_dashboard_browser import Dashboard, big_tree  # noqa: E402
 

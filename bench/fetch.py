@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from reconciler.fetch import CHUNK_BYTES, Fetcher  # noqa: E402
+from reconciler.act.fetch import CHUNK_BYTES, Fetcher  # noqa: E402
 from reconciler.model import FetchPolicy, Model  # noqa: E402
-from reconciler.ssh import TransportPool  # noqa: E402
+from reconciler.observe.ssh import TransportPool  # noqa: E402
 from tests.fleet import TestFleet  # noqa: E402
 
 

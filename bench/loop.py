@@ -13,7 +13,7 @@
 
 --pass fake (default): the daemon with a minimal pass that launches each new
 replica with LocalTransport (`date +%s.%N` on this machine): it measures the
-daemon's own part of the loop. --pass apply: the real reconciler.reconcile.run_pass
+daemon's own part of the loop. --pass apply: the real reconciler.control.reconcile.run_pass
 on one `transport: local` node; add --fleet N for N namespaced nodes reached
 over SSH (tests/fleet.py, needs root).
 
@@ -84,8 +84,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler.daemon import Daemon, DaemonOptions, EventLog  # noqa: E402
-from reconciler.transport import LocalTransport  # noqa: E402
+from reconciler.control.loop import Daemon, DaemonOptions  # noqa: E402
+from reconciler.control.log import EventLog  # noqa: E402
+from reconciler.observe.transport import LocalTransport  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -481,11 +482,11 @@ def main() -> int:
     if (args.cut or args.hostile) and not args.fleet:
         parser.error("--cut and --hostile need --fleet")
     if args.sequential_actions:
-        import reconciler.actor.dispatch
-        import reconciler.actor.waiting
+        import reconciler.act.actor.dispatch
+        import reconciler.act.actor.waiting
 
         # Both pools the actor sizes by it: the actions', and the health checks' of what they started.
-        for module in (reconciler.actor.dispatch, reconciler.actor.waiting):
+        for module in (reconciler.act.actor.dispatch, reconciler.act.actor.waiting):
             module.MAX_PARALLEL_ACTIONS = 1
     return bench(args)
 

@@ -9,7 +9,7 @@ present on some nodes) and a catalog of single-node, multi-node and CPU-only
 models, writes both to a temporary directory (catalog files, a JSON snapshot and
 the same snapshot as YAML), and prints:
 
-- core: replicas placed per second by reconciler.plan.plan() on loaded objects;
+- core: replicas placed per second by reconciler.decide.plan.plan() on loaded objects;
 - end to end: wall time and peak RSS of `python -m reconciler plan CATALOG
   --inventory nodes.json --format json` (and the same with nodes.yaml), the child's
   own maxrss from wait4;
@@ -167,8 +167,8 @@ def write_catalog(root: Path, fleet_doc, models, snapshot):
     for name, doc in models.items():
         (root / "models" / name).write_text(yaml.safe_dump(doc, sort_keys=False))
     (root / "nodes.json").write_text(json.dumps(snapshot))
-    from reconciler.inventory import snapshot_text
-    from reconciler.status.files import dump_yaml
+    from reconciler.observe.inventory import snapshot_text
+    from reconciler.record.status.files import dump_yaml
 
     (root / "nodes.yaml").write_text(dump_yaml(snapshot))  # block style, as status files are written today
     (root / "nodes-flow.yaml").write_text(snapshot_text(snapshot, "../schema/inventory.schema.json"))  # JSON-style YAML
@@ -177,8 +177,8 @@ def write_catalog(root: Path, fleet_doc, models, snapshot):
 def core(root: Path) -> tuple[float, int, int, float]:
     """(replicas/s, replicas decided, unplaced, seconds) of plan() on loaded objects."""
     from reconciler.catalog import load_catalog
-    from reconciler.inventory import load_inventory
-    from reconciler.plan import plan
+    from reconciler.observe.inventory import load_inventory
+    from reconciler.decide.plan import plan
 
     catalog = load_catalog(root, with_revision=False)
     inv = load_inventory(root / "nodes.json", catalog.fleet)
@@ -216,9 +216,9 @@ def fleet_wide_update(root: Path) -> dict[str, float]:
     from dataclasses import replace
 
     from reconciler.catalog import load_catalog
-    from reconciler.inventory import load_inventory
+    from reconciler.observe.inventory import load_inventory
     from reconciler.model import UpdatePolicy, spec_hash
-    from reconciler.plan import plan
+    from reconciler.decide.plan import plan
 
     catalog = load_catalog(root, with_revision=False)
     inv = load_inventory(root / "nodes.json", catalog.fleet)
@@ -254,8 +254,8 @@ def breakdown(root: Path) -> dict[str, float]:
     """CPU seconds of each stage of `plan --inventory nodes.json --format json`, in this process."""
     from reconciler.catalog import load_catalog
     from reconciler.commands.plan import plan_document
-    from reconciler.inventory import load_inventory
-    from reconciler.plan import plan
+    from reconciler.observe.inventory import load_inventory
+    from reconciler.decide.plan import plan
 
     gc.disable()
     try:

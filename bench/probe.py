@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))
 
 import paramiko  # noqa: E402
 
-from reconciler.probe import collect as probe_collect  # noqa: E402
-from reconciler.probe import probe_fleet_report  # noqa: E402
-from reconciler.ssh import TransportPool  # noqa: E402
+from reconciler.observe.probe import collect as probe_collect  # noqa: E402
+from reconciler.observe.probe import probe_fleet_report  # noqa: E402
+from reconciler.observe.ssh import TransportPool  # noqa: E402
 from tests.fleet import TestFleet  # noqa: E402
 
 

@@ -12,7 +12,7 @@ key, public-key login, then
 - `python3 -I -S -` with a REQUEST_B64 line (the node agent): status, stop, port and logs
   answered as an idle node answers them; start refused (no engines run here).
 
-The report is recorded once per run by running the real probe program (reconciler/probe) on
+The report is recorded once per run by running the real probe program (reconciler/observe/probe) on
 this machine, with tests/fakes/bin on PATH (vllm, llama-server) and an `nvidia-smi` that
 prints the recorded answers in tests/data/probe (an 8-GPU H100 DGX: GPU list, NVLink matrix);
 each node gets it with its own GPU UUIDs.
@@ -105,7 +105,7 @@ esac
 def record_report(work: Path, model_dir: Path) -> dict:
     """One real probe report of this machine, with the GPU side answered from the recorded files."""
     from reconciler.model import NodeSpec
-    from reconciler.probe.collect import probe_command
+    from reconciler.observe.probe.collect import probe_command
 
     shim = work / "shim"
     shim.mkdir(exist_ok=True)
@@ -150,8 +150,8 @@ def _agent_answer(stdin: bytes) -> dict:
 
 async def _serve_process(process, answer: bytes) -> None:
     """One exec request on one node, answered as the real programs would answer it."""
-    from reconciler.probe.script import BOOTSTRAP
-    from reconciler.ssh import _PROLOGUE, _REAP
+    from reconciler.observe.probe.script import BOOTSTRAP
+    from reconciler.observe.ssh import _PROLOGUE, _REAP
 
     argv = shlex.split(process.command or "")
     stdin = process.stdin
@@ -246,15 +246,15 @@ async def asyncssh_passes(root: Path, names_to_addr: dict[str, str], host_key: P
     """Connect to every node, open its probe session, and run `passes` probe passes over the open
     connections, each ending in the Inventory and status/nodes.yaml the daemon would write.
 
-    Not the reconciler's transport (reconciler/ssh): the bare conversation on asyncssh, with none of
+    Not the reconciler's transport (reconciler/observe/ssh): the bare conversation on asyncssh, with none of
     its deadlines, backoff, prologue or output caps, as the floor the daemon's figures compare with.
     """
     import asyncssh
 
     from reconciler.catalog import load_catalog
     from reconciler.model import Inventory
-    from reconciler.probe.collect import observed_from_report, probe_args, session_command, unreachable
-    from reconciler.status.write import write_nodes_status
+    from reconciler.observe.probe.collect import observed_from_report, probe_args, session_command, unreachable
+    from reconciler.record.status.write import write_nodes_status
 
     catalog = load_catalog(root, with_revision=False)
     specs = list(catalog.fleet.nodes)

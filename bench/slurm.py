@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml  # noqa: E402
 
 from reconciler.catalog import load_catalog  # noqa: E402
-from reconciler.launcher.slurm_launcher import SlurmClient, SlurmInventory, fold  # noqa: E402
+from reconciler.act.launcher.slurm_launcher import SlurmClient, SlurmInventory, fold  # noqa: E402
 from reconciler.model import Fleet, Gpu, Inventory, NodeSpec, ObservedNode, SlurmSettings  # noqa: E402
-from reconciler.reconcile import run_pass  # noqa: E402
-from reconciler.slurm import SEP, parse_show_jobs, parse_show_nodes, parse_squeue  # noqa: E402
-from reconciler.ssh import TransportPool  # noqa: E402
+from reconciler.control.reconcile import run_pass  # noqa: E402
+from reconciler.observe.slurm import SEP, parse_show_jobs, parse_show_nodes, parse_squeue  # noqa: E402
+from reconciler.observe.ssh import TransportPool  # noqa: E402
 
 
 def ms(samples: list[float]) -> str:

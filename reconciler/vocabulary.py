@@ -83,7 +83,7 @@ class WaitKind(StrEnum):
     BACKOFF = "backoff"  # crashed, waiting for its restart backoff
     ONE_AT_A_TIME = "one_at_a_time"  # spec changed, another replica of the model is being replaced first
     UPDATE_POLICY = "update_policy"  # spec changed, the model's update policy allows no more changes this pass
-    # A start that failed and left nothing running (reconciler/backoff.py):
+    # A start that failed and left nothing running (reconciler/decide/backoff.py):
     START_BACKOFF = "start_backoff"  # temporary failure: retried after a backoff with jitter
     STALLED = "stalled"  # permanent failure: not retried until the catalog or the node changes
     # A serving copy to be stopped, out of every gateway file, until no request runs or drain_s passed

@@ -45,7 +45,7 @@ def cli():
 @pytest.fixture
 def pool():
     """The SSH pool `reconciler apply` uses, closed after the test (tests/test_ssh.py has its own, without backoff)."""
-    from reconciler.ssh import TransportPool
+    from reconciler.observe.ssh import TransportPool
 
     p = TransportPool()
     yield p

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from reconciler.cli import build_parser  # noqa: E402
 from reconciler.commands.run import daemon_from_args  # noqa: E402
 from reconciler.errors import ReconcilerError  # noqa: E402
-from reconciler.outcomes import Decision, PassResult, ReplicaState  # noqa: E402
-from reconciler.status.files import write_document  # noqa: E402
+from reconciler.decide.outcomes import Decision, PassResult, ReplicaState  # noqa: E402
+from reconciler.record.status.files import write_document  # noqa: E402
 
 
 def recording_pass(record: Path):

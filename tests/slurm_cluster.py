@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from reconciler.slurm import OUTPUT_DIR
+from reconciler.observe.slurm import OUTPUT_DIR
 from tests.apply_support.local import free_port as _free_port
 
 SLURMCTLD = "/usr/sbin/slurmctld"

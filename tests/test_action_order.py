@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.scheduling import action_dependencies
+from reconciler.decide.scheduling import action_dependencies
 from reconciler.model import Action, Assignment, Placement
 from tests.builders import inventory, observed, rank
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from reconciler.agent_keys import MANAGER, RECORD_KEYS, Answer, Record
-from reconciler.launcher import SshLauncher
-from reconciler.launcher.ssh_launcher import AGENT_MODULES, agent_source
+from reconciler.act.launcher import SshLauncher
+from reconciler.act.launcher.ssh_launcher import AGENT_MODULES, agent_source
 from reconciler.model import NodeSpec
-from reconciler.probe import script
-from reconciler.probe.report import observed_from_report
-from reconciler.readiness import http_health
-from reconciler.transport import LocalTransport
+from reconciler.observe.probe import script
+from reconciler.observe.probe.report import observed_from_report
+from reconciler.act.readiness import http_health
+from reconciler.observe.transport import LocalTransport
 from tests.apply_support.local import free_port, kill_recorded, tiny_launch, wait_for
 from tests.conftest import REPO
 
@@ -58,9 +58,9 @@ def test_the_keys_module_is_constants_only_and_opens_both_programs():
     text = path.read_bytes()
     assert AGENT_MODULES[0] == "agent_keys.py" and agent_source().startswith(text)
     # In the probe's payload right after parse.py, whose `from __future__` line must open it.
-    assert script.PAYLOAD_MODULES[:2] == ("probe/parse.py", "agent_keys.py")
+    assert script.PAYLOAD_MODULES[:2] == ("observe/probe/parse.py", "agent_keys.py")
     joined = script.payload(minify=False).decode()
-    assert joined.index(text.decode()) < joined.index("# ---- probe/health.py ----")
+    assert joined.index(text.decode()) < joined.index("# ---- observe/probe/health.py ----")
     for program in (agent_source(), script.payload(), script.payload(minify=False)):
         ast.parse(program, feature_version=(3, 8))
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from reconciler.alerts import rules, rules_yaml
+from reconciler.record.alerts import rules, rules_yaml
 from reconciler.cli import main as cli_main
 
 pytestmark = pytest.mark.external

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.readiness import http_health
+from reconciler.act.readiness import http_health
 from tests.apply_support.local import free_port, is_running, wait_for
 from tests.conftest import copy_tracked
 
@@ -95,9 +95,9 @@ def test_an_invalid_catalog_applies_nothing_and_exits_1(cli, example):
 
 
 def test_the_pass_after_a_start_with_nothing_changed_writes_no_status_file(example):
-    from reconciler.reconcile import run_pass
+    from reconciler.control.reconcile import run_pass
     from reconciler.catalog import load_catalog
-    from reconciler.transport import LocalTransport
+    from reconciler.observe.transport import LocalTransport
 
     root, model, state = example
     catalog = load_catalog(root, with_revision=False)

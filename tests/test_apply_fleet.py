@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.outcomes import PassResult
-from reconciler.reconcile import apply_pass, run_pass
+from reconciler.decide.outcomes import PassResult
+from reconciler.control.reconcile import apply_pass, run_pass
 from reconciler.catalog import load_catalog
-from reconciler.ssh import TransportPool
+from reconciler.observe.ssh import TransportPool
 from tests.apply_support.cleanup import stop_every_rank
 from tests.apply_support.local import is_running
 from tests.fleet import TestFleet

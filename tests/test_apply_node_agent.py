@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.launcher import SshLauncher
-from reconciler.transport import LocalTransport
+from reconciler.act.launcher import SshLauncher
+from reconciler.observe.transport import LocalTransport
 from tests.apply_support.local import (
     free_port,
     is_running,
@@ -20,7 +20,7 @@ from tests.apply_support.local import (
     tiny_launch,
     wait_for,
 )
-from reconciler.readiness import http_health
+from reconciler.act.readiness import http_health
 
 pytestmark = [pytest.mark.process]
 

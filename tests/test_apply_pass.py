@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.readiness import http_health
-from reconciler.reconcile import run_pass
-from reconciler.snapshot import gpu_problems, start_order
-from reconciler.launcher import SshLauncher
+from reconciler.act.readiness import http_health
+from reconciler.control.reconcile import run_pass
+from reconciler.observe.snapshot import gpu_problems, start_order
+from reconciler.act.launcher import SshLauncher
 from reconciler.model import Gpu, GpuProcess, Inventory, ObservedNode, RunningRank
-from reconciler.transport import LocalTransport
+from reconciler.observe.transport import LocalTransport
 from tests.apply_support.local import free_port, is_running, kill_recorded, tiny_launch, wait_for
 from tests.apply_support.seams import SimplePlanner, as_plan, catalog, local_fleet, local_probe, tiny_model, tiny_render
 
@@ -269,7 +269,7 @@ class DropsMidLaunch:
         if self.gone:
             raise TransportError(self.node_id, "connection refused")
         result = self.inner.run(argv, stdin=stdin, timeout=timeout)
-        from reconciler.launcher.ssh_launcher import request_of
+        from reconciler.act.launcher.ssh_launcher import request_of
 
         if request_of(stdin).get("op") == "start":
             self.gone = True
@@ -301,8 +301,8 @@ def test_a_node_lost_mid_launch_leaves_nothing_the_next_pass_does_not_know_about
 
 
 def test_pass_memory_tracks_unreachable_nodes_and_keeps_their_last_records():
-    from reconciler.memory import PassMemory, remember
-    from reconciler.outcomes import ReplicaState
+    from reconciler.record.memory import PassMemory, remember
+    from reconciler.decide.outcomes import ReplicaState
     from reconciler.model import Assignment, Inventory
 
     seen = Inventory((ObservedNode("a", replicas=(RunningRank("m-0", "m", "p", 0, (), 9000, "h"),)), ObservedNode("b")))
@@ -342,7 +342,7 @@ def test_a_restart_reuses_the_gpus_its_own_crashed_copy_held(tmp_path, env):
 
 
 def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_taken_ports():
-    from reconciler.snapshot import inventory_after
+    from reconciler.observe.snapshot import inventory_after
 
     before = Inventory((
         ObservedNode("a", replicas=(RunningRank("old-0", "old", "p", 0, (0,), 9000, "h", pid=10),), ports_in_use=(22, 9000)),
@@ -359,8 +359,8 @@ def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_tak
 def test_pass_memory_survives_a_round_trip_through_its_document():
     import json as _json
 
-    from reconciler.memory import PassMemory, memory_from_document, memory_to_document
-    from reconciler.backoff import Backoff
+    from reconciler.record.memory import PassMemory, memory_from_document, memory_to_document
+    from reconciler.decide.backoff import Backoff
 
     memory = PassMemory(
         backoff={"m-0": Backoff(restarts=2, streak=1, last_restart=123.5)},
@@ -396,8 +396,8 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
     # page someone for a network blip, while the plan holds the replica for the grace period.
     from types import SimpleNamespace
 
-    from reconciler.reconcile import replica_states
-    from reconciler.plan import Waiting
+    from reconciler.control.reconcile import replica_states
+    from reconciler.decide.plan import Waiting
     from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)
@@ -416,8 +416,8 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
 def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unreachable(tmp_path):
     from types import SimpleNamespace
 
-    from reconciler.reconcile import replica_states
-    from reconciler.plan import Waiting
+    from reconciler.control.reconcile import replica_states
+    from reconciler.decide.plan import Waiting
     from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)

@@ -10,9 +10,9 @@ import socket
 
 import yaml
 
-from reconciler.reconcile import default_probe as _default_probe, run_pass
+from reconciler.control.reconcile import default_probe as _default_probe, run_pass
 from reconciler.catalog import load_catalog
-from reconciler.transport import LocalTransport
+from reconciler.observe.transport import LocalTransport
 from tests.apply_support.local import TINY_ENGINE, free_port, is_running
 
 

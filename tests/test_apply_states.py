@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from reconciler.reconcile import replica_states
+from reconciler.control.reconcile import replica_states
 from reconciler.model import spec_hash
-from reconciler.plan import plan
+from reconciler.decide.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=1)
@@ -51,7 +51,7 @@ def test_replica_states_walk_the_snapshot_once_for_all_replicas_not_once_per_rep
 
 
 def test_the_snapshot_after_a_pass_looks_at_each_started_rank_a_few_times_not_once_per_fleet_node():
-    from reconciler.snapshot import inventory_after
+    from reconciler.observe.snapshot import inventory_after
     from reconciler.model import RankLaunch
 
     reads = []

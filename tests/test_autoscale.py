@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.autoscale import (
+from reconciler.decide.autoscale import (
     AutoscaleState,
     decide,
     kept_states,
@@ -29,11 +29,11 @@ from reconciler.autoscale import (
 from reconciler.catalog import load_catalog
 from reconciler.errors import CatalogInvalid
 from reconciler.model import Assignment, AutoscalePolicy, ReplicaRange
-from reconciler.outcomes import ReplicaState
-from reconciler.scaling import METRICS_ACTION, SCALE_ACTION, default_reader, scale_pass
-from reconciler.status.read_back import counts_in_force
-from reconciler.status.documents import model_status_document
-from reconciler.status.predict import predicted_pass
+from reconciler.decide.outcomes import ReplicaState
+from reconciler.act.scaling import METRICS_ACTION, SCALE_ACTION, default_reader, scale_pass
+from reconciler.record.status.read_back import counts_in_force
+from reconciler.record.status.documents import model_status_document
+from reconciler.record.status.predict import predicted_pass
 from tests.apply_support.local import free_port, wait_for
 from tests.conftest import run_cli
 
@@ -276,7 +276,7 @@ def test_counts_come_from_status_clamped_to_the_range_and_the_catalog_is_untouch
 
 
 def test_model_status_document_carries_the_block_after_ready(tmp_path):
-    from reconciler.plan import plan
+    from reconciler.decide.plan import plan
     from reconciler.model import Inventory
 
     cat = load_catalog(catalog_dir(tmp_path, model_text()), with_revision=False)
@@ -370,7 +370,7 @@ def test_a_broken_metrics_endpoint_counts_at_target_with_one_warning(tmp_path, e
     log = []
 
     def reader(targets):
-        from reconciler.engine_metrics import read_loads
+        from reconciler.act.engine_metrics import read_loads
         return read_loads(targets, timeout_s=1.0)
 
     first = scale_pass(cat, replicas, {"m": AutoscaleState(2, 2, since=0)}, 100, reader, log.append)["m"]
@@ -417,9 +417,9 @@ def test_status_cli_and_json_show_the_count(tmp_path):
     cat = load_catalog(root, with_revision=False)
     state = AutoscaleState(2, 4, 13, "requests 13 over 2 replicas > target 4: wants 4, up after 10 s (3 s so far)",
                            since=1_700_000_000)
-    from reconciler.plan import plan
+    from reconciler.decide.plan import plan
     from reconciler.model import Inventory
-    from reconciler.status.write import write_pass
+    from reconciler.record.status.write import write_pass
 
     scaled = with_counts(cat, {"m": state})
     result = predicted_pass(scaled, plan(scaled, Inventory(())))
@@ -474,8 +474,8 @@ def test_a_scale_up_that_cannot_be_placed_has_rejections_and_status_says_what_th
 def test_an_unreadable_load_is_a_warning_line_in_the_daemon_log():
     import io
 
-    from reconciler.daemon.events import EventLog
-    from reconciler.outcomes import Decision
+    from reconciler.control.log import EventLog
+    from reconciler.decide.outcomes import Decision
 
     out = io.StringIO()
     EventLog("json", out)(Decision("m-1", "n1", METRICS_ACTION, "load unknown, counted at target 4: /metrics answered 404"))

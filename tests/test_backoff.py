@@ -1,4 +1,4 @@
-"""One backoff per replica (reconciler/backoff.py): the crash it restarts after and the start that failed and
+"""One backoff per replica (reconciler/decide/backoff.py): the crash it restarts after and the start that failed and
 left nothing running are one record, one delay curve, one decision of whether a try waits; and the memory
 file an apply wrote before that record existed (`history`, `start_failures`) still loads into it."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from reconciler.backoff import BACKOFF_RESET_S, JITTER_FRACTION, PERMANENT_RECHECK_S, Backoff, attempt_key
-from reconciler.memory import PassMemory, load_memory, memory_from_document, plan_remembering, save_memory
+from reconciler.decide.backoff import BACKOFF_RESET_S, JITTER_FRACTION, PERMANENT_RECHECK_S, Backoff, attempt_key
+from reconciler.record.memory import PassMemory, load_memory, memory_from_document, plan_remembering, save_memory
 from reconciler.model import spec_hash
 from reconciler.vocabulary import FailureKind, WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank

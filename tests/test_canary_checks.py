@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from reconciler.canary_checks import (
+from reconciler.act.canary_checks import (
     Answer, Target, generated_text, judge, measure, p95, query_value, replica_regex, substitute,
 )
 from reconciler.model import Model, Profile, PrometheusCheck, PrometheusQuery, RequestCheck, RolloutPolicy

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from reconciler.canary import CanaryCopy, Measurement, advance
+from reconciler.decide.canary import CanaryCopy, Measurement, advance
 from reconciler.commands.plan import plan_document, render_text
 from reconciler.commands.plan_markdown import render_markdown
 from reconciler.commands.status import rollout_lines
 from reconciler.commands._status_files import read_catalog_status
-from reconciler.plan import plan
-from reconciler.status.files import dump_yaml
+from reconciler.decide.plan import plan
+from reconciler.record.status.files import dump_yaml
 from tests.test_canary_plan import F, M, NEW, catalog, running
 
 MEASURED = [Measurement("request", False, "request: 1 of 2 failed: HTTP 500")]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.canary import begin
+from reconciler.decide.canary import begin
 from reconciler.model import RolloutPolicy, spec_hash
-from reconciler.plan import plan
+from reconciler.decide.plan import plan
 from reconciler.vocabulary import RolloutPhase, WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.canary_checks import Target, measure
+from reconciler.act.canary_checks import Target, measure
 from reconciler.model import Model, PrometheusCheck, PrometheusQuery, RolloutPolicy
 from tests.test_gateway_real import Child, free_loopback_port, get_json, program, wait_until
 

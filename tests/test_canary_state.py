@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from reconciler.canary import (
+from reconciler.decide.canary import (
     CanaryCopy, Measurement, advance, begin, canary_ids, canary_weights, check_names, checks_due, next_wake,
     out_of_sync, phase_for_plan, spec_key,
 )

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from reconciler.canary import Measurement, advance, CanaryCopy
-from reconciler.gateway import litellm_document
-from reconciler.memory import memory_from_document, memory_to_document
+from reconciler.decide.canary import Measurement, advance, CanaryCopy
+from reconciler.record.gateway import litellm_document
+from reconciler.record.memory import memory_from_document, memory_to_document
 from reconciler.model import Assignment, Catalog, Fleet, NodeSpec, RolloutPolicy
-from reconciler.outcomes import PassMemory, PassResult, ReplicaState
-from reconciler.plan import Plan
+from reconciler.decide.outcomes import PassMemory, PassResult, ReplicaState
+from reconciler.decide.plan import Plan
 from reconciler.schemas import validator
-from reconciler.status.documents import CatalogStatus, catalog_document, endpoints_document, model_status_document
+from reconciler.record.status.documents import CatalogStatus, catalog_document, endpoints_document, model_status_document
 from reconciler.vocabulary import Phase, RolloutPhase
 from tests.builders import model, profile
 

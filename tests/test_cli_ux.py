@@ -65,7 +65,7 @@ def test_inventory_argument_that_is_a_directory_says_so(cli, tmp_path):
 
 
 def test_status_message_of_a_refused_catalog_counts_one_error_in_the_singular(tmp_path):
-    from reconciler.daemon import Daemon
+    from reconciler.control.loop import Daemon
     from reconciler.errors import Problem
 
     catalog = local_catalog(tmp_path / "catalog")
@@ -79,8 +79,8 @@ def test_status_message_of_a_refused_catalog_counts_one_error_in_the_singular(tm
 def test_nodes_summary_does_not_call_a_reached_node_that_could_not_be_probed_usable(capsys):
     from reconciler.commands.nodes import print_table
     from reconciler.model import Inventory, ObservedNode
-    from reconciler.probe import FleetProbe
-    from reconciler.probe.collect import NodeProbe
+    from reconciler.observe.probe import FleetProbe
+    from reconciler.observe.probe.collect import NodeProbe
 
     ok = ObservedNode(id="a", state="ready", memory_total_mb=1024, engines={}, weights=())
     nopy = ObservedNode(id="b", state="unreachable", reason="python3 is not on the node's login PATH; the probe needs it")
@@ -103,7 +103,7 @@ def test_a_status_directory_that_cannot_be_written_is_a_message_not_a_traceback(
 
 def test_status_write_error_is_still_an_oserror_for_callers_that_carry_on(tmp_path):
     from reconciler.errors import ReconcilerError
-    from reconciler.status.files import write_if_changed
+    from reconciler.record.status.files import write_if_changed
 
     (tmp_path / "status").write_text("")
     with pytest.raises(OSError) as err:
@@ -151,8 +151,8 @@ def test_nodes_table_on_a_narrow_terminal_folds_only_the_reason_column(monkeypat
 
     from reconciler.commands.nodes import print_table
     from reconciler.model import Disk, Inventory, ObservedNode
-    from reconciler.probe import FleetProbe
-    from reconciler.probe.collect import NodeProbe
+    from reconciler.observe.probe import FleetProbe
+    from reconciler.observe.probe.collect import NodeProbe
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
+from reconciler.act.launcher import SshLauncher
 from reconciler.owner import catalog_owner
-from reconciler.ssh import TransportPool
+from reconciler.observe.ssh import TransportPool
 from tests.conftest import REPO
 from tests.fleet import TestFleet
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from reconciler.backoff import Backoff
+from reconciler.decide.backoff import Backoff
 from reconciler.model import spec_hash
-from reconciler.plan import plan
+from reconciler.decide.plan import plan
 from reconciler.vocabulary import WaitKind
-from reconciler.reconcile import replica_states
+from reconciler.control.reconcile import replica_states
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=8)

@@ -179,8 +179,8 @@ def test_apply_refuses_while_a_daemon_acts_on_the_catalog_and_changes_nothing(re
 def test_a_daemon_started_while_apply_holds_the_lock_names_it_and_exits(repo, daemon):
     import os
 
-    from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
-    from reconciler.gitrev import GitCatalog
+    from reconciler.control.lock import APPLY, CatalogLock, lock_path
+    from reconciler.catalog.gitrev import GitCatalog
 
     held = CatalogLock(lock_path(repo.path, GitCatalog.open(repo.path)), str(repo.path), APPLY)
     assert held.acquire() is None
@@ -196,7 +196,7 @@ def test_a_daemon_started_while_apply_holds_the_lock_names_it_and_exits(repo, da
 
 
 def test_a_lock_file_written_before_roles_names_a_daemon(tmp_path):
-    from reconciler.daemon.lock import DAEMON, CatalogLock, Holder
+    from reconciler.control.lock import DAEMON, CatalogLock, Holder
 
     path = tmp_path / "daemon.lock"
     path.write_text("4242\n")  # a bare pid, as daemons wrote it; its holder is gone (no flock)
@@ -368,14 +368,14 @@ def test_a_refused_pull_keeps_the_revision_in_force_and_says_why_in_status(tmp_p
 def test_text_log_lines_carry_the_decision_and_its_reason():
     import io
 
-    from reconciler.daemon import EventLog
+    from reconciler.control.log import EventLog
 
     out = io.StringIO()
     log = EventLog("text", out, clock=lambda: 0.0)
     log("replica.start", replica="alpha-1", node="node-a", msg="replica missing")
     log({"event": "replica.stop", "replica": "old-0", "reason": "model removed from the catalog"})
 
-    from reconciler.outcomes import Decision
+    from reconciler.decide.outcomes import Decision
 
     log(Decision("alpha-0", "node-a", "start", "replica missing", True))
     lines = out.getvalue().splitlines()
@@ -509,9 +509,10 @@ def test_json_log_lines_carry_a_level(repo, daemon):
 def test_a_node_going_unreachable_and_coming_back_is_one_event_each(tmp_path):
     import io
 
-    from reconciler.daemon import Daemon, EventLog
+    from reconciler.control.loop import Daemon
+    from reconciler.control.log import EventLog
     from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode
-    from reconciler.outcomes import PassResult
+    from reconciler.decide.outcomes import PassResult
 
     (tmp_path / "models").mkdir()
     out = io.StringIO()
@@ -536,7 +537,7 @@ def test_a_node_going_unreachable_and_coming_back_is_one_event_each(tmp_path):
 def test_probe_durations_stand_through_a_pass_that_probed_nothing_and_go_with_their_node():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from reconciler.metrics import FleetFigures, Metrics
+    from reconciler.record.metrics import FleetFigures, Metrics
 
     def durations(metrics: Metrics) -> dict[str, float]:
         families = {f.name: f for f in text_string_to_metric_families(metrics.render())}
@@ -552,7 +553,7 @@ def test_probe_durations_stand_through_a_pass_that_probed_nothing_and_go_with_th
 
 
 def test_apply_beside_an_apply_waits_for_it_not_for_a_daemon(tmp_path):
-    from reconciler.daemon.lock import APPLY, CatalogLock, DaemonLocked
+    from reconciler.control.lock import APPLY, CatalogLock, DaemonLocked
 
     path = tmp_path / "daemon.lock"
     first = CatalogLock(path, "the catalog", APPLY)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from reconciler.commands.run import ApplyPass, ProbeFleet, ReusedInventory
-from reconciler.reconcile import ProbeOnly
+from reconciler.control.reconcile import ProbeOnly
 from reconciler.model import Catalog, Fleet, Inventory, NodeSpec, ObservedNode
-from reconciler.transport import LocalTransport
+from reconciler.observe.transport import LocalTransport
 
 
 class Pool:
@@ -180,7 +180,7 @@ class Stuck:
 def test_a_node_that_stops_answering_is_not_waited_on_while_a_commit_waits():
     import threading
 
-    from reconciler.probe import FleetProber
+    from reconciler.observe.probe import FleetProber
 
     gate = threading.Event()
     fleet = catalog("fast", "stuck").fleet

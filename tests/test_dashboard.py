@@ -24,12 +24,12 @@ with warnings.catch_warnings():  # Starlette 1.x would rather have httpx2; httpx
 
 from reconciler.cli import main as cli_main  # noqa: E402
 from reconciler.commands._status_files import read_catalog_status  # noqa: E402
-from reconciler.status_view import json_document  # noqa: E402
+from reconciler.record.status_view import json_document  # noqa: E402
 from reconciler.dashboard.app import create_app  # noqa: E402
 from reconciler.dashboard.server import DashboardServer, parse_address  # noqa: E402
 from reconciler.dashboard.cells import GpuUse, gpu_cell  # noqa: E402
 from reconciler.errors import UsageError  # noqa: E402
-from reconciler.status.files import dump_yaml  # noqa: E402
+from reconciler.record.status.files import dump_yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET_VALUE = "hunter2-do-not-show"

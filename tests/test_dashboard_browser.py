@@ -145,7 +145,7 @@ def test_the_example_fleet_in_chromium(applied_example):
         path = root / "status" / "models" / "tiny-echo.yaml"
         changed = dict(status, ready=0)
         changed["replicas"] = [dict(replica, phase="Failed", message="dashboard test: it died", failure="temporary")]
-        from reconciler.status.files import dump_yaml
+        from reconciler.record.status.files import dump_yaml
 
         path.write_text(dump_yaml(changed))
         wait_for(lambda: "dashboard test: it died" in driver.find_element(By.ID, "content").text,
@@ -201,7 +201,7 @@ def big_tree(root: Path, nodes: int = 4000, replicas: int = 10000) -> Path:
     for name, doc in models.items():
         (root / "models" / name).write_text(yaml.safe_dump(doc, sort_keys=False))
     (root / "status").mkdir()
-    from reconciler.status.files import dump_yaml
+    from reconciler.record.status.files import dump_yaml
 
     (root / "status" / "nodes.yaml").write_text(dump_yaml(snapshot))
     done = run_cli("plan", str(root), "--inventory", str(root / "status" / "nodes.yaml"), "--write-status",

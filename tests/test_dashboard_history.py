@@ -13,9 +13,9 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from reconciler.dashboard.app import create_app  # noqa: E402
 from reconciler.dashboard.charts import DAY_S, HEIGHT, LEFT, WIDTH, history_charts, line_chart, svg  # noqa: E402
-from reconciler.eventlog import EventJournal, SampleRing  # noqa: E402
-from reconciler.events import Event  # noqa: E402
-from reconciler.history import ModelFigures, Sample, fleet_figures, read_samples, sample_to_document  # noqa: E402
+from reconciler.record.eventlog import EventJournal, SampleRing  # noqa: E402
+from reconciler.record.events import Event  # noqa: E402
+from reconciler.record.history import ModelFigures, Sample, fleet_figures, read_samples, sample_to_document  # noqa: E402
 from reconciler.vocabulary import EventKind  # noqa: E402
 
 import time  # noqa: E402

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.eventlog import EventJournal, SampleRing
-from reconciler.events import Event
-from reconciler.history import ModelFigures, Sample, fleet_figures
+from reconciler.record.eventlog import EventJournal, SampleRing
+from reconciler.record.events import Event
+from reconciler.record.history import ModelFigures, Sample, fleet_figures
 from reconciler.vocabulary import EventKind
 from tests.test_dashboard_browser import Dashboard, chromium, csp_violations, resources_same_origin
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from reconciler.memory import (
+from reconciler.record.memory import (
     DRAIN_RECHECK_S, PassMemory, hold_drains, memory_from_document, memory_to_document, next_drain_check,
     plan_remembering, remember,
 )
 from reconciler.model import spec_hash
-from reconciler.plan import plan
+from reconciler.decide.plan import plan
 from reconciler.vocabulary import WaitKind
-from reconciler.status.documents import endpoints_document, model_status_document
-from reconciler.status.predict import predicted_pass, predicted_phases
+from reconciler.record.status.documents import endpoints_document, model_status_document
+from reconciler.record.status.predict import predicted_pass, predicted_phases
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=2)
@@ -148,8 +148,8 @@ import threading  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
 from reconciler.model import Fleet, NodeSpec  # noqa: E402
-from reconciler.plan import Drain  # noqa: E402
-from reconciler.reconcile import with_drain_loads  # noqa: E402
+from reconciler.decide.plan import Drain  # noqa: E402
+from reconciler.control.reconcile import with_drain_loads  # noqa: E402
 
 
 def metrics_server(body: bytes | None):
@@ -220,7 +220,7 @@ def test_a_replaces_old_copy_left_draining_beside_the_new_one_is_stopped_once_id
     cat = catalog(fleet(node_spec("a"), node_spec("b")), m)
     inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1), port=8000, spec_hash="0ld")]),
                     observed("b", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1), port=8000, spec_hash=h)]))
-    from reconciler.plan import Drain
+    from reconciler.decide.plan import Drain
 
     old = Drain("m-0", "m", ("a",), 8000, "vllm", 1000.0, 1010.0)
     memory = PassMemory(placed_on={"m-0": ("b",)}, draining={old.key: old})

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from reconciler.engine_metrics import (
+from reconciler.act.engine_metrics import (
     ENGINE_SERIES, EngineLoad, LoadSeries, LoadTarget, LoadUnknown, parse_load, read_loads,
 )
 

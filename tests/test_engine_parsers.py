@@ -16,7 +16,7 @@ import pytest
 from reconciler.engines import ADAPTERS
 from reconciler.engines.flags import TABLES, owned_uses, table_for
 from reconciler.model import Assignment, Fleet, Gpu, Inventory, Model, NodeSpec, ObservedNode, Placement, Profile
-from reconciler.render import render_replica
+from reconciler.engines.render import render_replica
 from tests.engine_parsers import ParseFailure, dest_of, fixture, parse
 
 FAKES = Path(__file__).resolve().parent / "fakes"

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile
-from reconciler.autoscale import AutoscaleState
+from reconciler.decide.autoscale import AutoscaleState
 from reconciler.cli import main as cli_main
 from reconciler.errors import UsageError
-from reconciler.eventlog import EventJournal, RotatingLines, log_dir
-from reconciler.events import (
+from reconciler.record.eventlog import EventJournal, RotatingLines, log_dir
+from reconciler.record.events import (
     Event,
     EventFilter,
     RolloutSeen,
@@ -28,9 +28,9 @@ from reconciler.events import (
     seen_to_document,
     to_document,
 )
-from reconciler.history import sample_of
+from reconciler.record.history import sample_of
 from reconciler.model import Assignment, Quarantine
-from reconciler.outcomes import Decision, PassMemory, PassResult, ReplicaState
+from reconciler.decide.outcomes import Decision, PassMemory, PassResult, ReplicaState
 from reconciler.vocabulary import EventKind, FailureKind, GpuHealth, NodeState, Phase
 
 NOW = 1_800_000_000.0
@@ -113,7 +113,7 @@ def test_rollout_step_promotion_and_abort_are_derived_once():
 
 
 def test_a_pass_whose_canary_aborts_says_so_once_and_the_abort_survives_the_seen_file():
-    from reconciler.canary import Rollout
+    from reconciler.decide.canary import Rollout
     from reconciler.vocabulary import RolloutPhase
 
     def with_rollout(phase, reason=""):

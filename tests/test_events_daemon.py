@@ -93,8 +93,8 @@ def test_apply_writes_the_event_log_too(tmp_path):
 
 
 def test_follow_streams_until_interrupted_without_a_traceback(tmp_path, monkeypatch):
-    from reconciler.eventlog import EventJournal
-    from reconciler.events import Event
+    from reconciler.record.eventlog import EventJournal
+    from reconciler.record.events import Event
     from reconciler.vocabulary import EventKind
 
     root = tmp_path / "catalog"

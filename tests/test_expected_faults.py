@@ -5,8 +5,8 @@ import os
 import stat
 
 from reconciler.model import NodeSpec
-from reconciler.probe.collect import warm_result
-from reconciler.status.files import write_if_changed
+from reconciler.observe.probe.collect import warm_result
+from reconciler.record.status.files import write_if_changed
 from reconciler.vocabulary import NodeState
 
 
@@ -47,8 +47,8 @@ def test_git_add_in_the_deployed_checkout_never_sees_a_status_temporary(tmp_path
     import subprocess
     import tempfile
 
-    from reconciler.status.documents import CatalogStatus
-    from reconciler.status.write import write_catalog_status
+    from reconciler.record.status.documents import CatalogStatus
+    from reconciler.record.status.write import write_catalog_status
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     write_catalog_status(tmp_path, CatalogStatus(attempted=None, applied=None, message="no revision"))

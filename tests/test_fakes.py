@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.model import Assignment, Fleet, Inventory, Model, NodeSpec, Placement, Profile
-from reconciler.render import render_replica
+from reconciler.engines.render import render_replica
 from tests.apply_support.local import free_port
 
 pytestmark = [pytest.mark.process]

@@ -18,8 +18,8 @@ import pytest
 
 from reconciler.errors import CommandTimeout
 from reconciler.model import Fleet
-from reconciler.probe import FleetProber, probe_fleet_report
-from reconciler.ssh import TransportPool
+from reconciler.observe.probe import FleetProber, probe_fleet_report
+from reconciler.observe.ssh import TransportPool
 from tests.fleet import fleet  # noqa: F401
 
 pytestmark = [pytest.mark.fleet]
@@ -193,7 +193,7 @@ def test_plan_and_dry_run_predict_what_apply_does_with_a_cut_node_through_its_gr
     import yaml
 
     from reconciler.catalog import load_catalog
-    from reconciler.launcher import SshLauncher
+    from reconciler.act.launcher import SshLauncher
     from reconciler.owner import catalog_owner
 
     fleet.add_node("g1", gpus=["H100"], engines=["vllm"])

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from reconciler.agent_keys import Answer
-from reconciler.launcher import node_agent
-from reconciler.launcher.ssh_launcher import SshLauncher
+from reconciler.act.launcher import node_agent
+from reconciler.act.launcher.ssh_launcher import SshLauncher
 
 OWNER = "cafe00000001"
 
@@ -85,8 +85,8 @@ class AgentInProcess:
         self.requests = []
 
     def run(self, argv, *, stdin=None, timeout=None):
-        from reconciler.launcher.ssh_launcher import request_of
-        from reconciler.transport import CommandResult
+        from reconciler.act.launcher.ssh_launcher import request_of
+        from reconciler.observe.transport import CommandResult
 
         req = request_of(stdin)
         self.requests.append(req)
@@ -128,7 +128,7 @@ class QueueOnly:
 
 
 def test_a_fenced_slurm_launcher_submits_no_job():
-    from reconciler.launcher.slurm_launcher import SlurmLauncher
+    from reconciler.act.launcher.slurm_launcher import SlurmLauncher
     from reconciler.model import Assignment
     from tests.test_render import FLEET, profile, render
 
@@ -149,8 +149,8 @@ def test_a_pass_of_a_deposed_leader_is_fenced_on_the_node_and_says_so(tmp_path):
 
     from reconciler.catalog import load_catalog
     from reconciler.owner import catalog_owner
-    from reconciler.reconcile import run_pass
-    from reconciler.transport import LocalTransport
+    from reconciler.control.reconcile import run_pass
+    from reconciler.observe.transport import LocalTransport
     from tests.apply_support.local import free_port
     from tests.conftest import REPO, copy_tracked
 

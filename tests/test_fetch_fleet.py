@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.fetch import Fetcher, choose_source
+from reconciler.act.fetch import Fetcher, choose_source
 from reconciler.model import FetchPolicy
-from reconciler.probe import probe_fleet
+from reconciler.observe.probe import probe_fleet
 from tests.builders import model
 from tests.conftest import REPO
 from tests.fleet import TestFleet
@@ -155,9 +155,9 @@ def test_a_copy_killed_halfway_leaves_no_complete_looking_directory(fleet, pool,
     script.write_text(f"""
 import json, sys, time
 from reconciler.catalog import build_fleet
-from reconciler.fetch import Fetcher
+from reconciler.act.fetch import Fetcher
 from reconciler.model import FetchPolicy, Model
-from reconciler.ssh import TransportPool
+from reconciler.observe.ssh import TransportPool
 spec = build_fleet(json.load(open({str(spec_doc)!r})))
 pool = TransportPool()
 class T:

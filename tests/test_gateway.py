@@ -10,11 +10,11 @@ import os
 import pytest
 import yaml
 
-from reconciler.gateway import litellm_document, prometheus_targets
-from reconciler.status.predict import predicted_pass
-from reconciler.status.gateway_files import write_gateway_files
+from reconciler.record.gateway import litellm_document, prometheus_targets
+from reconciler.record.status.predict import predicted_pass
+from reconciler.record.status.gateway_files import write_gateway_files
 from reconciler.model import Assignment, Catalog, Fleet, NodeSpec
-from reconciler.outcomes import ReplicaState
+from reconciler.decide.outcomes import ReplicaState
 from reconciler.vocabulary import Phase
 from tests.builders import model, profile
 
@@ -111,7 +111,7 @@ def test_a_change_of_content_is_no_hand_edit(tmp_path):
 
 
 def test_plan_write_status_predicts_the_kept_replicas_as_ready(tmp_path):
-    from reconciler.memory import PassMemory, plan_remembering
+    from reconciler.record.memory import PassMemory, plan_remembering
     from reconciler.model import spec_hash
     from tests.builders import catalog, fleet, gpus, inventory, node_spec, observed, rank
 

@@ -9,7 +9,7 @@ import pytest
 from reconciler.catalog import load_catalog
 from reconciler.errors import CatalogInvalid
 from reconciler.model import Assignment, Fleet, Inventory, NodeSpec, Placement, spec_hash
-from reconciler.render import render_replica
+from reconciler.engines.render import render_replica
 
 FLEET = """\
 nodes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.gitrev import GitCatalog
+from reconciler.catalog.gitrev import GitCatalog
 from tests.gitcatalog import CatalogRepo, git, model_yaml
 
 pytestmark = [pytest.mark.process]
@@ -176,7 +176,7 @@ def test_not_a_git_repository(tmp_path):
 
 
 def test_a_status_commit_blocked_by_a_stale_index_lock_raises_a_git_error_naming_it(repo):
-    from reconciler.gitrev import GitError
+    from reconciler.catalog.gitrev import GitError
 
     repo.write("status/catalog.yaml", "x: 1\n")
     (repo.path / ".git/index.lock").write_text("")

@@ -21,12 +21,12 @@ import pytest
 
 from reconciler.catalog import build_fleet, build_model
 from reconciler.commands.plan import plan_document, render_text
-from reconciler.inventory import inventory_from_document
+from reconciler.observe.inventory import inventory_from_document
 from reconciler.model import Catalog
-from reconciler.placement import summarize
-from reconciler.plan import plan
-from reconciler.status.documents import model_status_document
-from reconciler.status.predict import predicted_pass
+from reconciler.decide.placement import summarize
+from reconciler.decide.plan import plan
+from reconciler.record.status.documents import model_status_document
+from reconciler.record.status.predict import predicted_pass
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.probe.health import (
+from reconciler.observe.probe.health import (
     FATAL_XIDS,
     NvmlFailed,
     assess,
@@ -18,7 +18,7 @@ from reconciler.probe.health import (
     parse_remapped_rows_csv,
     parse_xid_lines,
 )
-from reconciler.probe.parse import ParseError, device_error_line, parse_gpu_csv, pci_bus_key
+from reconciler.observe.probe.parse import ParseError, device_error_line, parse_gpu_csv, pci_bus_key
 from reconciler.vocabulary import CheckResult, GpuHealth
 
 DATA = Path(__file__).parent / "data" / "probe" / "health"
@@ -323,8 +323,8 @@ def test_a_gpu_nvml_calls_lost_is_unhealthy():
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from reconciler.probe import script  # noqa: E402
-from reconciler.probe import gpus as probe_gpus  # noqa: E402
+from reconciler.observe.probe import script  # noqa: E402
+from reconciler.observe.probe import gpus as probe_gpus  # noqa: E402
 
 
 def _child(code: str) -> subprocess.Popen:

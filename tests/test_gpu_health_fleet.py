@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
-from reconciler.probe import probe_fleet_report
-from reconciler.reconcile import apply_pass, run_pass
-from reconciler.ssh import TransportPool
+from reconciler.act.launcher import SshLauncher
+from reconciler.observe.probe import probe_fleet_report
+from reconciler.control.reconcile import apply_pass, run_pass
+from reconciler.observe.ssh import TransportPool
 from reconciler.vocabulary import CheckResult, GpuHealth
 from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import TestFleet, bus_id

@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 
 from reconciler.catalog import load_catalog
-from reconciler.inventory import inventory_from_document, inventory_to_document
+from reconciler.observe.inventory import inventory_from_document, inventory_to_document
 from reconciler.model import Quarantine, RejectKind, spec_hash
-from reconciler.placement import place
-from reconciler.plan import plan
-from reconciler.probe import observed_from_report
+from reconciler.decide.placement import place
+from reconciler.decide.plan import plan
+from reconciler.observe.probe import observed_from_report
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 from tests.catalog_files import FLEET, MODEL, problems_of, write_catalog
 
@@ -273,7 +273,7 @@ def test_plan_of_a_snapshot_with_bad_gpus_rejects_with_the_reason(cli, tmp_path)
 # The crash-loop breaker (memory.py): pure
 # --------------------------------------------------------------------------
 
-from reconciler.memory import (  # noqa: E402
+from reconciler.record.memory import (  # noqa: E402
     CRASH_LOOP_STARTS,
     GpuStrikes,
     PassMemory,
@@ -283,7 +283,7 @@ from reconciler.memory import (  # noqa: E402
     with_quarantines,
 )
 from reconciler.model import Assignment  # noqa: E402
-from reconciler.outcomes import ReplicaState  # noqa: E402
+from reconciler.decide.outcomes import ReplicaState  # noqa: E402
 
 
 def failed_on(gpus_, node="a", message="exit 1: CUDA error: uncorrectable ECC error encountered", failure="temporary"):

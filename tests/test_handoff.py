@@ -11,17 +11,17 @@ import pytest
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.gateway import SERVED_STALE_S, Served, handoff, litellm_api_bases
-from reconciler.memory import (
+from reconciler.record.gateway import SERVED_STALE_S, Served, handoff, litellm_api_bases
+from reconciler.record.memory import (
     DRAIN_RECHECK_S, PassMemory, memory_from_document, memory_to_document, next_drain_check, plan_remembering,
     remember, started_with_after, with_out_at,
 )
 from reconciler.model import Fleet, NodeSpec, ProfileMetrics, spec_hash
-from reconciler.outcomes import PassResult, ReplicaState, StartedWith, copy_key
-from reconciler.plan import Drain
-from reconciler.reconcile import stoppable_drains, wait_for_handoffs, with_drain_loads, with_handoffs
-from reconciler.status.gateway_files import read_served, write_served
-from reconciler.status.write import write_pass
+from reconciler.decide.outcomes import PassResult, ReplicaState, StartedWith, copy_key
+from reconciler.decide.plan import Drain
+from reconciler.control.reconcile import stoppable_drains, wait_for_handoffs, with_drain_loads, with_handoffs
+from reconciler.record.status.gateway_files import read_served, write_served
+from reconciler.record.status.write import write_pass
 from reconciler.vocabulary import NodeState, Phase, WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 from tests.test_catalog import FLEET, MODEL, problems_of, write_catalog

@@ -17,7 +17,7 @@ import yaml
 from reconciler.catalog import MAX_FILE_BYTES, load_catalog
 from reconciler.errors import CatalogInvalid, StatusWriteError
 from reconciler.model import Inventory, ObservedNode
-from reconciler.status.write import write_nodes_status
+from reconciler.record.status.write import write_nodes_status
 from tests.conftest import REPO, run_cli
 from tests.catalog_files import FLEET, MODEL, write_catalog
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from reconciler.errors import InventoryInvalid
-from reconciler.inventory import load_inventory, validate_inventory_document
+from reconciler.observe.inventory import load_inventory, validate_inventory_document
 from tests.builders import fleet, node_spec
 from tests.conftest import REPO
 
@@ -186,7 +186,7 @@ def test_problems_are_placed_on_the_lines_of_their_fields(tmp_path):
 
 
 def test_block_yaml_reads_as_json_does(tmp_path):
-    from reconciler.status.files import dump_yaml
+    from reconciler.record.status.files import dump_yaml
 
     doc = copy.deepcopy(EXAMPLE)
     (tmp_path / "nodes.yaml").write_text(dump_yaml(doc))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.catalog import load_catalog
-from reconciler.daemon.election import Candidate, judge, renew_deadline_s
+from reconciler.control.election import Candidate, judge, renew_deadline_s
 from reconciler.vocabulary import Role
 from tests.test_catalog import MODEL, problems_of, write_catalog
 

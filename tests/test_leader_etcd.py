@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from reconciler.daemon.election import Election, state_key
-from reconciler.daemon.etcd import EtcdClient, EtcdConfigError, EtcdUnavailable
+from reconciler.control.election import Election, state_key
+from reconciler.control.etcd import EtcdClient, EtcdConfigError, EtcdUnavailable
 from reconciler.vocabulary import Role
 from tests.etcd_cluster import EtcdCluster, free_ports, have_etcd
 from tests.tcp_proxy import TcpProxy

@@ -11,14 +11,14 @@ import time
 import pytest
 import yaml
 
-from reconciler.autoscale import AutoscaleState
-from reconciler.backoff import Backoff
+from reconciler.decide.autoscale import AutoscaleState
+from reconciler.decide.backoff import Backoff
 from reconciler.catalog import load_catalog
 from reconciler.commands.run import ApplyPass
-from reconciler.daemon.election import Election
-from reconciler.daemon.etcd import EtcdClient
-from reconciler.outcomes import PassMemory, PassResult
-from reconciler.plan import Drain
+from reconciler.control.election import Election
+from reconciler.control.etcd import EtcdClient
+from reconciler.decide.outcomes import PassMemory, PassResult
+from reconciler.decide.plan import Drain
 from tests.etcd_cluster import EtcdCluster, have_etcd
 from tests.test_fencing import AgentInProcess
 

@@ -27,9 +27,9 @@ from reconciler.model import (
     Placement,
     Profile,
 )
-from reconciler.placement import Placer, place, summarize
-from reconciler.probe.facts import llama_cpp_binaries
-from reconciler.render import render_replica
+from reconciler.decide.placement import Placer, place, summarize
+from reconciler.observe.probe.facts import llama_cpp_binaries
+from reconciler.engines.render import render_replica
 from tests import builders as b
 
 pytestmark = [pytest.mark.process, pytest.mark.real_engine]
@@ -288,7 +288,7 @@ def test_a_multi_node_vllm_replica_still_needs_disk_on_every_node():
 def test_a_fetch_copies_the_weights_only_to_the_ranks_that_read_them(engine, fetched_to):
     from dataclasses import replace as with_fields
 
-    from reconciler.actor.dispatch import Actor
+    from reconciler.act.actor.dispatch import Actor
     from reconciler.model import Action, Catalog, FetchPolicy
 
     prof = with_fields(cpu_profile(), engine=engine)

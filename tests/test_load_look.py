@@ -11,13 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from reconciler.autoscale import AutoscaleState, look_every, rising, rising_models
+from reconciler.decide.autoscale import AutoscaleState, look_every, rising, rising_models
 from reconciler.commands.run import ApplyPass
-from reconciler.daemon import Daemon, DaemonOptions, EventLog
-from reconciler.engine_metrics import EngineLoad, LoadUnknown
+from reconciler.control.loop import Daemon, DaemonOptions
+from reconciler.control.log import EventLog
+from reconciler.act.engine_metrics import EngineLoad, LoadUnknown
 from reconciler.model import (
     Assignment, AutoscalePolicy, Catalog, Fleet, Model, NodeSpec, Profile, ReplicaRange)
-from reconciler.outcomes import ReplicaState
+from reconciler.decide.outcomes import ReplicaState
 
 POLICY = AutoscalePolicy(target=2, up_delay_s=10, down_delay_s=60)
 RANGE = ReplicaRange(1, 4)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from reconciler import memory as memory_module
-from reconciler.memory import PassMemory, load_memory, save_memory
+from reconciler.record import memory as memory_module
+from reconciler.record.memory import PassMemory, load_memory, save_memory
 
 
 def test_an_equal_memory_is_not_rendered_or_written_again(tmp_path, monkeypatch):

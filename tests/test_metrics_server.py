@@ -1,4 +1,4 @@
-"""The daemon's /metrics server (reconciler.metrics.MetricsServer), on loopback: a scraper that hangs
+"""The daemon's /metrics server (reconciler.record.metrics.MetricsServer), on loopback: a scraper that hangs
 up mid-request leaves no traceback on the daemon's stderr, and the next scrape is answered."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 import time
 import urllib.request
 
-from reconciler.metrics import Metrics, MetricsServer
+from reconciler.record.metrics import Metrics, MetricsServer
 
 
 def test_a_scraper_that_resets_its_connection_leaves_no_traceback_and_the_next_scrape_is_served(capfd):

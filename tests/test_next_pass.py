@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from reconciler.memory import DRAIN_RECHECK_S, PassMemory
-from reconciler.outcomes import PassResult, ReplicaState
-from reconciler.plan import Drain, Plan, Waiting
+from reconciler.record.memory import DRAIN_RECHECK_S, PassMemory
+from reconciler.decide.outcomes import PassResult, ReplicaState
+from reconciler.decide.plan import Drain, Plan, Waiting
 from reconciler.model import Assignment
-from reconciler.reconcile import START_RECHECK_S, next_pass_wanted, wake_nodes
+from reconciler.control.reconcile import START_RECHECK_S, next_pass_wanted, wake_nodes
 from reconciler.vocabulary import Phase, WaitKind
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from reconciler.inventory import inventory_from_document, read_snapshot_document
+from reconciler.observe.inventory import inventory_from_document, read_snapshot_document
 from tests.fleet import fleet  # noqa: F401  (pytest fixture)
 
 pytestmark = [pytest.mark.fleet]

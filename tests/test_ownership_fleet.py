@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.launcher import SshLauncher
+from reconciler.act.launcher import SshLauncher
 from reconciler.owner import catalog_owner
-from reconciler.reconcile import apply_pass
-from reconciler.ssh import TransportPool
+from reconciler.control.reconcile import apply_pass
+from reconciler.observe.ssh import TransportPool
 from tests.apply_support.local import is_running
 from tests.fleet import fleet  # noqa: F401
 

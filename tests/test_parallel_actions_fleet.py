@@ -15,9 +15,9 @@ import threading
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.memory import plan_remembering
-from reconciler.reconcile import run_pass
-from reconciler.ssh import TransportPool
+from reconciler.record.memory import plan_remembering
+from reconciler.control.reconcile import run_pass
+from reconciler.observe.ssh import TransportPool
 from tests.apply_support.cleanup import stop_every_rank
 from tests.fleet import fleet  # noqa: F401
 import pytest

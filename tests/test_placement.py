@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.model import Assignment, FetchPolicy, Placement
-from reconciler.placement import Placer, place, summarize, unfittable_problems
+from reconciler.decide.placement import Placer, place, summarize, unfittable_problems
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile
 
 

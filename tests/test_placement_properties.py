@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.model import RunningRank, spec_hash
-from reconciler.placement import place
-from reconciler.plan import plan
+from reconciler.decide.placement import place
+from reconciler.decide.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile
 
 CLASSES = ["H100-80GB", "A100-80GB"]

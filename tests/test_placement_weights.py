@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.model import FetchPolicy
-from reconciler.placement import Placer, place, summarize
+from reconciler.decide.placement import Placer, place, summarize
 from tests.builders import fleet, gpus, inventory, model, node_spec, observed, profile
 
 P = profile("p", gpus_per_node=8)

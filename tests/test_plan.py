@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from reconciler.backoff import BACKOFF_CAP_S, Backoff, backoff_delay
+from reconciler.decide.backoff import BACKOFF_CAP_S, Backoff, backoff_delay
 from reconciler.model import spec_hash
-from reconciler.plan import plan
+from reconciler.decide.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P = profile("p", gpus_per_node=4)

@@ -61,7 +61,7 @@ def test_plan_json_has_the_spec_shape_and_the_git_revision(cli, repo):
 
 
 def test_plan_names_the_revision_the_daemon_applies_not_a_later_status_commit(cli, repo):
-    from reconciler.gitrev import GitCatalog
+    from reconciler.catalog.gitrev import GitCatalog
 
     desired = git(repo, "rev-parse", "HEAD")
     (repo / "status" / "catalog.yaml").write_text("last_applied_revision: x\n")

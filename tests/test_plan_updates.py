@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from reconciler.model import UpdatePolicy, spec_hash
-from reconciler.plan import plan
+from reconciler.decide.plan import plan
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 
 P8 = profile("p", gpus_per_node=8)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from reconciler.inventory import inventory_from_document, inventory_to_document
-from reconciler.probe import probe_fleet_report
-from reconciler.ssh import TransportPool
+from reconciler.observe.inventory import inventory_from_document, inventory_to_document
+from reconciler.observe.probe import probe_fleet_report
+from reconciler.observe.ssh import TransportPool
 from tests.fleet import fleet  # noqa: F401  (pytest fixture)
 
 pytestmark = [pytest.mark.fleet]
@@ -242,8 +242,8 @@ def test_a_pass_over_open_probe_sessions_starts_no_thread_per_node(fleet, monkey
     import threading
     import time
 
-    from reconciler.probe import FleetProber
-    from reconciler.probe import prober as fleet_prober
+    from reconciler.observe.probe import FleetProber
+    from reconciler.observe.probe import prober as fleet_prober
 
     names = [f"warm{i}" for i in range(3)]
     for name in names:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from reconciler.model import NodeSpec, frozen_map
-from reconciler.probe import observed_from_report
-from reconciler.probe import script
-from reconciler.probe import facts
-from reconciler.probe import gpus as probe_gpus
-from reconciler.probe.parse import (
+from reconciler.observe.probe import observed_from_report
+from reconciler.observe.probe import script
+from reconciler.observe.probe import facts
+from reconciler.observe.probe import gpus as probe_gpus
+from reconciler.observe.probe.parse import (
     ParseError,
     fabric_name_for_prefix,
     gpu_class,
@@ -497,7 +497,7 @@ def test_listening_ports_through_sock_diag_see_a_real_listener():
 
 
 def test_a_session_answers_a_report_per_request_and_imports_sglang_once_per_recheck_window(tmp_path):
-    from reconciler.probe.collect import session_command
+    from reconciler.observe.probe.collect import session_command
 
     pkg = tmp_path / "py" / "sglang"
     pkg.mkdir(parents=True)
@@ -539,8 +539,8 @@ def test_the_payload_never_imports_the_reconciler_package_on_a_node(tmp_path):
 
 
 def test_a_local_node_is_probed_without_ssh_through_the_one_shot_path(tmp_path):
-    from reconciler.probe import probe_node
-    from reconciler.transport import LocalTransport
+    from reconciler.observe.probe import probe_node
+    from reconciler.observe.transport import LocalTransport
 
     (tmp_path / "weights").mkdir()
     node = spec(transport="local", model_dirs=(str(tmp_path),), state_dir=str(tmp_path / "state"))
@@ -554,7 +554,7 @@ class ScriptedTransport:
     """A transport seam that answers every command with one canned result."""
 
     def __init__(self, node_id, rc, stdout=b"", stderr=b""):
-        from reconciler.transport import CommandResult
+        from reconciler.observe.transport import CommandResult
 
         self.node_id = node_id
         self.command_timeout_s = 30.0
@@ -579,7 +579,7 @@ class ScriptedTransport:
     ],
 )
 def test_what_a_broken_node_prints_becomes_its_reason(rc, stdout, stderr, reason):
-    from reconciler.probe import probe_node
+    from reconciler.observe.probe import probe_node
 
     t = ScriptedTransport("n1", rc, stdout, stderr)
     result = probe_node(spec(), t)

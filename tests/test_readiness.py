@@ -1,4 +1,4 @@
-"""The phase judgements of a replica, pure (reconciler/readiness.py): each rule by its name.
+"""The phase judgements of a replica, pure (reconciler/act/readiness.py): each rule by its name.
 
 The fleet tests see these through real processes; a rule here that no fast test held could be dropped
 with the whole fast tier green (a rank found dead while starting judged Ready, a head that answers
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.model import Assignment, Placement, RankLaunch, RunningRank
-from reconciler.outcomes import ReplicaState
-from reconciler.readiness import Liveness, StartedReplica, judge_records, judge_started, judge_unanswered
+from reconciler.decide.outcomes import ReplicaState
+from reconciler.act.readiness import Liveness, StartedReplica, judge_records, judge_started, judge_unanswered
 from reconciler.vocabulary import FailureKind, NodeState, Phase
 from tests.builders import observed, profile
 

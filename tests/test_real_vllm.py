@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.launcher.agent_files import START_MARK
+from reconciler.act.launcher.agent_files import START_MARK
 from tests.fleet import TestFleet
 from tests.gitcatalog import CatalogRepo, DaemonProcess, git, wait_for
 from tests.real_vllm import PROFILE_ARGS, PROFILE_ENV, vllm_bin, vllm_model

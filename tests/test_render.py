@@ -27,8 +27,8 @@ from reconciler.model import (
     spec_hash,
 )
 from reconciler.host import Host
-from reconciler.render import bind_host, placeholders_in, render_replica, substitute
-from reconciler.transport import LocalTransport
+from reconciler.engines.render import bind_host, placeholders_in, render_replica, substitute
+from reconciler.observe.transport import LocalTransport
 from tests.apply_support.local import free_port as _free_port
 
 pytestmark = [pytest.mark.process]

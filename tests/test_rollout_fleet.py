@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from reconciler.catalog import load_catalog
-from reconciler.reconcile import run_pass
+from reconciler.control.reconcile import run_pass
 from tests.fleet import TestFleet
 from tests.apply_support.local import is_running
 from tests.test_apply_fleet import catalog_dir, write_model  # noqa: F401  (a fixture: catalog_dir)

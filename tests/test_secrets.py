@@ -11,10 +11,10 @@ import pytest
 
 from reconciler.catalog import load_catalog
 from reconciler.errors import CatalogInvalid, RenderError
-from reconciler.launcher import SshLauncher
-from reconciler.launcher.ssh_launcher import request_of
+from reconciler.act.launcher import SshLauncher
+from reconciler.act.launcher.ssh_launcher import request_of
 from reconciler.model import Assignment, SecretRef, spec_hash
-from reconciler.transport import CommandResult
+from reconciler.observe.transport import CommandResult
 from tests.catalog_files import FLEET, write_catalog
 from tests.test_render import profile, render
 
@@ -146,7 +146,7 @@ class NoSlurm:
 
 
 def test_a_slurm_launch_with_a_secret_reference_is_refused_not_silently_dropped():
-    from reconciler.launcher.slurm_launcher import SlurmLauncher
+    from reconciler.act.launcher.slurm_launcher import SlurmLauncher
     from tests.test_render import FLEET
 
     prof = profile("command", gpu_class=None, gpus_per_node=0, port=9000, command=("/bin/engine",),

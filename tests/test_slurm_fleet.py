@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.reconcile import run_pass
+from reconciler.control.reconcile import run_pass
 from reconciler.catalog import load_catalog
-from reconciler.launcher.slurm_launcher import fold_slurm
+from reconciler.act.launcher.slurm_launcher import fold_slurm
 from reconciler.owner import catalog_owner
-from reconciler.probe import probe_fleet
-from reconciler.slurm import job_name
-from reconciler.ssh import TransportPool
+from reconciler.observe.probe import probe_fleet
+from reconciler.observe.slurm import job_name
+from reconciler.observe.ssh import TransportPool
 from tests import slurm_cluster
 from tests.conftest import REPO
 from tests.fleet import TestFleet

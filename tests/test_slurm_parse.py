@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reconciler.model import RankLaunch, SlurmSettings
-from reconciler.slurm import (
+from reconciler.observe.slurm import (
     batch_script,
     expand_hostlist,
     gpu_gres,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.model import RejectKind
-from reconciler.placement import place
+from reconciler.decide.placement import place
 from tests.builders import fleet, gpus, inventory, model, node_spec, observed, profile
 
 
@@ -51,10 +51,10 @@ def test_a_node_slurm_drains_is_cordoned_whatever_fleet_yaml_says():
 
 
 def test_status_records_the_gpus_slurm_gave_not_the_placements():
-    from reconciler.launcher import RankState
+    from reconciler.act.launcher import RankState
     from reconciler.model import Assignment
-    from reconciler.outcomes import ReplicaState
-    from reconciler.readiness import Liveness, observed_gpus
+    from reconciler.decide.outcomes import ReplicaState
+    from reconciler.act.readiness import Liveness, observed_gpus
 
     state = ReplicaState("m-0", "m", "p", "Ready", "", (Assignment("a", 0, (2, 3)), Assignment("b", 1, (0, 1))), None)
     def rank(node, number, gpus, job=""):

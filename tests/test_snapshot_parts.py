@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from reconciler.errors import InventoryInvalid
-from reconciler.inventory import load_inventory, read_snapshot_document
-from reconciler.inventory import reading
-from reconciler.inventory.reading import SNAPSHOT_PARTS, read_snapshot_parts
-from reconciler.status.files import dump_yaml
+from reconciler.observe.inventory import load_inventory, read_snapshot_document
+from reconciler.observe.inventory import reading
+from reconciler.observe.inventory.reading import SNAPSHOT_PARTS, read_snapshot_parts
+from reconciler.record.status.files import dump_yaml
 from tests.builders import fleet, node_spec
 from tests.conftest import REPO
 

@@ -13,8 +13,8 @@ import pytest
 
 from reconciler.errors import CommandTimeout, HostKeyError, TransportError
 from reconciler.model import NodeSpec, SshSettings
-from reconciler.ssh import TransportPool, fingerprint, resolve_target
-from reconciler.transport import LocalTransport
+from reconciler.observe.ssh import TransportPool, fingerprint, resolve_target
+from reconciler.observe.transport import LocalTransport
 from tests.fleet import fleet  # noqa: F401  (pytest fixture)
 
 pytestmark = [pytest.mark.fleet]
@@ -165,7 +165,7 @@ RESOLVE_ONLY_HERE = """
 import sys
 from reconciler.errors import TransportError
 from reconciler.model import NodeSpec
-from reconciler.ssh import TransportPool
+from reconciler.observe.ssh import TransportPool
 
 with TransportPool() as pool:
     try:
@@ -274,7 +274,7 @@ class CountingConnector:
     def __init__(self, failures: int):
         import paramiko
 
-        from reconciler.ssh import _Shared
+        from reconciler.observe.ssh import _Shared
 
         self.shared = _Shared(None, 4)
         self.failures = failures
@@ -289,7 +289,7 @@ class CountingConnector:
 
 
 def test_a_node_that_failed_is_not_retried_before_its_backoff_and_then_is():
-    from reconciler.ssh import SshTransport
+    from reconciler.observe.ssh import SshTransport
 
     now = [100.0]
     connector = CountingConnector(failures=2)
@@ -327,7 +327,7 @@ class RefusingConnector(CountingConnector):
 def test_a_refused_host_key_stalls_the_node_until_known_hosts_changes_instead_of_retrying_every_pass(tmp_path):
     from reconciler.errors import HostKeyError, kind_of
     from reconciler.model import SshSettings
-    from reconciler.ssh import SshTransport
+    from reconciler.observe.ssh import SshTransport
 
     known = tmp_path / "known_hosts"
     known.write_text("")
@@ -350,7 +350,7 @@ def test_a_refused_host_key_stalls_the_node_until_known_hosts_changes_instead_of
 
 
 def test_temporary_failures_back_off_exponentially_with_jitter_up_to_the_cap():
-    from reconciler.ssh import SshTransport
+    from reconciler.observe.ssh import SshTransport
 
     now = [0.0]
     connector = CountingConnector(failures=100)

@@ -15,7 +15,7 @@ import paramiko
 import pytest
 
 from reconciler.model import SshSettings
-from reconciler.ssh import OpenSshConfig, load_ssh_config, resolve_target
+from reconciler.observe.ssh import OpenSshConfig, load_ssh_config, resolve_target
 
 pytestmark = [pytest.mark.process,
               pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (scripts/test.sh installs it)")]

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.backoff import PERMANENT_RECHECK_S, Backoff
-from reconciler.memory import (
+from reconciler.decide.backoff import PERMANENT_RECHECK_S, Backoff
+from reconciler.record.memory import (
     PassMemory,
     memory_from_document,
     memory_to_document,
     remember,
 )
 from reconciler.model import Assignment
-from reconciler.outcomes import ReplicaState
+from reconciler.decide.outcomes import ReplicaState
 from reconciler.vocabulary import FailureKind, Phase, WaitKind
-from reconciler.memory import plan_remembering as default_planner
-from reconciler.status.documents import model_status_document
-from reconciler.status.predict import predicted_pass
+from reconciler.record.memory import plan_remembering as default_planner
+from reconciler.record.status.documents import model_status_document
+from reconciler.record.status.predict import predicted_pass
 from tests.builders import catalog, fleet, inventory, model, node_spec, observed, profile
 
 NOW = 1_000_000.0
@@ -35,7 +35,7 @@ def failed(kind: str, message: str = "rank 0 on n1 did not start: boom") -> dict
 def after_failure(cat, inv, kind, *, memory=PassMemory(), now=NOW, jitter=0.0):
     planned = default_planner(cat, inv, now=now, memory=memory)
     [start] = [a for a in planned.actions if a.replica == "m-0"]
-    from reconciler.memory import attempt_key
+    from reconciler.record.memory import attempt_key
 
     return remember(memory, planned, inv, failed(kind), now, ["m-0"],
                     attempt_keys={"m-0": attempt_key(cat, inv, start)}, jitter=lambda: jitter)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from reconciler.status import files as status
+from reconciler.record.status import files as status
 
 
 def test_an_unchanged_document_is_not_dumped_again_and_not_rewritten(tmp_path, monkeypatch):

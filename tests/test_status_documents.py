@@ -9,12 +9,12 @@ import json
 import jsonschema
 import yaml
 
-from reconciler.backoff import Backoff
+from reconciler.decide.backoff import Backoff
 from reconciler.model import spec_hash
-from reconciler.plan import plan
-from reconciler.status.documents import endpoints_document, model_status_document
-from reconciler.status.predict import predicted_pass, predicted_phases
-from reconciler.status.write import write_pass
+from reconciler.decide.plan import plan
+from reconciler.record.status.documents import endpoints_document, model_status_document
+from reconciler.record.status.predict import predicted_pass, predicted_phases
+from reconciler.record.status.write import write_pass
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank
 from tests.conftest import REPO
 import pytest
@@ -139,7 +139,7 @@ def blocked_status_catalog(tmp_path):
 
 def test_a_status_file_that_cannot_be_written_raises_status_write_error_naming_it(tmp_path):
     from reconciler.errors import StatusWriteError
-    from reconciler.status.files import write_document
+    from reconciler.record.status.files import write_document
 
     (tmp_path / "status").write_text("a file")
     try:
@@ -166,8 +166,8 @@ def test_nodes_into_an_unwritable_status_is_a_message_not_a_traceback(tmp_path, 
 
 def test_nodes_status_keeps_only_ports_placement_could_hand_out_so_stray_listeners_do_not_rewrite_it(tmp_path):
     from reconciler.model import Inventory, Model, ObservedNode, Profile
-    from reconciler.placement import DIST_PORT_BASE
-    from reconciler.status.write import write_nodes_status
+    from reconciler.decide.placement import DIST_PORT_BASE
+    from reconciler.record.status.write import write_nodes_status
 
     models = [Model("m", "/w", profiles=(Profile("p", "vllm", gpu_class="H100-80GB", gpus_per_node=1, port=8000),))]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconciler.status_view import StatusReport
+from reconciler.record.status_view import StatusReport
 from reconciler.commands.status import print_text
 
 

@@ -10,7 +10,7 @@ import yaml
 from reconciler.catalog import load_catalog
 from reconciler.errors import CommandTimeout, RenderError, kind_of
 from reconciler.model import NodeSpec, SecretRef
-from reconciler.outcomes import Decision
+from reconciler.decide.outcomes import Decision
 from reconciler.vocabulary import DecisionAction, FailureKind, LauncherKind, PullState, SecretKind, TransportKind
 from tests.catalog_files import FLEET, MODEL, write_catalog
 from tests.conftest import REPO

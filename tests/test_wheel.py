@@ -109,9 +109,9 @@ def test_every_file_the_package_reads_at_run_time_is_in_the_wheel(installed):
     # The node-side programs are sent as the text of the package's own modules, the option tables and
     # schemas are JSON beside them: each read here as the commands read it.
     code = (
-        "from reconciler.probe.script import payload; assert payload()\n"
-        "from reconciler.launcher.ssh_launcher import agent_source; assert agent_source()\n"
-        "from reconciler.fetch import agent_source as fetch_agent; assert fetch_agent()\n"
+        "from reconciler.observe.probe.script import payload; assert payload()\n"
+        "from reconciler.act.launcher.ssh_launcher import agent_source; assert agent_source()\n"
+        "from reconciler.act.fetch import agent_source as fetch_agent; assert fetch_agent()\n"
         "from reconciler.engines import flags; assert sorted(flags.TABLES.glob('*.json'))\n"
         "from reconciler import schemas; assert sorted(schemas.SCHEMA_DIR.glob('*.schema.json'))\n"
         "from reconciler.dashboard import app; assert (app.STATIC / 'dashboard.css').is_file()\n"

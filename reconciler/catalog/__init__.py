@@ -30,7 +30,7 @@ from reconciler.catalog.load import FLEET_FILE, MODELS_DIR, field_locator, git_r
 from reconciler.catalog.rules import fleet_problems, llama_ipv6_problems, model_problems
 from reconciler.catalog.schema_check import schema_problems
 from reconciler.errors import CatalogInvalid
-from reconciler.render import placeholders_in
+from reconciler.engines.render import placeholders_in
 
 # The two readers and the loader under the names the fast-path equivalence tests have always used.
 from reconciler.catalog.documents import read_fast as _read_fast, read_positioned as _read  # noqa: E402,F401

@@ -89,7 +89,7 @@ def field_locator(root: str | os.PathLike):
 
 def git_revision(root: Path) -> str | None:
     """The catalog's revision as the daemon names it (gitrev.catalog_revision_of), or None outside git."""
-    from reconciler.gitrev import catalog_revision_of  # git runs only when a revision is asked for
+    from reconciler.catalog.gitrev import catalog_revision_of  # git runs only when a revision is asked for
 
     return catalog_revision_of(root)
 

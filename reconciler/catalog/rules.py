@@ -15,7 +15,7 @@ from reconciler.engines import ADAPTERS
 from reconciler.engines.flags import describe, option_uses, owned_uses
 from reconciler.engines.llamacpp import NGL, offloads_nothing
 from reconciler.host import parse_host
-from reconciler.render import placeholders_in
+from reconciler.engines.render import placeholders_in
 from reconciler.catalog.documents import Document
 
 # schema/model.schema.json's served_name pattern: what vLLM, SGLang, llama.cpp's --alias (a comma would

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from reconciler.catalog import load_catalog
 from reconciler.errors import FleetUnreachable, InventoryInvalid, ReconcilerError, UsageError
-from reconciler.inventory import drop_unknown_nodes, load_inventory
+from reconciler.observe.inventory import drop_unknown_nodes, load_inventory
 from reconciler.model import Catalog, Inventory, frozen_map
 
 
@@ -154,9 +154,9 @@ def check_inventory_path(inventory_path: str) -> None:
 
 
 def probe_fleet(catalog: Catalog) -> Inventory:
-    from reconciler.launcher.slurm_launcher import fold_slurm
-    from reconciler.probe import probe_fleet_report
-    from reconciler.ssh import TransportPool
+    from reconciler.act.launcher.slurm_launcher import fold_slurm
+    from reconciler.observe.probe import probe_fleet_report
+    from reconciler.observe.ssh import TransportPool
 
     from reconciler.owner import catalog_owner
 

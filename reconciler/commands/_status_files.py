@@ -3,7 +3,7 @@
 Status files are machine-written but live in a git repository people edit and
 merge: a file may be missing, half-merged or hand-edited. Each problem is one
 line naming the file, never a traceback. The documents become a StatusReport in
-reconciler.status_view, which the dashboard reads too.
+reconciler.record.status_view, which the dashboard reads too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from reconciler.constants import STATUS_DIR
-from reconciler.status_view import StatusReport, StatusUnreadable, status_report_from_documents
+from reconciler.record.status_view import StatusReport, StatusUnreadable, status_report_from_documents
 
 try:
     from yaml import CSafeLoader as _Loader

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.alerts import check_duration, rules_yaml
+from reconciler.record.alerts import check_duration, rules_yaml
 from reconciler.errors import UsageError
 
 

@@ -7,20 +7,21 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler import canary, memory as memory_store
-from reconciler.memory import PassMemory, load_memory, memory_path
-from reconciler.reconcile import apply_pass, run_pass
+from reconciler.decide import canary
+from reconciler.record import memory as memory_store
+from reconciler.record.memory import PassMemory, load_memory, memory_path
+from reconciler.control.reconcile import apply_pass, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.constants import STATUS_DIR, Exit
-from reconciler.daemon.lock import APPLY, CatalogLock, lock_path
+from reconciler.control.lock import APPLY, CatalogLock, lock_path
 from reconciler.errors import StatusWriteError
-from reconciler.eventlog import EventJournal, SampleRing
-from reconciler.events import pass_events, revision_applied, seen_after
-from reconciler.history import sample_of
-from reconciler.gitrev import GitCatalog, GitError
-from reconciler.ssh import TransportPool
-from reconciler.status import write as status_write
-from reconciler.status.documents import CatalogStatus
+from reconciler.record.eventlog import EventJournal, SampleRing
+from reconciler.record.events import pass_events, revision_applied, seen_after
+from reconciler.record.history import sample_of
+from reconciler.catalog.gitrev import GitCatalog, GitError
+from reconciler.observe.ssh import TransportPool
+from reconciler.record.status import write as status_write
+from reconciler.record.status.documents import CatalogStatus
 from reconciler.vocabulary import NodeState, Phase
 
 
@@ -55,8 +56,8 @@ def refuse_while_a_leader_acts(catalog) -> None:
         return
     import os
 
-    from reconciler.daemon.election import current_leader
-    from reconciler.daemon.etcd import EtcdClient, EtcdUnavailable
+    from reconciler.control.election import current_leader
+    from reconciler.control.etcd import EtcdClient, EtcdUnavailable
     from reconciler.errors import ReconcilerError
     from reconciler.owner import catalog_owner
 

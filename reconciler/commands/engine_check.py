@@ -12,7 +12,7 @@ import sys
 from reconciler.catalog import load_catalog
 from reconciler.constants import Exit
 from reconciler.errors import TransportError, UsageError
-from reconciler.ssh import TransportPool
+from reconciler.observe.ssh import TransportPool
 from reconciler.vocabulary import TransportKind
 
 # The argv that asks each engine for its version: fixed strings, nothing from the catalog.

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from reconciler.errors import ReconcilerError
-from reconciler.eventlog import EventJournal
-from reconciler.events import EventFilter, Skipped, event_line, parse_kind, parse_since, to_document
+from reconciler.record.eventlog import EventJournal
+from reconciler.record.events import EventFilter, Skipped, event_line, parse_kind, parse_since, to_document
 
 
 def event_filter(since: str | None, model: str | None, node: str | None, kind: str | None,

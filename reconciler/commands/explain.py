@@ -13,8 +13,8 @@ from reconciler.commands.plan_words import where_text
 from reconciler.constants import Exit
 from reconciler.errors import UsageError
 from reconciler.model import Action
-from reconciler.placement import Outcome, summarize
-from reconciler.plan import Waiting
+from reconciler.decide.placement import Outcome, summarize
+from reconciler.decide.plan import Waiting
 
 
 def main(args) -> int:

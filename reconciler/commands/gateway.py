@@ -1,6 +1,6 @@
 """`reconciler gateway [CATALOG] [--address 127.0.0.1:4000] [-- EXTRA LITELLM ARGS]`: the real LiteLLM
 proxy on status/gateway/litellm.yaml, following it with no connection refused and no stream cut, and
-telling the pass what it serves (SPEC 13; reconciler/gateway_proxy.py says how)."""
+telling the pass what it serves (SPEC 13; reconciler/control/gateway_proxy.py says how)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def main(args) -> int:
     for flag in ("--config", "--port", "--host", "-c"):
         if flag in extra:
             raise UsageError(f"{flag} after --: reconciler gateway sets LiteLLM's {flag.strip('-')} itself")
-    from reconciler.gateway_proxy import Gateway, bind
+    from reconciler.control.gateway_proxy import Gateway, bind
 
     sock = bind(args.address)
     host, port = sock.getsockname()[:2]

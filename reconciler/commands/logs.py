@@ -27,12 +27,12 @@ from reconciler.catalog import load_catalog
 from reconciler.commands._status_files import read_catalog_status
 from reconciler.constants import Exit
 from reconciler.errors import FleetUnreachable, ReconcilerError, TransportError, UsageError
-from reconciler.launcher import LogChunk, SshLauncher
-from reconciler.launcher.slurm_launcher import SlurmClient, SlurmLauncher, SlurmUnavailable
+from reconciler.act.launcher import LogChunk, SshLauncher
+from reconciler.act.launcher.slurm_launcher import SlurmClient, SlurmLauncher, SlurmUnavailable
 from reconciler.model import Catalog, NodeSpec
 from reconciler.vocabulary import LauncherKind
 from reconciler.owner import catalog_owner
-from reconciler.ssh import TransportPool
+from reconciler.observe.ssh import TransportPool
 
 FOLLOW_POLL_S = 1.0
 CALL_TIMEOUT_S = 30.0

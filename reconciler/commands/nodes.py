@@ -15,15 +15,15 @@ from collections import Counter
 from reconciler.catalog import load_catalog
 from reconciler.commands._observe import print_probe_warnings
 from reconciler.constants import Exit
-from reconciler.inventory import inventory_to_document
-from reconciler.launcher.slurm_launcher import fold_slurm
-from reconciler.memory import load_memory, memory_path, with_quarantines
+from reconciler.observe.inventory import inventory_to_document
+from reconciler.act.launcher.slurm_launcher import fold_slurm
+from reconciler.record.memory import load_memory, memory_path, with_quarantines
 from reconciler.model import Fleet, ObservedNode
 from reconciler.owner import catalog_owner
-from reconciler.placement.capacity import gpu_unusable
-from reconciler.probe import FleetProbe, probe_fleet_report
-from reconciler.ssh import TransportPool
-from reconciler.status.write import status_snapshot, write_nodes_status
+from reconciler.decide.placement.capacity import gpu_unusable
+from reconciler.observe.probe import FleetProbe, probe_fleet_report
+from reconciler.observe.ssh import TransportPool
+from reconciler.record.status.write import status_snapshot, write_nodes_status
 from reconciler.vocabulary import GpuHealth, NodeState
 
 GIB = 1 << 30

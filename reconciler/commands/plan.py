@@ -11,17 +11,17 @@ import orjson
 from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import catalog_and_snapshot
 from reconciler.constants import Exit
-from reconciler.memory import load_memory, memory_path, plan_remembering
+from reconciler.record.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Assignment, Placement
-from reconciler.placement import summarize
-from reconciler.plan import Plan
-from reconciler.autoscale import with_counts
-from reconciler.canary import RolloutView, checks_text
+from reconciler.decide.placement import summarize
+from reconciler.decide.plan import Plan
+from reconciler.decide.autoscale import with_counts
+from reconciler.decide.canary import RolloutView, checks_text
 from reconciler.commands.plan_words import same_rejections, span, where_text
-from reconciler.status.read_back import counts_in_force
-from reconciler.status.predict import observed_revisions, predicted_pass
-from reconciler.status.documents import rejection_document
-from reconciler.status.write import write_pass
+from reconciler.record.status.read_back import counts_in_force
+from reconciler.record.status.predict import observed_revisions, predicted_pass
+from reconciler.record.status.documents import rejection_document
+from reconciler.record.status.write import write_pass
 from reconciler.vocabulary import ActionKind
 
 

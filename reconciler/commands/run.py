@@ -7,14 +7,15 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler.autoscale import rising_models, with_counts
-from reconciler.reconcile import ProbeFleet, ProbeOnly, run_pass as run_apply_pass
+from reconciler.decide.autoscale import rising_models, with_counts
+from reconciler.control.reconcile import ProbeFleet, ProbeOnly, run_pass as run_apply_pass
 from reconciler.commands.apply import load_memory, memory_path, save_memory
-from reconciler.daemon import Daemon, DaemonOptions, EventLog, PassFn
-from reconciler.launcher.slurm_launcher import has_slurm
-from reconciler.probe import FleetProber
-from reconciler.scaling import default_reader, read_model_loads
-from reconciler.ssh import TransportPool
+from reconciler.control.loop import Daemon, DaemonOptions, PassFn
+from reconciler.control.log import EventLog
+from reconciler.act.launcher.slurm_launcher import has_slurm
+from reconciler.observe.probe import FleetProber
+from reconciler.act.scaling import default_reader, read_model_loads
+from reconciler.observe.ssh import TransportPool
 from reconciler.errors import ReconcilerError, UsageError
 
 
@@ -33,7 +34,7 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
     if not Path(args.catalog).is_dir():
         raise ReconcilerError(f"{args.catalog}: no such catalog directory")
     if args.git_pull or args.commit_status:
-        from reconciler.gitrev import GitCatalog
+        from reconciler.catalog.gitrev import GitCatalog
 
         if GitCatalog.open(args.catalog) is None:  # else the flag would be silently ignored
             flag = "--git-pull" if args.git_pull else "--commit-status"
@@ -48,7 +49,7 @@ def daemon_from_args(args, *, pass_fn: PassFn | None = None, load=None, stream=N
         max_passes=args.max_passes,
     )
     if options.metrics_address:  # a bad address is a usage error before anything starts
-        from reconciler.metrics import parse_address
+        from reconciler.record.metrics import parse_address
 
         parse_address(options.metrics_address)
     if getattr(args, "dashboard_address", None):
@@ -69,7 +70,7 @@ class ReusedInventory:
 
 
 class ApplyPass:
-    """The daemon's pass: reconciler.reconcile.run_pass, with SSH connections kept open between
+    """The daemon's pass: reconciler.control.reconcile.run_pass, with SSH connections kept open between
     passes and the restart memory (backoff, restart counts) handed from one pass to the next.
 
     The daemon does not wait for replicas to become Ready inside a pass (ready_wait_s=0):
@@ -205,7 +206,7 @@ class ApplyPass:
         """The new epoch recorded on every node that answers (the node agent's `fence`), at once."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from reconciler.launcher import SshLauncher
+        from reconciler.act.launcher import SshLauncher
         from reconciler.owner import catalog_owner
 
         nodes = [n.id for n in catalog.fleet.nodes]
@@ -237,8 +238,8 @@ def _etcd_counts_store(election, log):
     (load() -> {model: AutoscaleState} or None when etcd has none, save(catalog, states))."""
     import json
 
-    from reconciler.autoscale import state_document, state_from_document
-    from reconciler.daemon.etcd import EtcdUnavailable
+    from reconciler.decide.autoscale import state_document, state_from_document
+    from reconciler.control.etcd import EtcdUnavailable
 
     kept = {}
 
@@ -274,9 +275,9 @@ def _etcd_memory_store(election, log):
     leader's write). etcd out of reach: the pass goes on, and says so."""
     import json
 
-    from reconciler.daemon.etcd import EtcdUnavailable
-    from reconciler.memory import memory_from_document, memory_to_document
-    from reconciler.outcomes import PassMemory
+    from reconciler.control.etcd import EtcdUnavailable
+    from reconciler.record.memory import memory_from_document, memory_to_document
+    from reconciler.decide.outcomes import PassMemory
 
     def load(_root):
         try:

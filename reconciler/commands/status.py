@@ -11,7 +11,7 @@ import json
 import sys
 
 from reconciler.commands._status_files import read_catalog_status
-from reconciler.status_view import StatusReport, endpoint_text, json_document, message_text, nodes_text
+from reconciler.record.status_view import StatusReport, endpoint_text, json_document, message_text, nodes_text
 from reconciler.constants import Exit
 from reconciler.vocabulary import Phase
 

@@ -13,7 +13,7 @@ def main(args) -> int:
         # Models that no profile could ever fit on this fleet, even empty: better said
         # now than left Pending forever.
         from reconciler.commands._observe import check_inventory_path, load_snapshot
-        from reconciler.placement import unfittable_problems
+        from reconciler.decide.placement import unfittable_problems
 
         check_inventory_path(args.inventory)
         inventory = load_snapshot(args.inventory, catalog)

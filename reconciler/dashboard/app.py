@@ -31,7 +31,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from reconciler.status_view import StatusUnreadable, status_report_from_documents, json_document, message_text, nodes_text
+from reconciler.record.status_view import StatusUnreadable, status_report_from_documents, json_document, message_text, nodes_text
 from reconciler.dashboard.cells import GPU_USES
 from reconciler.dashboard.charts import DAY_S, history_charts, svg
 from reconciler.dashboard.files import StatusFiles, StatusSnapshot
@@ -42,8 +42,8 @@ from reconciler.dashboard.models import models_view
 from reconciler.dashboard.overview import overview as overview_of
 from reconciler.dashboard.rejections import rejection_groups
 from reconciler.errors import UsageError
-from reconciler.eventlog import EventJournal, SampleRing
-from reconciler.events import EventFilter, event_line, parse_kind, parse_since, to_document
+from reconciler.record.eventlog import EventJournal, SampleRing
+from reconciler.record.events import EventFilter, event_line, parse_kind, parse_since, to_document
 from reconciler.vocabulary import NodeState, Phase
 
 log = logging.getLogger("reconciler.dashboard")

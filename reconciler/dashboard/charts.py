@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Callable, Iterable, Sequence
 
-from reconciler.events import Event, utc
-from reconciler.history import GPU_KINDS, ModelFigures, Sample
+from reconciler.record.events import Event, utc
+from reconciler.record.history import GPU_KINDS, ModelFigures, Sample
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 900, 160, 44, 18, 8
 DAY_S = 86400.0

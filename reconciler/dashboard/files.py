@@ -198,7 +198,7 @@ class StatusFiles:
         now = self._clock()
         if now - self._head.when < HEAD_TTL_S:
             return self._head.value
-        from reconciler.gitrev import GitCatalog, GitError
+        from reconciler.catalog.gitrev import GitCatalog, GitError
 
         if not any((d / ".git").exists() for d in (self.root, *self.root.parents)):
             self._head = _Head(now, (False, None, None))  # not in a work tree: no git to ask
@@ -331,7 +331,7 @@ def _parse_blocks(data: bytes) -> Any:
 
 
 def _fast_yaml(data: bytes) -> Any:
-    """A status file as reconciler.inventory reads a snapshot: JSON when it is JSON, block YAML
+    """A status file as reconciler.observe.inventory reads a snapshot: JSON when it is JSON, block YAML
     through yaml_rs (4,000 nodes and 10,000 replicas of status files in 0.8 s, where PyYAML's C
     loader takes 5 s), PyYAML for anything yaml_rs refuses, so an error carries PyYAML's line and column."""
     stripped = data.lstrip()

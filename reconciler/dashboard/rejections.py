@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from reconciler.placement import reason_groups
+from reconciler.decide.placement import reason_groups
 
 NODES_NAMED = 20  # nodes named per rejection reason before "... N more", as the pull-request comment does
 

@@ -2,7 +2,7 @@
 
 An adapter turns one rank of one replica into an argv and the engine's own
 environment variables. It does no I/O and no checking of its own: the
-renderer (reconciler/render.py) builds the RankContext, runs the adapter and
+renderer (reconciler/engines/render.py) builds the RankContext, runs the adapter and
 then applies every check to the result, so no launch can skip them.
 """
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 def stop_every_rank(root: Path) -> None:
     from reconciler.catalog import load_catalog
-    from reconciler.launcher import SshLauncher
+    from reconciler.act.launcher import SshLauncher
     from reconciler.owner import catalog_owner
-    from reconciler.ssh import TransportPool
+    from reconciler.observe.ssh import TransportPool
 
     cat = load_catalog(root, with_revision=False)
     with TransportPool() as pool:

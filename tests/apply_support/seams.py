@@ -112,8 +112,8 @@ def as_plan(catalog: Catalog, inventory: Inventory, actions):
 
     A desired replica's outcome is where its action puts it, else where it runs now.
     """
-    from reconciler.placement import Outcome
-    from reconciler.plan import Plan
+    from reconciler.decide.placement import Outcome
+    from reconciler.decide.plan import Plan
 
     actions = tuple(actions)
     running: dict[str, list] = {}

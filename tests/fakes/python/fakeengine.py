@@ -47,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NoReturn
 
 POLL_S = 0.05
-# The series each real engine reports its running and waiting requests under (reconciler/engine_metrics.py).
+# The series each real engine reports its running and waiting requests under (reconciler/act/engine_metrics.py).
 LOAD_SERIES = {
     "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
     "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
