@@ -10,7 +10,8 @@ A model with `rollout:` whose spec changes does not roll out as section 7 alone 
     Complete     no copy of the old spec is left.
     Aborted      a check failed more than `failure_limit` times, or a canary copy failed to start,
                  never became Ready or crashed: the canary copies drain and stop, the old copies keep
-                 serving, and this spec is not tried again until the spec changes.
+                 serving, and this spec is not tried again until the spec changes. The canary
+                 replicas start again on the old spec (OldSpec, the model at `from_revision`).
 
 The state lives in the pass memory (memory.py), not in git: the daemon carries it across passes
 and restarts, and a one-shot `apply` across runs. The plan reads it (`phase_for_plan`); after the
@@ -81,6 +82,17 @@ class Rollout:
 
     def tally(self, name: str) -> CheckTally | None:
         return next((c for c in self.checks if c.name == name), None)
+
+
+@frozen
+class OldSpec:
+    """The model as it was at an aborted rollout's `from_revision` (read from git at the edge): what its
+    canary replicas start on again, so the model serves its full count on the old spec. `model` None
+    when it could not be had; `why` says so in words (not a git repository, the revision unreadable)."""
+
+    model: Model | None
+    revision: str | None = None
+    why: str = ""
 
 
 def spec_key(model: Model) -> str:

@@ -26,7 +26,9 @@ What it decides, in the order the actions come out:
           surge beside the old copy, else in place on its own nodes. A model with
           `rollout:` (reconciler/canary.py) replaces only its canary replicas while
           Progressing, the rest once Promoting; Aborted, it stops the canary copies
-          (drained) and keeps the old ones, starting nothing of the aborted spec.
+          (drained) and keeps the old ones, starting nothing of the aborted spec: the
+          canary replicas start again on the old spec (canary.OldSpec) once their
+          canary copies are gone.
 
 Stops come first so that what they free is free by the time anything starts.
 """
@@ -40,7 +42,7 @@ from functools import cached_property, partial
 from typing import Iterable, Mapping
 
 from reconciler.backoff import Backoff, attempt_key, backoff_delay
-from reconciler.canary import Rollout, RolloutView, canary_ids, phase_for_plan, view
+from reconciler.canary import OldSpec, Rollout, RolloutView, canary_ids, phase_for_plan, view
 from reconciler.frozen import frozen
 from reconciler.inventory import utc_text
 from reconciler.model import (
@@ -189,6 +191,7 @@ def plan(
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
     rollouts: Mapping[str, Rollout] | None = None,
+    old_specs: Mapping[str, OldSpec] | None = None,
 ) -> Plan:
     """Compare the catalog with what runs and decide what to do, each action with its reason.
 
@@ -206,10 +209,12 @@ def plan(
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     rollouts           per model, its canary rollout as the last pass left it (PassMemory.rollouts).
+    old_specs          per model whose rollout is Aborted, the model at the rollout's from_revision
+                       (read from git at the edge): what its missing replicas start on again.
     """
     grace_s = catalog.fleet.unreachable_grace_s if grace_s is None else grace_s
     diff = _Diff(catalog, inventory, now=now, backoff=dict(backoff or {}), unreachable_since=unreachable_since or {},
-                 grace_s=grace_s, explain=frozenset(explain), rollouts=rollouts or {})
+                 grace_s=grace_s, explain=frozenset(explain), rollouts=rollouts or {}, old_specs=old_specs or {})
     placed_on = placed_on or {}
     # 1. Every replica found in node records, one case each (see _Diff.observe).
     for rid, entries in sorted(collect_records(catalog, inventory, last_seen).items()):
@@ -232,8 +237,9 @@ class _Diff:
 
     def __init__(self, catalog: Catalog, inventory: Inventory, *, now: float, backoff: dict[str, Backoff],
                  unreachable_since: Mapping[str, float], grace_s: float, explain: frozenset[str],
-                 rollouts: Mapping[str, Rollout]):
+                 rollouts: Mapping[str, Rollout], old_specs: Mapping[str, OldSpec]):
         self.catalog = catalog
+        self.old_specs = old_specs
         self.inventory = inventory
         self.now = now
         self.backoff = backoff
@@ -518,16 +524,40 @@ class _Diff:
     def start_missing(self) -> None:
         """Everything desired and not running, placed; a start that failed before waits instead while its
         backoff holds it (the placement stays counted, so nothing else takes its room in this pass)."""
-        # An aborted spec starts nothing (SPEC section 13): its replicas wait for the spec to change.
-        models = [m for m in self.catalog.models if self.rollout_phase(m.name) != RolloutPhase.ABORTED]
+        # An aborted spec starts nothing (SPEC section 13). Its missing replicas (the canary's, once their
+        # canary copies are gone) start again on the old spec, so the model serves its full count; where
+        # the old spec could not be had they wait for the spec to change, saying why.
+        models, old_spec = [], {}
         for m in self.catalog.models:
-            if len(models) < len(self.catalog.models) and self.rollout_phase(m.name) == RolloutPhase.ABORTED:
-                for rid in m.replica_ids():
-                    if rid not in self.outcomes and rid not in self.canary_stopped:
-                        self.waiting.append(Waiting(rid, m.name, f"not started: {self.aborted_why(m.name)}",
-                                                    kind=WaitKind.ROLLOUT_ABORTED))
-        for o in self.placer.place_missing(models, self.outcomes, self.explain):
-            start = Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
+            if self.rollout_phase(m.name) != RolloutPhase.ABORTED:
+                models.append(m)
+                continue
+            old = self.old_specs.get(m.name)
+            if old is not None and old.model is not None:
+                # The catalog's count (autoscaling included), on the old spec.
+                old_spec[m.name] = old
+                models.append(_replace(old.model, replicas=m.replicas))
+                continue
+            why = f"not started: {self.aborted_why(m.name)}"
+            if old is not None and old.why:
+                why += f"; not started on the old spec either: {old.why}"
+            for rid in m.replica_ids():
+                if rid not in self.outcomes and rid not in self.canary_stopped:
+                    self.waiting.append(Waiting(rid, m.name, why, kind=WaitKind.ROLLOUT_ABORTED))
+        # A canary copy stopped in this pass may still drain under the same replica id: its replica
+        # starts on the old spec in a later pass, never beside it (a start clears the replica's ranks).
+        decided = {**self.outcomes, **{rid: Outcome(rid, "", None) for rid in self.canary_stopped}}
+        placed = self.placer.place_missing(models, decided, self.explain)
+        self.outcomes.update({rid: o for rid, o in decided.items() if rid not in self.canary_stopped})
+        for o in placed:
+            old = old_spec.get(o.model)
+            if old is None:
+                start = Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
+            else:
+                start = Action(ActionKind.START, o.replica, o.model,
+                               f"not running; canary aborted: started again on the old spec of revision "
+                               f"{(old.revision or '?')[:12]}", o.placement, spec=old.model,
+                               spec_revision=old.revision)
             tries = self.new_backoff[o.replica] = self.tries(o.replica).anew()
             until = tries.held_until(self.now, start=partial(attempt_key, self.catalog, self.inventory, start))
             if until is None:
