@@ -756,6 +756,9 @@ class Action:
     # its canary was aborted (SPEC section 13); None: the catalog's.
     spec: Model | None = None
     spec_revision: str | None = None  # the revision `spec` comes from, kept in each rank's record
+    # replace: a canary's surge (SPEC section 13): once the new copy is Ready the old one keeps serving
+    # beside it, as a stable copy, until the rollout is promoted (then drained) or aborted (then kept).
+    keep_previous: bool = False
 
 
 @frozen

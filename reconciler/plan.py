@@ -28,7 +28,8 @@ What it decides, in the order the actions come out:
           Progressing, the rest once Promoting; Aborted, it stops the canary copies
           (drained) and keeps the old ones, starting nothing of the aborted spec: the
           canary replicas start again on the old spec (canary.OldSpec) once their
-          canary copies are gone.
+          canary copies are gone. A canary that surged keeps its replica's old copy
+          serving beside it (`Plan.beside`): drained at promotion, kept on abort.
 
 Stops come first so that what they free is free by the time anything starts.
 """
@@ -59,7 +60,7 @@ from reconciler.copies import (
     Copy, SpecHashes, as_placement, collect_records, effective_state, serving, split_copies, stop_placement,
 )
 from reconciler.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
-from reconciler.rollout import WAIT, SpecChange, roll_out
+from reconciler.rollout import SURGE, WAIT, SpecChange, roll_out
 from reconciler.vocabulary import ActionKind, GpuHealth, NodeState, RolloutPhase, WaitKind
 
 # A replica with no tries behind it.
@@ -128,6 +129,9 @@ class Plan:
     draining: Mapping[str, Drain] = field(default_factory=dict)
     # Each canary rollout under way or remembered, and the plan's next step for it (SPEC section 13).
     rollouts: tuple[RolloutView, ...] = ()
+    # Per canary replica that surged, its old copy, serving beside the canary copy as a stable one
+    # while the rollout is Progressing (and in the pass that stops an aborted canary).
+    beside: Mapping[str, Placement] = field(default_factory=dict)
 
     @property
     def placed_on(self) -> dict[str, tuple[str, ...]]:
@@ -264,6 +268,7 @@ class _Diff:
         self.serving_old: set[str] = set()  # spec changes whose old copy drains before it stops
         # Models with `rollout:`: how their spec changes go (canary.phase_for_plan), and the rollout behind it.
         self.canary_stopped: set[str] = set()  # canary copies of an aborted spec stopped (or drained) now
+        self.beside: dict[str, Placement] = {}  # canary replicas' old copies kept serving (Plan.beside)
         self.rollouts = {m.name: (phase_for_plan(m, rollouts.get(m.name)), rollouts.get(m.name))
                          for m in catalog.models if m.rollout is not None}
 
@@ -294,6 +299,7 @@ class _Diff:
         if model is None or ordinal is None or ordinal >= model.replicas:
             self.not_desired(rid, model_name, model, entries)
             return
+        stale = self.keep_beside(rid, model, copy, stale)
         self.stop_stale(rid, model_name, copy, stale)
         # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
         self.placer.hold(current)
@@ -315,10 +321,40 @@ class _Diff:
                                                 drain=self.complete_and_alive(copy)))
         elif self.rollout_phase(model.name) == RolloutPhase.ABORTED:
             self.stop_aborted_canary(rid, model, current, copy)
+            if rid in self.beside:
+                # The old copy beside it serves on as the replica: nothing to start again.
+                old = self.beside[rid]
+                self.outcomes[rid] = Outcome(rid, model.name, old, kept=True)
+                self.waiting.append(Waiting(rid, model.name, f"spec changed; runs the old spec: {self.aborted_why(model.name)}",
+                                            kind=WaitKind.ROLLOUT_ABORTED))
         elif any(not r.alive for _, r in copy.ranks) or self.missing_ranks(copy):
             self.crashed(rid, model, ordinal, current, copy, profile, tries)
         else:
             self.healthy(rid, model_name, current, tries)
+
+    def keep_beside(self, rid: str, model: Model, copy: Copy,
+                    stale: list[tuple[str, RunningRank]]) -> list[tuple[str, RunningRank]]:
+        """A canary replica that surged runs two copies: the canary (the copy kept, on the catalog's spec)
+        and its old copy, alive on nodes that answer. While the rollout is Progressing the old copy
+        serves on as a stable one, and on abort it is the replica again (SPEC section 13: the stable
+        copies keep serving on the old spec); once Promoting it is a stale copy, drained and stopped.
+        Returns the stale ranks left to stop."""
+        if self.rollout_phase(model.name) not in (RolloutPhase.PROGRESSING, RolloutPhase.ABORTED) or not stale:
+            return stale
+        profile = model.profile(copy.profile)
+        if rid not in canary_ids(model) or profile is None or self.spec_changed(model, profile, copy):
+            return stale
+        old = [(n, r) for n, r in stale if r.spec_hash != copy.ranks[0][1].spec_hash]
+        whole = {r.rank for _, r in old} == set(range(max(r.nnodes for _, r in old))) if old else False
+        if not whole or not serving(old) or any(self.state(n) not in (NodeState.READY, NodeState.CORDONED)
+                                                for n, _ in old):
+            return stale
+        old.sort(key=lambda e: e[1].rank)
+        kept = as_placement(self.catalog, self.inventory, Copy(rid, model.name, old[0][1].profile,
+                                                               old[0][1].nnodes, old), model)
+        self.placer.hold(kept)
+        self.beside[rid] = kept
+        return [e for e in stale if e not in old]
 
     def stop_aborted_canary(self, rid: str, model: Model, current: Placement, copy: Copy) -> None:
         """A copy of an aborted spec (a canary): drained and stopped through the plan's stop, as a scale
@@ -473,9 +509,12 @@ class _Diff:
                 self.waiting.append(Waiting(rid, model.name, step.reason, kind=kind))
                 continue
             self.new_backoff[rid] = self.tries(rid).anew()
+            # A canary's surge keeps the old copy serving beside it until promotion (SPEC section 13).
+            keep = (step.how == SURGE and self.rollout_phase(model.name) == RolloutPhase.PROGRESSING
+                    and rid in canary_ids(model))
             self.replaces.append(Action(ActionKind.REPLACE, rid, model.name, step.reason, step.outcome.placement,
                                         previous=step.change.old, stop_first=step.stop_first,
-                                        drain=rid in self.serving_old))
+                                        drain=rid in self.serving_old, keep_previous=keep))
 
     def canary_held(self, changes: list[SpecChange]) -> list[SpecChange]:
         """The spec changes a canary rollout lets through now (SPEC section 13): only the canary replicas
@@ -592,6 +631,7 @@ class _Diff:
             backoff=dict(sorted(self._backoff_after().items())),
             revision=self.catalog.revision,
             rollouts=self.rollout_views(),
+            beside=dict(self.beside),
         )
 
     def rollout_views(self) -> tuple[RolloutView, ...]:

@@ -49,7 +49,7 @@ from reconciler.model import Catalog, Inventory, Model, spec_hash
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import Decision, PassResult, ReplicaState
 from reconciler.placement import Outcome
-from reconciler.plan import Plan, Waiting
+from reconciler.plan import Plan, Waiting, drain_key
 from reconciler.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.readiness import HealthCheck, http_health
 from reconciler.render import render_replica
@@ -57,7 +57,7 @@ from reconciler.scaling import LoadReader, scale_pass
 from reconciler.snapshot import inventory_after, ranks_by_replica
 from reconciler.status import counts_in_force, predicted_failures, predicted_pass, unplaced_message, write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
+from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
 DRAINING = Phase.DRAINING
 
@@ -553,7 +553,31 @@ def replica_states(
             else:
                 states[rid] = _with_wait(state, w, records.get(rid, ()))
     states.update(draining_states(catalog, plan, states))
+    states.update(beside_states(catalog, records, plan, states, launcher, health))
     return states
+
+
+def beside_states(catalog: Catalog, records, plan: Plan, states: Mapping[str, ReplicaState], launcher: Launcher,
+                  health: HealthCheck = http_health) -> dict[str, ReplicaState]:
+    """The old copies that serve beside their canary copy (SPEC section 13: the stable copies keep serving):
+    those the plan kept (Plan.beside), and those a canary's surge of this pass kept once its new copy was
+    Ready. Each is a stable copy in every gateway file, under its own key (drain_key), so the replica's
+    own state stays the canary's."""
+    kept = dict(plan.beside)
+    for a in plan.actions:
+        st = states.get(a.replica)
+        if (a.action == ActionKind.REPLACE and a.keep_previous and a.previous is not None and st is not None
+                and st.phase == Phase.READY and {x.node for x in st.nodes} != {x.node for x in a.previous.nodes}):
+            kept[a.replica] = a.previous
+    out = {}
+    for rid, where in kept.items():
+        model = catalog.model(where.model)
+        slots = {(x.node, x.rank) for x in where.nodes}
+        ranks = [(n, r) for n, r in records.get(rid, []) if (n.id, r.rank) in slots]
+        state = observe_replica(catalog, ranks, rid, model, launcher, health) if ranks and model else None
+        if state is not None:
+            out[drain_key(rid, (x.node for x in where.nodes))] = replace(state, canary=False)
+    return out
 
 
 def current_copy(ranks, observed):

@@ -150,3 +150,93 @@ def test_a_start_on_the_old_spec_runs_that_spec_and_keeps_its_revision(tmp_path,
     assert result.replicas["m-0"].phase == "Ready" and result.replicas["m-0"].revision == "a" * 40
     assert [r.spec_hash for r in launcher.ranks("n1")] == [spec_hash(old, old.profiles[0])]
     assert spec_hash(old, old.profiles[0]) != spec_hash(new, new.profiles[0])
+
+
+# -- surge: where there is room the old copy serves on beside the canary, and an abort keeps it
+
+F4 = fleet(*(node_spec(n) for n in "abcd"))
+
+
+def surged():
+    """m-0's canary copy on the spare node d, its old copy still on a; m-1, m-2 on the old spec."""
+    return inventory(*[observed(n, gpu=gpus(8), replicas=[rank(f"m-{i}", "m", "p", gpus=range(8), spec_hash=OLD_HASH)])
+                       for i, n in enumerate("abc")],
+                     observed("d", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=range(8), spec_hash=NEW_HASH)]))
+
+
+def test_a_canary_surge_keeps_the_old_copy_serving_once_the_new_one_is_ready():
+    spare = inventory(*[observed(n, gpu=gpus(8), replicas=[rank(f"m-{i}", "m", "p", gpus=range(8), spec_hash=OLD_HASH)])
+                        for i, n in enumerate("abc")], observed("d", gpu=gpus(8)))
+    p = plan(catalog(F4, M), spare)
+    (a,) = p.actions
+    assert (a.action, a.replica, a.placement.nodes[0].node) == (ActionKind.REPLACE, "m-0", "d")
+    assert not a.stop_first and a.keep_previous
+    # A model without rollout: surges replace as before (the old copy goes once the new one is Ready).
+    (plain,) = plan(catalog(F4, replace(M, rollout=None)), spare).actions
+    assert not plain.keep_previous
+
+
+def test_while_progressing_the_old_copy_beside_the_canary_is_never_stopped():
+    p = plan(catalog(F4, M), surged(), rollouts={"m": begin(M, 0, "b" * 40, "a" * 40)}, placed_on={"m-0": ("d",)})
+    assert p.actions == ()
+    assert [x.node for x in p.beside["m-0"].nodes] == ["a"] and p.outcomes["m-0"].placement.nodes[0].node == "d"
+
+
+def test_on_abort_only_the_canary_copy_is_stopped_and_the_old_copy_is_the_replica_again():
+    p = plan(catalog(F4, M), surged(), rollouts={"m": ABORTED}, placed_on={"m-0": ("d",)},
+             old_specs={"m": OldSpec(OLD, "a" * 40)})
+    assert [(a.action, a.replica, [x.node for x in a.placement.nodes]) for a in p.actions] == [
+        (ActionKind.STOP, "m-0", ["d"])]
+    assert p.actions[0].drain
+    # m-0 stays on a (no start, nothing unplaced): three stable copies on the old spec.
+    assert {rid: o.placement.nodes[0].node for rid, o in p.outcomes.items()} == {"m-0": "a", "m-1": "b", "m-2": "c"}
+    assert p.unplaced == () and {w.replica: w.kind for w in p.waiting} == {
+        r: WaitKind.ROLLOUT_ABORTED for r in ("m-0", "m-1", "m-2")}
+    # The next pass, the canary copy still draining: the old copy is the replica, the canary a stale copy.
+    after = plan(catalog(F4, M), surged(), rollouts={"m": ABORTED}, placed_on={"m-0": ("a",)},
+                 old_specs={"m": OldSpec(OLD, "a" * 40)})
+    assert [(a.action, [x.node for x in a.placement.nodes]) for a in after.actions] == [(ActionKind.STOP, ["d"])]
+    assert after.outcomes["m-0"].placement.nodes[0].node == "a"
+
+
+def test_at_promotion_the_old_copy_beside_the_canary_is_drained_and_stopped():
+    promoting = replace(begin(M, 0, "b" * 40, "a" * 40), state=RolloutPhase.PROMOTING)
+    p = plan(catalog(F4, M), surged(), rollouts={"m": promoting}, placed_on={"m-0": ("d",)})
+    stops = [a for a in p.actions if a.action == ActionKind.STOP]
+    assert [(a.replica, [x.node for x in a.placement.nodes], a.drain) for a in stops] == [("m-0", ["a"], True)]
+    assert p.beside == {}
+
+
+def test_the_old_copy_beside_a_ready_canary_stays_in_the_gateway_with_the_stable_share(tmp_path, env):  # noqa: F811
+    import yaml
+
+    from reconciler.model import Action, Assignment, Placement
+    from reconciler.plan import drain_key
+    from tests.apply_support.local import free_port
+    from tests.apply_support.seams import catalog as local_catalog, tiny_model
+    from tests.test_apply_pass import one_pass
+
+    fleet, transports, launcher, records = env
+    policy = RolloutPolicy(canary_replicas=1, weight=10)
+    old = replace(tiny_model("m", replicas=1), rollout=policy)
+    new = replace(tiny_model("m", replicas=1, args=["--ready-after", "0.1"]), rollout=policy)
+    on = {n: Placement(replica="m-0", model="m", profile="p", fabric=None, pool="none/cpu",
+                       nodes=(Assignment(n, 0, (), (), free_port()),)) for n in ("n1", "n2")}
+
+    def start(catalog, inventory, **_):
+        return [Action(ActionKind.START, "m-0", "m", "missing", on["n1"])]
+
+    def surge(catalog, inventory, **_):
+        return [Action(ActionKind.REPLACE, "m-0", "m", "spec changed", on["n2"], previous=on["n1"], drain=True,
+                       keep_previous=True)]
+
+    assert one_pass(local_catalog(tmp_path, fleet, old), transports, launcher, start, records).replicas["m-0"].phase == "Ready"
+    result = one_pass(local_catalog(tmp_path, fleet, new), transports, launcher, surge, records)
+    # Both copies run; the canary is the replica, the old copy a stable copy beside it.
+    assert [r.alive for n in ("n1", "n2") for r in launcher.ranks(n)] == [True, True]
+    assert result.replicas["m-0"].canary and result.replicas["m-0"].nodes[0].node == "n2"
+    beside = result.replicas[drain_key("m-0", ["n1"])]
+    assert beside.phase == "Ready" and not beside.canary and beside.nodes[0].node == "n1"
+    doc = yaml.safe_load((tmp_path / "catalog" / "status" / "gateway" / "litellm.yaml").read_text())
+    weights = {e["model_info"]["id"]: e["litellm_params"]["weight"] for e in doc["model_list"]}
+    assert weights == {"m-0": 9, "m-0/canary": 1}  # 10% to the canary, 90% to the old copy
