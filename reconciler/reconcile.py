@@ -560,17 +560,21 @@ def replica_states(
 def beside_states(catalog: Catalog, records, plan: Plan, states: Mapping[str, ReplicaState], launcher: Launcher,
                   health: HealthCheck = http_health) -> dict[str, ReplicaState]:
     """The old copies that serve beside their canary copy (SPEC section 13: the stable copies keep serving):
-    those the plan kept (Plan.beside), and those a canary's surge of this pass kept once its new copy was
-    Ready. Each is a stable copy in every gateway file, under its own key (drain_key), so the replica's
+    those the plan kept (Plan.beside), and those a canary's surge of this pass left running. Each is a stable copy in every gateway file, under its own key (drain_key), so the replica's
     own state stays the canary's."""
     kept = dict(plan.beside)
     for a in plan.actions:
         st = states.get(a.replica)
+        # Whether the canary came Ready or failed to launch, the old copy was left running (a canary not
+        # Ready is stopped and the replica's state is the old copy then: the check below skips it).
         if (a.action == ActionKind.REPLACE and a.keep_previous and a.previous is not None and st is not None
-                and st.phase == Phase.READY and {x.node for x in st.nodes} != {x.node for x in a.previous.nodes}):
+                and {x.node for x in st.nodes} != {x.node for x in a.previous.nodes}):
             kept[a.replica] = a.previous
     out = {}
     for rid, where in kept.items():
+        own = states.get(rid)
+        if own is not None and {(x.node, x.rank) for x in own.nodes} == {(x.node, x.rank) for x in where.nodes}:
+            continue  # the replica's own state is that copy already (an abort's canary stopping beside it)
         model = catalog.model(where.model)
         slots = {(x.node, x.rank) for x in where.nodes}
         ranks = [(n, r) for n, r in records.get(rid, []) if (n.id, r.rank) in slots]
