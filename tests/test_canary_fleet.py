@@ -186,3 +186,55 @@ def test_a_bad_revision_is_aborted_by_its_request_check_and_a_good_one_is_promot
     assert "out_of_sync" not in yaml.safe_load((root / "status" / "catalog.yaml").read_text())
     for rid in ("gemma-0", "gemma-1"):
         assert chat(endpoint(status, rid), max_tokens=2)["choices"]
+
+
+def test_an_in_place_canary_aborted_gives_its_replica_back_on_the_old_spec_from_git(tmp_path):
+    """No room to surge (two nodes, two replicas): the canary replaces gemma-0 in place. After the abort
+    gemma-0 starts again on the model as the rollout's from_revision held it, read from the catalog's git
+    repository: the model serves both its replicas on the old spec again (a chat answers, where the
+    aborted spec's `--api-key` answers 401)."""
+    from tests.gitcatalog import git
+
+    bindir, cached = llama_bin(), gemma_model()
+    f = TestFleet()
+    try:
+        for node in ("h1", "h2"):
+            f.add_node(node, binaries={"llama-server": bindir / "llama-server"})
+            (f.node(node).dir / "models" / cached.name).symlink_to(cached)
+        root, state = tmp_path / "catalog", tmp_path / "state"
+        (root / "models").mkdir(parents=True)
+        f.fleet_yaml(root, nodes=["h1", "h2"])
+        source = f"{f.models_dir}/{cached.name}"
+        git(root, "init", "-q", "-b", "main")
+        git(root, "config", "user.email", "person@example.com")
+        git(root, "config", "user.name", "A Person")
+        (root / ".gitignore").write_text("status/\n")
+
+        write_model(root, source, STABLE_ARGS)
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", "A: stable")
+        done = apply(root, state)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert [r["phase"] for r in model_status(root)["replicas"]] == ["Ready", "Ready"]
+
+        write_model(root, source, STABLE_ARGS + ["--api-key", "sk-nobody-has-this"])
+        git(root, "commit", "-q", "-am", "B: bad")
+        done = apply(root, state)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert model_status(root)["rollout"]["state"] == "Aborted", (model_status(root), done.stdout)
+
+        # The canary drains and stops (drain_s 5 s), then gemma-0 starts again on A's spec.
+        for _ in range(8):
+            done = apply(root, state)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+            status = model_status(root)
+            if [r["phase"] for r in status["replicas"]] == ["Ready", "Ready"]:
+                break
+            time.sleep(2)
+        assert status["ready"] == status["desired"] == 2, (status, done.stdout)
+        assert status["rollout"]["state"] == "Aborted"  # the aborted spec is not tried again
+        for rid in ("gemma-0", "gemma-1"):
+            assert chat(endpoint(status, rid), max_tokens=2)["choices"], f"{rid} does not run the old spec"
+        assert litellm(root) == [("gemma-0", None), ("gemma-1", None)]
+    finally:
+        f.close()
