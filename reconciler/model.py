@@ -756,6 +756,13 @@ class Action:
     # gateway file, stopped once its engine runs no request or the model's drain_s has passed.
     # False for a crash, a node that does not answer, or anything not serving.
     drain: bool = False
+    # start: the model to start when it is not the catalog's: the old spec a replica goes back to after
+    # its canary was aborted (SPEC section 13); None: the catalog's.
+    spec: Model | None = None
+    spec_revision: str | None = None  # the revision `spec` comes from, kept in each rank's record
+    # replace: a canary's surge (SPEC section 13): once the new copy is Ready the old one keeps serving
+    # beside it, as a stable copy, until the rollout is promoted (then drained) or aborted (then kept).
+    keep_previous: bool = False
 
 
 @frozen

@@ -407,7 +407,7 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
     inventory = Inventory((ObservedNode(id="n1", replicas=(rank0,)), ObservedNode(id="n2", state="unreachable", reason="timed out")))
     held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s",
                    kind=WaitKind.NODE_UNREACHABLE, nodes=("n2",))
-    plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={})
+    plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={}, beside={})
     states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda host, port, path: (True, "200"))
     assert states["m-0"].phase == "Unknown"
     assert "node n2 unreachable" in states["m-0"].message
@@ -427,6 +427,6 @@ def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unre
     inventory = Inventory((ObservedNode(id="n1", replicas=(rank0,)), ObservedNode(id="n2", state="unreachable", reason="timed out")))
     held = Waiting("m-0", "m", "node n2 unreachable; replaced elsewhere if it stays unreachable for 300 s",
                    kind=WaitKind.NODE_UNREACHABLE, nodes=("n2",))
-    plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={})
+    plan = SimpleNamespace(actions=(), unplaced=(), waiting=(held,), observed={}, beside={})
     states = replica_states(cat, inventory, {}, plan, launcher=None, health=lambda host, port, path: (True, "200"))
     assert states["m-0"].phase == "Failed" and "rank 0 on n1 is not running" in states["m-0"].message

@@ -26,7 +26,7 @@ Callers import from the package (`from reconciler.catalog import load_catalog`).
 
 from reconciler.catalog.build import build_fleet, build_model, build_profile
 from reconciler.catalog.documents import MAX_FILE_BYTES, MAX_VALUES, parse_yaml_text, position
-from reconciler.catalog.load import FLEET_FILE, MODELS_DIR, field_locator, git_revision, load_catalog
+from reconciler.catalog.load import FLEET_FILE, MODELS_DIR, field_locator, git_revision, load_catalog, model_at
 from reconciler.catalog.rules import fleet_problems, llama_ipv6_problems, model_problems
 from reconciler.catalog.schema_check import schema_problems
 from reconciler.errors import CatalogInvalid
@@ -38,6 +38,6 @@ from reconciler.catalog.load import _load  # noqa: E402,F401
 
 __all__ = [
     "CatalogInvalid", "FLEET_FILE", "MAX_FILE_BYTES", "MAX_VALUES", "MODELS_DIR", "build_fleet", "build_model", "build_profile",
-    "field_locator", "fleet_problems", "git_revision", "llama_ipv6_problems", "load_catalog", "model_problems",
+    "field_locator", "fleet_problems", "git_revision", "llama_ipv6_problems", "load_catalog", "model_at", "model_problems",
     "parse_yaml_text", "placeholders_in", "position", "schema_problems",
 ]

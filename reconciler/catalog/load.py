@@ -113,6 +113,43 @@ def load_catalog(path: str | os.PathLike, *, revision: str | None = None, with_r
     return Catalog(root=str(root), fleet=fleet, models=tuple(models), revision=rev)
 
 
+# (catalog root, revision, model name) -> the model read there: a commit never changes.
+_MODELS_AT: dict[tuple[str, str, str], Model] = {}
+
+
+def model_at(root: str | os.PathLike, revision: str, name: str) -> Model:
+    """The model `name` as the catalog's git repository held it at `revision` (an aborted canary's
+    from_revision: the spec its replicas start on again), read and validated as load_catalog reads
+    models/. Raises CatalogInvalid with one problem in words when it cannot be had."""
+    from reconciler.catalog.gitrev import GitCatalog, GitError  # git runs only when an old spec is asked for
+
+    key = (str(Path(root).resolve()), revision, name)
+    if key in _MODELS_AT:
+        return _MODELS_AT[key]
+
+    def refused(why: str) -> CatalogInvalid:
+        return CatalogInvalid([Problem(MODELS_DIR, 1, 1, why)])
+
+    short = revision[:12]
+    try:
+        repo = GitCatalog.open(root)
+        if repo is None:
+            raise refused("the catalog is not a git repository, so its old spec cannot be read")
+        if not repo.has_commit(revision):
+            raise refused(f"revision {short} is not in the catalog's git repository")
+        tree = repo.export(revision)
+    except GitError as exc:
+        raise refused(f"git could not read revision {short}: {exc.stderr or exc}") from None
+    problems: list[Problem] = []
+    # Every model file of that revision, each checked as load_catalog checks it; another model's
+    # problems there do not keep this one from being read.
+    found = [m for m in _load_models(tree, read_positioned, problems) if m.name == name]
+    if not found:
+        raise refused(f"revision {short} has no valid model named {name} in {MODELS_DIR}/")
+    _MODELS_AT[key] = found[0]
+    return found[0]
+
+
 def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
     fleet_path = root / FLEET_FILE
     if not fleet_path.exists() and not (root / MODELS_DIR).exists():

@@ -57,7 +57,7 @@ from reconciler.model import Catalog, Inventory, Model, spec_hash
 from reconciler.owner import catalog_owner
 from reconciler.decide.outcomes import Decision, PassResult, ReplicaState, copy_key
 from reconciler.decide.placement import Outcome
-from reconciler.decide.plan import Plan, Waiting
+from reconciler.decide.plan import Plan, Waiting, drain_key
 from reconciler.observe.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.act.readiness import HealthCheck, http_health
 from reconciler.engines.render import render_replica
@@ -68,7 +68,7 @@ from reconciler.record.status.predict import predicted_failures, predicted_pass,
 from reconciler.record.status.gateway_files import read_served
 from reconciler.record.status.write import write_pass
 from reconciler.observe.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
+from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
 DRAINING = Phase.DRAINING
 
@@ -648,7 +648,35 @@ def replica_states(
             else:
                 states[rid] = _with_wait(state, w, records.get(rid, ()))
     states.update(draining_states(catalog, plan, states))
+    states.update(beside_states(catalog, records, plan, states, launcher, health))
     return states
+
+
+def beside_states(catalog: Catalog, records, plan: Plan, states: Mapping[str, ReplicaState], launcher: Launcher,
+                  health: HealthCheck = http_health) -> dict[str, ReplicaState]:
+    """The old copies that serve beside their canary copy (SPEC section 13: the stable copies keep serving):
+    those the plan kept (Plan.beside), and those a canary's surge of this pass left running. Each is a stable copy in every gateway file, under its own key (drain_key), so the replica's
+    own state stays the canary's."""
+    kept = dict(plan.beside)
+    for a in plan.actions:
+        st = states.get(a.replica)
+        # Whether the canary came Ready or failed to launch, the old copy was left running (a canary not
+        # Ready is stopped and the replica's state is the old copy then: the check below skips it).
+        if (a.action == ActionKind.REPLACE and a.keep_previous and a.previous is not None and st is not None
+                and {x.node for x in st.nodes} != {x.node for x in a.previous.nodes}):
+            kept[a.replica] = a.previous
+    out = {}
+    for rid, where in kept.items():
+        own = states.get(rid)
+        if own is not None and {(x.node, x.rank) for x in own.nodes} == {(x.node, x.rank) for x in where.nodes}:
+            continue  # the replica's own state is that copy already (an abort's canary stopping beside it)
+        model = catalog.model(where.model)
+        slots = {(x.node, x.rank) for x in where.nodes}
+        ranks = [(n, r) for n, r in records.get(rid, []) if (n.id, r.rank) in slots]
+        state = observe_replica(catalog, ranks, rid, model, launcher, health) if ranks and model else None
+        if state is not None:
+            out[drain_key(rid, (x.node for x in where.nodes))] = replace(state, canary=False)
+    return out
 
 
 def current_copy(ranks, observed):

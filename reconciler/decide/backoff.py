@@ -128,7 +128,7 @@ class Backoff:
 def attempt_key(catalog: Catalog, inventory: Inventory, action: Action) -> str:
     """A digest of what a start depends on: the spec, where it goes, and those nodes as probed (engines,
     llama.cpp binaries, weights, state). Equal keys: trying again would meet the same failure."""
-    model = catalog.model(action.model)
+    model = action.spec if action.spec is not None else catalog.model(action.model)
     placement = action.placement
     if model is None or placement is None:
         return ""

@@ -3,14 +3,16 @@
 A model with `rollout:` whose spec changes does not roll out as section 7 alone says:
 
     Progressing  its first `canary.replicas` replicas (the lowest ordinals) are replaced by copies of
-                 the new spec (surge or in place, section 7); the others keep the old spec. Once
+                 the new spec (surge or in place, section 7); the others keep the old spec, and a
+                 surge keeps its replica's old copy serving beside the canary (plan.Plan.beside). Once
                  every canary copy is Ready the checks measure, one measurement per check per
                  `interval_s`, and the canary copies take `weight` percent of the gateway's requests.
     Promoting    the checks held for `analysis_s`: the rest is replaced as section 7 says.
     Complete     no copy of the old spec is left.
     Aborted      a check failed more than `failure_limit` times, or a canary copy failed to start,
                  never became Ready or crashed: the canary copies drain and stop, the old copies keep
-                 serving, and this spec is not tried again until the spec changes.
+                 serving, and this spec is not tried again until the spec changes. The canary
+                 replicas start again on the old spec (OldSpec, the model at `from_revision`).
 
 The state lives in the pass memory (memory.py), not in git: the daemon carries it across passes
 and restarts, and a one-shot `apply` across runs. The plan reads it (`phase_for_plan`); after the
@@ -81,6 +83,17 @@ class Rollout:
 
     def tally(self, name: str) -> CheckTally | None:
         return next((c for c in self.checks if c.name == name), None)
+
+
+@frozen
+class OldSpec:
+    """The model as it was at an aborted rollout's `from_revision` (read from git at the edge): what its
+    canary replicas start on again, so the model serves its full count on the old spec. `model` None
+    when it could not be had; `why` says so in words (not a git repository, the revision unreadable)."""
+
+    model: Model | None
+    revision: str | None = None
+    why: str = ""
 
 
 def spec_key(model: Model) -> str:

@@ -26,7 +26,10 @@ What it decides, in the order the actions come out:
           surge beside the old copy, else in place on its own nodes. A model with
           `rollout:` (reconciler/decide/canary.py) replaces only its canary replicas while
           Progressing, the rest once Promoting; Aborted, it stops the canary copies
-          (drained) and keeps the old ones, starting nothing of the aborted spec.
+          (drained) and keeps the old ones, starting nothing of the aborted spec: the
+          canary replicas start again on the old spec (canary.OldSpec) once their
+          canary copies are gone. A canary that surged keeps its replica's old copy
+          serving beside it (`Plan.beside`): drained at promotion, kept on abort.
 
 Stops come first so that what they free is free by the time anything starts.
 """
@@ -40,7 +43,7 @@ from functools import cached_property, partial
 from typing import Iterable, Mapping
 
 from reconciler.decide.backoff import Backoff, attempt_key, backoff_delay
-from reconciler.decide.canary import Rollout, RolloutView, canary_ids, phase_for_plan, view
+from reconciler.decide.canary import OldSpec, Rollout, RolloutView, canary_ids, phase_for_plan, view
 from reconciler.frozen import frozen
 from reconciler.observe.inventory import utc_text
 from reconciler.model import (
@@ -57,7 +60,7 @@ from reconciler.decide.copies import (
     Copy, SpecHashes, as_placement, collect_records, effective_state, serving, split_copies, stop_placement,
 )
 from reconciler.decide.placement import DIST_PORT_BASE, Outcome, Placer, pool_name
-from reconciler.decide.rollout import WAIT, SpecChange, roll_out
+from reconciler.decide.rollout import SURGE, WAIT, SpecChange, roll_out
 from reconciler.vocabulary import ActionKind, GpuHealth, NodeState, RolloutPhase, WaitKind
 
 # A replica with no tries behind it.
@@ -132,6 +135,9 @@ class Plan:
     draining: Mapping[str, Drain] = field(default_factory=dict)
     # Each canary rollout under way or remembered, and the plan's next step for it (SPEC section 13).
     rollouts: tuple[RolloutView, ...] = ()
+    # Per canary replica that surged, its old copy, serving beside the canary copy as a stable one
+    # while the rollout is Progressing (and in the pass that stops an aborted canary).
+    beside: Mapping[str, Placement] = field(default_factory=dict)
 
     @property
     def placed_on(self) -> dict[str, tuple[str, ...]]:
@@ -195,6 +201,7 @@ def plan(
     explain: Iterable[str] = (),
     placed_on: Mapping[str, tuple[str, ...]] | None = None,
     rollouts: Mapping[str, Rollout] | None = None,
+    old_specs: Mapping[str, OldSpec] | None = None,
 ) -> Plan:
     """Compare the catalog with what runs and decide what to do, each action with its reason.
 
@@ -212,10 +219,12 @@ def plan(
     placed_on          per replica, the nodes the reconciler last placed it on; when two copies
                        of a replica are found, the copy there is the current one.
     rollouts           per model, its canary rollout as the last pass left it (PassMemory.rollouts).
+    old_specs          per model whose rollout is Aborted, the model at the rollout's from_revision
+                       (read from git at the edge): what its missing replicas start on again.
     """
     grace_s = catalog.fleet.unreachable_grace_s if grace_s is None else grace_s
     diff = _Diff(catalog, inventory, now=now, backoff=dict(backoff or {}), unreachable_since=unreachable_since or {},
-                 grace_s=grace_s, explain=frozenset(explain), rollouts=rollouts or {})
+                 grace_s=grace_s, explain=frozenset(explain), rollouts=rollouts or {}, old_specs=old_specs or {})
     placed_on = placed_on or {}
     # 1. Every replica found in node records, one case each (see _Diff.observe).
     for rid, entries in sorted(collect_records(catalog, inventory, last_seen).items()):
@@ -238,8 +247,9 @@ class _Diff:
 
     def __init__(self, catalog: Catalog, inventory: Inventory, *, now: float, backoff: dict[str, Backoff],
                  unreachable_since: Mapping[str, float], grace_s: float, explain: frozenset[str],
-                 rollouts: Mapping[str, Rollout]):
+                 rollouts: Mapping[str, Rollout], old_specs: Mapping[str, OldSpec]):
         self.catalog = catalog
+        self.old_specs = old_specs
         self.inventory = inventory
         self.now = now
         self.backoff = backoff
@@ -264,6 +274,7 @@ class _Diff:
         self.serving_old: set[str] = set()  # spec changes whose old copy drains before it stops
         # Models with `rollout:`: how their spec changes go (canary.phase_for_plan), and the rollout behind it.
         self.canary_stopped: set[str] = set()  # canary copies of an aborted spec stopped (or drained) now
+        self.beside: dict[str, Placement] = {}  # canary replicas' old copies kept serving (Plan.beside)
         self.rollouts = {m.name: (phase_for_plan(m, rollouts.get(m.name)), rollouts.get(m.name))
                          for m in catalog.models if m.rollout is not None}
 
@@ -294,6 +305,7 @@ class _Diff:
         if model is None or ordinal is None or ordinal >= model.replicas:
             self.not_desired(rid, model_name, model, entries)
             return
+        stale = self.keep_beside(rid, model, copy, stale)
         self.stop_stale(rid, model_name, copy, stale)
         # Whatever happens to it, the running copy holds its GPUs and ports until it is stopped.
         self.placer.hold(current)
@@ -315,10 +327,40 @@ class _Diff:
                                                 drain=self.complete_and_alive(copy)))
         elif self.rollout_phase(model.name) == RolloutPhase.ABORTED:
             self.stop_aborted_canary(rid, model, current, copy)
+            if rid in self.beside:
+                # The old copy beside it serves on as the replica: nothing to start again.
+                old = self.beside[rid]
+                self.outcomes[rid] = Outcome(rid, model.name, old, kept=True)
+                self.waiting.append(Waiting(rid, model.name, f"spec changed; runs the old spec: {self.aborted_why(model.name)}",
+                                            kind=WaitKind.ROLLOUT_ABORTED))
         elif any(not r.alive for _, r in copy.ranks) or self.missing_ranks(copy):
             self.crashed(rid, model, ordinal, current, copy, profile, tries)
         else:
             self.healthy(rid, model_name, current, tries)
+
+    def keep_beside(self, rid: str, model: Model, copy: Copy,
+                    stale: list[tuple[str, RunningRank]]) -> list[tuple[str, RunningRank]]:
+        """A canary replica that surged runs two copies: the canary (the copy kept, on the catalog's spec)
+        and its old copy, alive on nodes that answer. While the rollout is Progressing the old copy
+        serves on as a stable one, and on abort it is the replica again (SPEC section 13: the stable
+        copies keep serving on the old spec); once Promoting it is a stale copy, drained and stopped.
+        Returns the stale ranks left to stop."""
+        if self.rollout_phase(model.name) not in (RolloutPhase.PROGRESSING, RolloutPhase.ABORTED) or not stale:
+            return stale
+        profile = model.profile(copy.profile)
+        if rid not in canary_ids(model) or profile is None or self.spec_changed(model, profile, copy):
+            return stale
+        old = [(n, r) for n, r in stale if r.spec_hash != copy.ranks[0][1].spec_hash]
+        whole = {r.rank for _, r in old} == set(range(max(r.nnodes for _, r in old))) if old else False
+        if not whole or not serving(old) or any(self.state(n) not in (NodeState.READY, NodeState.CORDONED)
+                                                for n, _ in old):
+            return stale
+        old.sort(key=lambda e: e[1].rank)
+        kept = as_placement(self.catalog, self.inventory, Copy(rid, model.name, old[0][1].profile,
+                                                               old[0][1].nnodes, old), model)
+        self.placer.hold(kept)
+        self.beside[rid] = kept
+        return [e for e in stale if e not in old]
 
     def stop_aborted_canary(self, rid: str, model: Model, current: Placement, copy: Copy) -> None:
         """A copy of an aborted spec (a canary): drained and stopped through the plan's stop, as a scale
@@ -473,9 +515,12 @@ class _Diff:
                 self.waiting.append(Waiting(rid, model.name, step.reason, kind=kind))
                 continue
             self.new_backoff[rid] = self.tries(rid).anew()
+            # A canary's surge keeps the old copy serving beside it until promotion (SPEC section 13).
+            keep = (step.how == SURGE and self.rollout_phase(model.name) == RolloutPhase.PROGRESSING
+                    and rid in canary_ids(model))
             self.replaces.append(Action(ActionKind.REPLACE, rid, model.name, step.reason, step.outcome.placement,
                                         previous=step.change.old, stop_first=step.stop_first,
-                                        drain=rid in self.serving_old))
+                                        drain=rid in self.serving_old, keep_previous=keep))
 
     def canary_held(self, changes: list[SpecChange]) -> list[SpecChange]:
         """The spec changes a canary rollout lets through now (SPEC section 13): only the canary replicas
@@ -524,16 +569,40 @@ class _Diff:
     def start_missing(self) -> None:
         """Everything desired and not running, placed; a start that failed before waits instead while its
         backoff holds it (the placement stays counted, so nothing else takes its room in this pass)."""
-        # An aborted spec starts nothing (SPEC section 13): its replicas wait for the spec to change.
-        models = [m for m in self.catalog.models if self.rollout_phase(m.name) != RolloutPhase.ABORTED]
+        # An aborted spec starts nothing (SPEC section 13). Its missing replicas (the canary's, once their
+        # canary copies are gone) start again on the old spec, so the model serves its full count; where
+        # the old spec could not be had they wait for the spec to change, saying why.
+        models, old_spec = [], {}
         for m in self.catalog.models:
-            if len(models) < len(self.catalog.models) and self.rollout_phase(m.name) == RolloutPhase.ABORTED:
-                for rid in m.replica_ids():
-                    if rid not in self.outcomes and rid not in self.canary_stopped:
-                        self.waiting.append(Waiting(rid, m.name, f"not started: {self.aborted_why(m.name)}",
-                                                    kind=WaitKind.ROLLOUT_ABORTED))
-        for o in self.placer.place_missing(models, self.outcomes, self.explain):
-            start = Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
+            if self.rollout_phase(m.name) != RolloutPhase.ABORTED:
+                models.append(m)
+                continue
+            old = self.old_specs.get(m.name)
+            if old is not None and old.model is not None:
+                # The catalog's count (autoscaling included), on the old spec.
+                old_spec[m.name] = old
+                models.append(_replace(old.model, replicas=m.replicas))
+                continue
+            why = f"not started: {self.aborted_why(m.name)}"
+            if old is not None and old.why:
+                why += f"; not started on the old spec either: {old.why}"
+            for rid in m.replica_ids():
+                if rid not in self.outcomes and rid not in self.canary_stopped:
+                    self.waiting.append(Waiting(rid, m.name, why, kind=WaitKind.ROLLOUT_ABORTED))
+        # A canary copy stopped in this pass may still drain under the same replica id: its replica
+        # starts on the old spec in a later pass, never beside it (a start clears the replica's ranks).
+        decided = {**self.outcomes, **{rid: Outcome(rid, "", None) for rid in self.canary_stopped}}
+        placed = self.placer.place_missing(models, decided, self.explain)
+        self.outcomes.update({rid: o for rid, o in decided.items() if rid not in self.canary_stopped})
+        for o in placed:
+            old = old_spec.get(o.model)
+            if old is None:
+                start = Action(ActionKind.START, o.replica, o.model, "not running", o.placement)
+            else:
+                start = Action(ActionKind.START, o.replica, o.model,
+                               f"not running; canary aborted: started again on the old spec of revision "
+                               f"{(old.revision or '?')[:12]}", o.placement, spec=old.model,
+                               spec_revision=old.revision)
             tries = self.new_backoff[o.replica] = self.tries(o.replica).anew()
             until = tries.held_until(self.now, start=partial(attempt_key, self.catalog, self.inventory, start))
             if until is None:
@@ -568,6 +637,7 @@ class _Diff:
             backoff=dict(sorted(self._backoff_after().items())),
             revision=self.catalog.revision,
             rollouts=self.rollout_views(),
+            beside=dict(self.beside),
         )
 
     def rollout_views(self) -> tuple[RolloutView, ...]:

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from reconciler.decide.backoff import Backoff, attempt_key
-from reconciler.decide.canary import CheckTally, Rollout
+from reconciler.decide.canary import CheckTally, OldSpec, Rollout, current
+from reconciler.catalog import model_at
+from reconciler.errors import CatalogInvalid
 from reconciler.observe.inventory import inventory_from_document, inventory_to_document, utc_text
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, ProfileMetrics, Quarantine
 from reconciler.decide.outcomes import GpuStrikes, PassMemory, ReplicaState, StartedWith, copy_key  # noqa: F401  (re-exported)
@@ -483,9 +485,28 @@ def plan_remembering(catalog: Catalog, inventory: Inventory, *, now: float, memo
     planned = make_plan(
         catalog, inventory, now=now, backoff=memory.backoff, unreachable_since=memory.unreachable_since,
         last_seen=memory.last_seen, placed_on=memory.placed_on, explain=explain, rollouts=memory.rollouts,
+        old_specs=old_specs(catalog, memory.rollouts),
     )
     # Serving copies to be stopped drain first (hold_drains).
     return hold_drains(planned, catalog, memory.draining, now, memory.started_with)
+
+
+def old_specs(catalog: Catalog, rollouts: Mapping[str, Rollout]) -> dict[str, OldSpec]:
+    """Per model whose rollout of its spec at HEAD is Aborted, the model at the rollout's from_revision
+    (read from the catalog's git repository: an effect, here at the edge of the plan), or why not."""
+    found: dict[str, OldSpec] = {}
+    for m in catalog.models:
+        r = current(m, rollouts.get(m.name))
+        if r is None or r.state != RolloutPhase.ABORTED:
+            continue
+        if not r.from_revision:
+            found[m.name] = OldSpec(None, None, "the revision the rollout rolled away from is not known")
+            continue
+        try:
+            found[m.name] = OldSpec(model_at(catalog.root, r.from_revision, m.name), r.from_revision)
+        except CatalogInvalid as exc:
+            found[m.name] = OldSpec(None, r.from_revision, "; ".join(p.message for p in exc.problems))
+    return found
 
 
 def memory_path(catalog_root: str) -> Path:

@@ -49,6 +49,12 @@ class ReplaceActions(StartActions, ReadyWaiting):
             return started
         state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
         if state.phase == Phase.READY:
+            if action.keep_previous:
+                # A canary's surge: the old copy serves on beside it (plan.Plan.beside) until promotion.
+                self.decide(action.replica, action.previous.nodes[0].node if action.previous and action.previous.nodes
+                            else "-", DecisionAction.KEEP, f"old copy serves on beside the canary: {action.reason}")
+                self.pending.pop(action.replica, None)
+                return ActionOutcome(action.replica, ActionKind.REPLACE, True, state)
             if not self.begin_drain(action, old_live):
                 self.stop_ranks(action.replica, old_live, f"replaced by the new copy: {action.reason}")
             self.pending.pop(action.replica, None)

@@ -31,7 +31,9 @@ class StartActions(StopActions):
         try:
             # Each rank's record keeps the revision it comes from, so status can say which replicas
             # still run an older spec.
-            launches = [replace(l, revision=self.catalog.revision)
+            # An old spec started again keeps its own revision: a later rollout rolls away from that one.
+            revision = action.spec_revision if action.spec is not None else self.catalog.revision
+            launches = [replace(l, revision=revision)
                         for l in self.render(model, profile, placement, self.catalog.fleet, self.probed)]
         except RenderError as exc:  # the catalog has to change first
             return self.fail(verb, action.replica, action.model, profile.name, f"launch refused: {exc}",

@@ -127,7 +127,7 @@ class ActorWork:
                          placement=action.placement, failure=failure)
 
     def _model_profile(self, action: Action) -> tuple[Model | None, Profile | None]:
-        model = self.catalog.model(action.model)
+        model = action.spec if action.spec is not None else self.catalog.model(action.model)
         if model is None or action.placement is None:
             return model, None
         return model, model.profile(action.placement.profile)
