@@ -47,8 +47,9 @@ The modules, top layer first; a module imports only from the layers below it
                         what `reconciler gateway` serves (Served) and whether a copy's hand-off is done
     readiness, memory   pure phase judgement + the health request; what a pass hands the next
                         (each replica's backoff, grace periods, drains), kept between one-shot applies
-    catalog/            read YAML with positions (documents), check it (schema_check, rules), build the
-                        frozen Catalog (build), the directory as a whole (load)
+    catalog/            read YAML with positions (documents), check it (schema_check, rules for a model
+                        file, fleet_rules for fleet.yaml), build the frozen Catalog (build), the
+                        directory as a whole (load)
     probe/              the node-side probe program: one pass, the session, the payload (script), its
                         pure parsers (parse) and GPU health's (health), the node's files and children
                         (system), its GPUs (gpus) and everything else it reads (facts); asking a
