@@ -177,9 +177,7 @@ def run_pass(
     #    catalog's `replicas` for this pass. The catalog itself is never written.
     in_force = counts_in_force(catalog) if counts_kept is None else kept_states(catalog, counts_kept)
     fleet_transports = FleetTransports(transports, catalog.fleet)
-    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog), epoch=epoch,
-                                         may_act=may_act)
-    launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
+    launcher = pass_launcher(catalog, fleet_transports, launcher, epoch=epoch, may_act=may_act)
 
     # 1. Probe: the fleet as it is; how busy each draining copy's engine is (SPEC section 10), and
     #    whether the gateway serves without it yet (SPEC 13's hand-off).
@@ -203,41 +201,19 @@ def run_pass(
 
     actor = Actor(catalog, inventory, launcher, render or render_replica, log, ready_wait_s=ready_wait_s, health=health)
     try:
-        # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
-        #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
-        if write_status:
+        if write_status:  # status/models rewritten as fetches and stops move, during the pass
             actor.on_change = _progress_writer(catalog, plan, actor, counts, memory.rollouts)
-        no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
-        # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
-        #     decisions in the plan's order. One action's failure never stops the others.
-        actor.act_all([a for a in plan.actions if a.replica not in no_weights])
-        # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
-        actor.wait_ready(unjudged_starts(actor))
+        # 3-4. Fetch, act, judge what was started.
+        act_on_plan(actor, plan, fetcher or Fetcher(catalog.fleet, fleet_transports))
         result.decisions = actor.decisions
         # 5. The fleet as the pass left it, and every desired replica's state in it.
-        result.inventory = with_unanswered(
-            inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports),
-            actor.effects.unanswered)
-        result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
-        # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout.
-        end_stalled_starts(actor, result.replicas)
+        result.inventory, result.replicas = judged_fleet(catalog, inventory, plan, actor, launcher, health)
         # 5c. Canary rollouts (SPEC section 13): the checks measure when due, and each rollout moves on.
         result.replicas, result.rollouts = rollouts_after(catalog, memory.rollouts, result.inventory, result.replicas,
                                                           actor.decisions, now, log=log, measure=measure)
-        # The daemon wakes for a canary's next measurement, or the end of its analysis, as for a drain.
-        wakes = [t for t in (next_wake(m, result.rollouts.get(m.name)) for m in catalog.models)
-                 if t is not None and t > now]  # one already due was measured in this pass
-        result.next_pass_at = min((t for t in (result.next_pass_at, *wakes) if t is not None), default=None)
+        result.next_pass_at = with_canary_wakes(catalog, result.rollouts, result.next_pass_at, now)
         # 6. Remember what the next pass needs.
-        desired = [rid for m in catalog.models for rid in m.replica_ids()]
-        result.memory = replace(remember(memory, plan, result.inventory, actor.states, now, desired,
-                                         attempt_keys=attempt_keys(catalog, inventory, plan),
-                                         quarantine_s=catalog.fleet.gpu_quarantine_s,
-                                         drains_begun=actor.drains_begun),
-                                rollouts=result.rollouts,
-                                # What each running copy was started with, kept for its drain (a removed
-                                # model's included).
-                                started_with=started_with_after(catalog, result.inventory, memory.started_with))
+        result.memory = memory_after(catalog, memory, plan, inventory, result, actor, now)
         # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
         # The daemon passes again when something this pass left waiting can move (not only on its interval).
@@ -247,11 +223,74 @@ def run_pass(
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
-            write_status_at_end(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
-            # SPEC 13, step 1 done: the files without each new drain are on disk; its hand-off counts from now.
-            if result.memory is not None:
-                result.memory = with_out_at(result.memory, time.time())
+            write_status_and_hand_off(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
     return result
+
+
+def pass_launcher(catalog: Catalog, transports: FleetTransports, given: Launcher | None, *, epoch: int | None,
+                  may_act: Callable[[], str | None]) -> Launcher:
+    """The pass's launcher: the one given (a test's), else SSH's, carrying the leader's epoch and its
+    check that it still leads, with `launcher: slurm` nodes routed to Slurm."""
+    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, transports, owner=catalog_owner(catalog), epoch=epoch,
+                                         may_act=may_act)
+    return given or fleet_launcher(catalog, transports, ssh_launcher)
+
+
+def act_on_plan(actor: Actor, plan: Plan, fetcher: Fetcher) -> None:
+    """The plan's effects, through the actor (its decisions in the plan's order)."""
+    # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
+    #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
+    no_weights = actor.fetch_weights(plan.actions, fetcher)
+    # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
+    #     decisions in the plan's order. One action's failure never stops the others.
+    actor.act_all([a for a in plan.actions if a.replica not in no_weights])
+    # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
+    actor.wait_ready(unjudged_starts(actor))
+
+
+def judged_fleet(catalog: Catalog, inventory: Inventory, plan: Plan, actor: Actor, launcher: Launcher,
+                 health: HealthCheck) -> tuple[Inventory, dict[str, ReplicaState]]:
+    """The fleet as the pass left it (the probe's, with what the actor started and stopped, and the
+    nodes that stopped answering), and every desired replica's state in it; a start of an earlier
+    pass that ran out of time is ended."""
+    after = with_unanswered(inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports),
+                            actor.effects.unanswered)
+    replicas = replica_states(catalog, after, actor.states, plan, launcher, health)
+    # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout.
+    end_stalled_starts(actor, replicas)
+    return after, replicas
+
+
+def with_canary_wakes(catalog: Catalog, rollouts: Mapping[str, Rollout], next_at: float | None,
+                      now: float) -> float | None:
+    """When the daemon passes next (pure): it wakes for a canary's next measurement, or the end of its
+    analysis, as for a drain."""
+    wakes = [t for t in (next_wake(m, rollouts.get(m.name)) for m in catalog.models)
+             if t is not None and t > now]  # one already due was measured in this pass
+    return min((t for t in (next_at, *wakes) if t is not None), default=None)
+
+
+def memory_after(catalog: Catalog, memory: PassMemory, plan: Plan, probed: Inventory, result: PassResult,
+                 actor: Actor, now: float) -> PassMemory:
+    """What the next pass needs (pure): memory.remember over what the pass did, with the rollouts it
+    left and what each running copy was started with."""
+    desired = [rid for m in catalog.models for rid in m.replica_ids()]
+    return replace(remember(memory, plan, result.inventory, actor.states, now, desired,
+                            attempt_keys=attempt_keys(catalog, probed, plan),
+                            quarantine_s=catalog.fleet.gpu_quarantine_s,
+                            drains_begun=actor.drains_begun),
+                   rollouts=result.rollouts,
+                   # What each running copy was started with, kept for its drain (a removed
+                   # model's included).
+                   started_with=started_with_after(catalog, result.inventory, memory.started_with))
+
+
+def write_status_and_hand_off(catalog: Catalog, result: PassResult, log: LogFn, *, reread_counts: bool) -> None:
+    """status/ for the pass (write_status_at_end); then, SPEC 13, step 1 done: the files without each
+    new drain are on disk, so its hand-off counts from now."""
+    write_status_at_end(catalog, result, log, reread_counts=reread_counts)
+    if result.memory is not None:
+        result.memory = with_out_at(result.memory, time.time())
 
 
 # A replace goes one copy at a time: each step's old copies hand off before the next pass stops them.
