@@ -39,7 +39,9 @@ The modules, top layer first; a module imports only from the layers below it
                         the working state and its bookkeeping (work)
     observed,           how a replica of an earlier pass is doing; the order actions need when they
     scheduling,         run at once, and the buffers their effects go to; the pass's autoscale step
-    scaling             (each Ready replica's load read once, through engine_metrics; autoscale decides)
+    scaling,            (each Ready replica's load read once, through engine_metrics; autoscale decides);
+    canary_pass         the pass's canary step (each rollout after the actions: the checks measured
+                        through canary_checks when due, canary decides, the canary copies marked)
     engine_metrics,     requests running and waiting, from an engine's own /metrics (draining, autoscaling);
     canary_checks       a canary's checks measured: its request sent to canary and stable copies, PromQL
                         through Prometheus's HTTP API; every fault a failed measurement in words

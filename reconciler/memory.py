@@ -66,7 +66,7 @@ def remember(
         gpu_strikes=wanted(strikes),
         quarantines=quarantines,
         draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
-        rollouts=dict(memory.rollouts),  # moved after the pass's checks (reconcile.rollouts_after)
+        rollouts=dict(memory.rollouts),  # moved after the pass's checks (canary_pass.rollouts_after)
         started_with=dict(memory.started_with),
     )
 

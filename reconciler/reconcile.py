@@ -7,6 +7,7 @@ happen; each step is one call into the module that owns it:
   plan      plan.py           pure: catalog x inventory x memory -> actions
   act       actor/            effects: each action through the Launcher, a typed outcome each
   judge     readiness.py      pure phase judgement of what was started and what runs
+  canary    canary_pass.py    each canary rollout moved on, its checks measured when due
   remember  memory.py         what the next pass needs (backoff, grace, placements)
   status    status.py         written in a `finally`, deferred to the end (Flux's deferred patch):
                               a pass that breaks half-way still says what it saw
@@ -24,13 +25,13 @@ import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from reconciler.actor.dispatch import Actor
 from reconciler.actor.work import LogFn, RenderFn
 from reconciler.autoscale import AutoscaleState, kept_states, next_pass_at, with_counts
-from reconciler.canary import CanaryCopy, Measurement, Rollout, advance, canary_ids, checks_due, next_wake
-from reconciler.canary_checks import Target, measure as measure_checks
+from reconciler.canary import Rollout
+from reconciler.canary_pass import MeasureFn, rollouts_after, with_canary_wakes
 from reconciler.observed import observe_replica
 from reconciler.engine_metrics import (
     ENGINE_SERIES,
@@ -53,7 +54,7 @@ from reconciler.memory import (
     PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, started_with_after, with_out_at,
     with_quarantines,
 )
-from reconciler.model import Catalog, Inventory, Model, spec_hash
+from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.outcomes import Decision, PassResult, ReplicaState, copy_key
 from reconciler.placement import Outcome
@@ -68,7 +69,7 @@ from reconciler.status.predict import predicted_failures, predicted_pass, unplac
 from reconciler.status.gateway_files import read_served
 from reconciler.status.write import write_pass
 from reconciler.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
+from reconciler.vocabulary import DecisionAction, FailureKind, NodeState, Phase, WaitKind
 
 DRAINING = Phase.DRAINING
 
@@ -261,15 +262,6 @@ def judged_fleet(catalog: Catalog, inventory: Inventory, plan: Plan, actor: Acto
     return after, replicas
 
 
-def with_canary_wakes(catalog: Catalog, rollouts: Mapping[str, Rollout], next_at: float | None,
-                      now: float) -> float | None:
-    """When the daemon passes next (pure): it wakes for a canary's next measurement, or the end of its
-    analysis, as for a drain."""
-    wakes = [t for t in (next_wake(m, rollouts.get(m.name)) for m in catalog.models)
-             if t is not None and t > now]  # one already due was measured in this pass
-    return min((t for t in (next_at, *wakes) if t is not None), default=None)
-
-
 def memory_after(catalog: Catalog, memory: PassMemory, plan: Plan, probed: Inventory, result: PassResult,
                  actor: Actor, now: float) -> PassMemory:
     """What the next pass needs (pure): memory.remember over what the pass did, with the rollouts it
@@ -371,95 +363,6 @@ def wake_nodes(result: PassResult) -> frozenset[str]:
             if st is not None:
                 nodes.update(a.node for a in st.nodes)
     return frozenset(nodes)
-
-
-MeasureFn = Callable[[Model, Sequence[Target], Sequence[Target]], "list[Measurement]"]
-
-
-def rollouts_after(catalog: Catalog, before: Mapping[str, Rollout], inventory: Inventory,
-                   replicas: dict[str, ReplicaState], decisions: Sequence[Decision], now: float, *,
-                   log: LogFn = lambda d: None, measure: MeasureFn | None = None
-                   ) -> tuple[dict[str, ReplicaState], dict[str, Rollout]]:
-    """Each canary rollout after the pass (SPEC section 13), and the replicas with their canary copies
-    marked. The checks measure (an effect: requests to the engines, queries to Prometheus) only where
-    canary.checks_due says so; canary.advance decides the rest."""
-    measure = measure or measure_checks
-    records = ranks_by_replica(inventory)
-    # A start or replace of this pass that failed (a refused launch, a new copy never Ready): the copy may be
-    # gone already, so the decision says it, not the records.
-    failed_now = {d.replica: d.reason for d in decisions if not d.ok and d.action in ("fail", "health")}
-    out = {name: r for name, r in before.items() if catalog.model(name) is not None}
-    replicas = dict(replicas)
-    for model in catalog.models:
-        if model.rollout is None:
-            out.pop(model.name, None)
-            continue
-        targets = {spec_hash(model, p) for p in model.profiles}
-        on_target = {rid: _runs(records.get(rid, ()), st, targets) for rid, st in replicas.items() if st.model == model.name}
-        old = sum(1 for rs in records.values()
-                  if any(r.rank == 0 and r.model == model.name and r.spec_hash not in targets for _, r in rs))
-        canaries = []
-        for rid in canary_ids(model):
-            st = replicas.get(rid)
-            if rid in failed_now:
-                canaries.append(CanaryCopy(rid, Phase.FAILED, failed_now[rid]))
-            elif st is not None and on_target.get(rid):
-                canaries.append(CanaryCopy(rid, st.phase, st.message))
-            else:
-                canaries.append(CanaryCopy(rid, Phase.STARTING, "runs the old spec still"))
-        measured = []
-        if old and checks_due(model, before.get(model.name), canaries, now):
-            canary = [t for t in (_target(catalog, replicas.get(c.replica)) for c in canaries) if t is not None]
-            stable = [t for rid, st in sorted(replicas.items()) if st.model == model.name and st.phase == Phase.READY
-                      and not on_target.get(rid) for t in [_target(catalog, st)] if t is not None]
-            measured = measure(model, canary, stable)
-            for m in measured:
-                log(Decision(model.name, "-", DecisionAction.CHECK, m.said, ok=m.ok))
-        r = advance(model, before.get(model.name), old_copies=old, canaries=canaries, measurements=measured, now=now,
-                    revision=catalog.revision, from_revision=_from_revision(records, model, targets))
-        if r is None:
-            out.pop(model.name, None)
-            continue
-        if r != before.get(model.name) and (before.get(model.name) is None or r.state != before[model.name].state):
-            log(Decision(model.name, "-", DecisionAction.ROLLOUT, f"{r.state}: {r.reason}", ok=r.state != RolloutPhase.ABORTED))
-        out[model.name] = r
-        for rid in canary_ids(model):
-            st = replicas.get(rid)
-            if st is None or not on_target.get(rid):
-                continue
-            if r.state == RolloutPhase.PROGRESSING:
-                replicas[rid] = replace(st, canary=True)
-            elif r.state == RolloutPhase.ABORTED and st.phase == Phase.READY:
-                # Out of every gateway file in the pass that aborted it; the next pass stops it, drained.
-                replicas[rid] = replace(st, phase=Phase.DRAINING, message=f"canary aborted: {r.reason}")
-    return replicas, dict(sorted(out.items()))
-
-
-def _runs(records, state: ReplicaState, targets: set[str]) -> bool:
-    """Whether the replica's current copy (the one its state names) runs one of the spec hashes."""
-    where = {a.node for a in state.nodes}
-    heads = [r for n, r in records if r.rank == 0 and (not where or n.id in where)]
-    return bool(heads) and heads[0].spec_hash in targets
-
-
-def _from_revision(records, model: Model, targets: set[str]) -> str | None:
-    """The revision the old copies were started from (what a rollout rolls away from)."""
-    for _, rs in sorted(records.items()):
-        for _, r in rs:
-            if r.rank == 0 and r.model == model.name and r.spec_hash not in targets and r.revision:
-                return r.revision
-    return None
-
-
-def _target(catalog: Catalog, state: ReplicaState | None) -> Target | None:
-    """Where a check reaches a Ready copy's engine (its head's data address)."""
-    if state is None or state.phase != Phase.READY or not state.nodes:
-        return None
-    head = next((a for a in state.nodes if a.rank == 0), state.nodes[0])
-    spec = catalog.fleet.node(head.node)
-    if spec is None or not head.port:
-        return None
-    return Target(state.replica, spec.data_host.bare, head.port)
 
 
 def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], autoscale: LoadReader | None,
