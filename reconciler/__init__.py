@@ -45,6 +45,8 @@ contract, one for the rooms and one inside each, and CI checks it):
       engine_metrics      requests running and waiting, from an engine's own /metrics (draining, autoscaling)
       canary_checks       a canary's checks measured: its request sent to canary and stable copies, PromQL
                           through Prometheus's HTTP API; every fault a failed measurement in words
+      canary_pass         the canary step of a pass: each rollout's copies judged, its checks measured when
+                          due, the rollout moved on (decide.canary decides) and the daemon's next wake
       readiness           pure phase judgement + the health request
       launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
                           (node_agent, stdlib only, runs on the node, fences a deposed leader's epoch, with
@@ -94,7 +96,8 @@ contract, one for the rooms and one inside each, and CI checks it):
       transport,          transports (argv in, bytes out); snapshot arithmetic (pure); Slurm's text
       snapshot, slurm     outputs parsed (pure)
     catalog/            desired state: read YAML with positions (documents), check it (schema_check,
-                        rules), build the frozen Catalog (build), the directory as a whole (load), its
+                        rules for a model, fleet_rules for fleet.yaml), build the frozen Catalog (build), the
+                        directory as a whole (load), its
                         git revisions (gitrev)
     engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
                         their option tables (flags, parsers/*.json), and the exact argv of each rank (render)

@@ -17,7 +17,8 @@ The modules, by job (.importlinter keeps them importing downward):
 
     load          the directory: which files, in which order; every problem in one CatalogInvalid
     build         the frozen Fleet and Models, from documents that passed every check
-    rules         layer 3, what a schema cannot say
+    rules         layer 3, what a schema cannot say: a model file
+    fleet_rules   layer 3, what a schema cannot say: fleet.yaml, and llama.cpp's RPC over the fleet's IPv6 nodes
     schema_check  layer 2, the JSON Schemas, each error in YAML's words at its position
     documents     layer 1, bytes and YAML: bounded reads, the fast and the positioned reader
 
@@ -27,7 +28,8 @@ Callers import from the package (`from reconciler.catalog import load_catalog`).
 from reconciler.catalog.build import build_fleet, build_model, build_profile
 from reconciler.catalog.documents import MAX_FILE_BYTES, MAX_VALUES, parse_yaml_text, position
 from reconciler.catalog.load import FLEET_FILE, MODELS_DIR, field_locator, git_revision, load_catalog, model_at
-from reconciler.catalog.rules import fleet_problems, llama_ipv6_problems, model_problems
+from reconciler.catalog.fleet_rules import fleet_problems, llama_ipv6_problems
+from reconciler.catalog.rules import model_problems
 from reconciler.catalog.schema_check import schema_problems
 from reconciler.errors import CatalogInvalid
 from reconciler.engines.render import placeholders_in

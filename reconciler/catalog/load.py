@@ -15,7 +15,8 @@ from reconciler.errors import CatalogInvalid, Problem
 from reconciler.model import Catalog, Fleet, Model
 from reconciler.catalog.build import build_fleet, build_model
 from reconciler.catalog.documents import Document, position, read_bounded, read_native, read_positioned
-from reconciler.catalog.rules import fleet_problems, llama_ipv6_problems, model_problems
+from reconciler.catalog.fleet_rules import fleet_problems, llama_ipv6_problems
+from reconciler.catalog.rules import model_problems
 from reconciler.catalog.schema_check import schema_problems
 
 FLEET_FILE = "fleet.yaml"

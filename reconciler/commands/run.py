@@ -128,57 +128,82 @@ class ApplyPass:
         return {node.id: self._pool.transport_for(node) for node in catalog.fleet.nodes}
 
     def __call__(self, catalog, log, *, trigger: str = "interval"):
-        leading = {}
-        if self.leadership is not None:
-            epoch = self.leadership.epoch()
-            if epoch is None:
-                return None  # lost the lease between the loop's question and now: act on nothing
-            if epoch != self._epoch:
-                # A new epoch (this daemon has just become the leader): the memory the last leader left in
-                # etcd, and every node told the new epoch before anything is done, so that nothing the
-                # deposed leader still has in flight lands on a node after this one's first action.
-                self._memory = _etcd_memory_store(self.leadership, log)
-                self._memory_loaded = False
-                self._counts = _etcd_counts_store(self.leadership, log)
-                # What this daemon saw before another led in between is not the fleet now: probe it whole.
-                self._last, self._probed_at, self._ready = None, None, {}
-                self._fence_all(catalog, epoch, log)
-                self._epoch = epoch
-            election = self.leadership
-            leading = {"epoch": epoch, "may_act": lambda: (
-                None if election.epoch() == epoch else f"this daemon no longer leads (its epoch was {epoch})")}
-            if any(m.autoscale is not None for m in catalog.models):
-                leading["counts_kept"] = self._counts[0]()
+        leading = self._lead(catalog, log)
+        if leading is None:
+            return None  # lost the lease between the loop's question and now: act on nothing
         if not self._memory_loaded:
             self._history = self._memory[0](catalog.root)
             self._memory_loaded = True
         probe_all = ProbeFleet(self._prober, log, self.pending)
-        kwargs = {"probe": probe_all}
+        probe = self._probe_for(catalog, trigger, probe_all, log)
+        result = self._run_pass(
+            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0,
+            probe=probe, **self._autoscale_inputs(catalog), **leading,
+        )
+        self._remember(catalog, result, leading, probed_all=probe is probe_all)
+        return result
+
+    def _lead(self, catalog, log) -> dict | None:
+        """What the pass acts with as the leader under fleet.yaml `leader:` (its epoch, the check that it
+        still leads before each action, the autoscaled counts kept in etcd); {} with no leader; None when
+        the lease was lost between the loop's question and now."""
+        if self.leadership is None:
+            return {}
+        epoch = self.leadership.epoch()
+        if epoch is None:
+            return None
+        if epoch != self._epoch:
+            self._take_over(catalog, epoch, log)
+        election = self.leadership
+        leading = {"epoch": epoch, "may_act": lambda: (
+            None if election.epoch() == epoch else f"this daemon no longer leads (its epoch was {epoch})")}
+        if any(m.autoscale is not None for m in catalog.models):
+            leading["counts_kept"] = self._counts[0]()
+        return leading
+
+    def _take_over(self, catalog, epoch: int, log) -> None:
+        """A new epoch (this daemon has just become the leader): the memory the last leader left in
+        etcd, and every node told the new epoch before anything is done, so that nothing the
+        deposed leader still has in flight lands on a node after this one's first action."""
+        self._memory = _etcd_memory_store(self.leadership, log)
+        self._memory_loaded = False
+        self._counts = _etcd_counts_store(self.leadership, log)
+        # What this daemon saw before another led in between is not the fleet now: probe it whole.
+        self._last, self._probed_at, self._ready = None, None, {}
+        self._fence_all(catalog, epoch, log)
+        self._epoch = epoch
+
+    def _probe_for(self, catalog, trigger: str, probe_all, log):
+        """How this pass sees the fleet: every node probed (probe_all), or, when the last pass's inventory
+        is young enough to stand for it, that inventory (a commit) or it with the woken nodes probed (a wake)."""
         if trigger == "commit" and self._last is not None:
             fleet, inventory, when = self._last
             age = self._clock() - when
             if fleet == catalog.fleet and inventory is not None and age < self._reuse_s:
-                kwargs["probe"] = ReusedInventory(inventory)
                 log("probe.reused", age_s=round(age, 1), msg="a commit pass plans against the inventory the last "
                     "pass left; the next resync probes every node")
+                return ReusedInventory(inventory)
         elif trigger == "wake" and self._last is not None and self._probed_at is not None:
             fleet, inventory, _ = self._last
             age = self._clock() - self._probed_at
             # Slurm's view comes from its controller for the whole fleet at once: such a fleet is probed whole.
             if fleet == catalog.fleet and inventory is not None and age < self._reuse_s and not has_slurm(fleet):
                 nodes = sorted(self._wake_nodes & {n.id for n in fleet.nodes})
-                kwargs["probe"] = ProbeOnly(probe_all, inventory, frozenset(nodes))
                 log("probe.partial", nodes=nodes, of=len(fleet.nodes), age_s=round(age, 1),
                     msg="a pass the last one asked for probes only the nodes it is about; the others stay as "
                         "the last pass left them until the resync, which probes every node")
-        if any(m.autoscale is not None for m in catalog.models):
-            # The daemon decides counts, from the loads of what the last pass left Ready; apply keeps them.
-            kwargs["autoscale"] = self._read_loads
-            kwargs["ready"] = self._ready
-        result = self._run_pass(
-            catalog, transports=self._transports(catalog), history=self._history, log=log, ready_wait_s=0, **kwargs,
-            **leading,
-        )
+                return ProbeOnly(probe_all, inventory, frozenset(nodes))
+        return probe_all
+
+    def _autoscale_inputs(self, catalog) -> dict:
+        """The daemon decides counts, from the loads of what the last pass left Ready; apply keeps them."""
+        if not any(m.autoscale is not None for m in catalog.models):
+            return {}
+        return {"autoscale": self._read_loads, "ready": self._ready}
+
+    def _remember(self, catalog, result, leading: dict, *, probed_all: bool) -> None:
+        """What the next pass starts from: the pass memory (saved), the counts it left (in etcd too
+        under `leader:`), the replicas whose loads it reads, the inventory, and the nodes it is about."""
         self._history = result.memory
         if "counts_kept" in leading and getattr(result, "autoscale", None):
             self._counts[1](catalog, result.autoscale)
@@ -188,10 +213,9 @@ class ApplyPass:
         if self._history is not None:
             self._memory[1](catalog.root, self._history)
         self._last = (catalog.fleet, result.inventory, self._clock())
-        if kwargs["probe"] is probe_all:
+        if probed_all:
             self._probed_at = self._last[2]
         self._wake_nodes = getattr(result, "next_pass_nodes", frozenset())
-        return result
 
     def load_rose(self) -> list[str]:
         """Between passes (the daemon's loop, every autoscale.look_every): the autoscaled models whose

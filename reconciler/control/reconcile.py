@@ -7,6 +7,7 @@ happen; each step is one call into the module that owns it:
   plan      plan.py           pure: catalog x inventory x memory -> actions
   act       actor/            effects: each action through the Launcher, a typed outcome each
   judge     readiness.py      pure phase judgement of what was started and what runs
+  canary    canary_pass.py    each canary rollout moved on, its checks measured when due
   remember  memory.py         what the next pass needs (backoff, grace, placements)
   status    status.py         written in a `finally`, deferred to the end (Flux's deferred patch):
                               a pass that breaks half-way still says what it saw
@@ -24,13 +25,13 @@ import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from reconciler.act.actor.dispatch import Actor
 from reconciler.act.actor.work import LogFn, RenderFn
 from reconciler.decide.autoscale import AutoscaleState, kept_states, next_pass_at, with_counts
-from reconciler.decide.canary import CanaryCopy, Measurement, Rollout, advance, canary_ids, checks_due, next_wake
-from reconciler.act.canary_checks import Target, measure as measure_checks
+from reconciler.decide.canary import Rollout
+from reconciler.act.canary_pass import MeasureFn, rollouts_after, with_canary_wakes
 from reconciler.act.observed import observe_replica
 from reconciler.act.engine_metrics import (
     ENGINE_SERIES,
@@ -53,7 +54,7 @@ from reconciler.record.memory import (
     PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, started_with_after, with_out_at,
     with_quarantines,
 )
-from reconciler.model import Catalog, Inventory, Model, spec_hash
+from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.decide.outcomes import Decision, PassResult, ReplicaState, copy_key
 from reconciler.decide.placement import Outcome
@@ -68,7 +69,7 @@ from reconciler.record.status.predict import predicted_failures, predicted_pass,
 from reconciler.record.status.gateway_files import read_served
 from reconciler.record.status.write import write_pass
 from reconciler.observe.transport import FleetTransports, Transport, TransportPool
-from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
+from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, NodeState, Phase, WaitKind
 
 DRAINING = Phase.DRAINING
 
@@ -177,9 +178,7 @@ def run_pass(
     #    catalog's `replicas` for this pass. The catalog itself is never written.
     in_force = counts_in_force(catalog) if counts_kept is None else kept_states(catalog, counts_kept)
     fleet_transports = FleetTransports(transports, catalog.fleet)
-    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, fleet_transports, owner=catalog_owner(catalog), epoch=epoch,
-                                         may_act=may_act)
-    launcher = launcher or fleet_launcher(catalog, fleet_transports, ssh_launcher)
+    launcher = pass_launcher(catalog, fleet_transports, launcher, epoch=epoch, may_act=may_act)
 
     # 1. Probe: the fleet as it is; how busy each draining copy's engine is (SPEC section 10), and
     #    whether the gateway serves without it yet (SPEC 13's hand-off).
@@ -203,41 +202,19 @@ def run_pass(
 
     actor = Actor(catalog, inventory, launcher, render or render_replica, log, ready_wait_s=ready_wait_s, health=health)
     try:
-        # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
-        #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
-        if write_status:
+        if write_status:  # status/models rewritten as fetches and stops move, during the pass
             actor.on_change = _progress_writer(catalog, plan, actor, counts, memory.rollouts)
-        no_weights = actor.fetch_weights(plan.actions, fetcher or Fetcher(catalog.fleet, fleet_transports))
-        # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
-        #     decisions in the plan's order. One action's failure never stops the others.
-        actor.act_all([a for a in plan.actions if a.replica not in no_weights])
-        # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
-        actor.wait_ready(unjudged_starts(actor))
+        # 3-4. Fetch, act, judge what was started.
+        act_on_plan(actor, plan, fetcher or Fetcher(catalog.fleet, fleet_transports))
         result.decisions = actor.decisions
         # 5. The fleet as the pass left it, and every desired replica's state in it.
-        result.inventory = with_unanswered(
-            inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports),
-            actor.effects.unanswered)
-        result.replicas = replica_states(catalog, result.inventory, actor.states, plan, launcher, health)
-        # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout.
-        end_stalled_starts(actor, result.replicas)
+        result.inventory, result.replicas = judged_fleet(catalog, inventory, plan, actor, launcher, health)
         # 5c. Canary rollouts (SPEC section 13): the checks measure when due, and each rollout moves on.
         result.replicas, result.rollouts = rollouts_after(catalog, memory.rollouts, result.inventory, result.replicas,
                                                           actor.decisions, now, log=log, measure=measure)
-        # The daemon wakes for a canary's next measurement, or the end of its analysis, as for a drain.
-        wakes = [t for t in (next_wake(m, result.rollouts.get(m.name)) for m in catalog.models)
-                 if t is not None and t > now]  # one already due was measured in this pass
-        result.next_pass_at = min((t for t in (result.next_pass_at, *wakes) if t is not None), default=None)
+        result.next_pass_at = with_canary_wakes(catalog, result.rollouts, result.next_pass_at, now)
         # 6. Remember what the next pass needs.
-        desired = [rid for m in catalog.models for rid in m.replica_ids()]
-        result.memory = replace(remember(memory, plan, result.inventory, actor.states, now, desired,
-                                         attempt_keys=attempt_keys(catalog, inventory, plan),
-                                         quarantine_s=catalog.fleet.gpu_quarantine_s,
-                                         drains_begun=actor.drains_begun),
-                                rollouts=result.rollouts,
-                                # What each running copy was started with, kept for its drain (a removed
-                                # model's included).
-                                started_with=started_with_after(catalog, result.inventory, memory.started_with))
+        result.memory = memory_after(catalog, memory, plan, inventory, result, actor, now)
         # status/nodes.yaml marks the GPUs the crash-loop breaker keeps out (SPEC section 9).
         result.inventory = with_quarantines(result.inventory, result.memory.quarantines, now)
         # The daemon passes again when something this pass left waiting can move (not only on its interval).
@@ -247,11 +224,65 @@ def run_pass(
     finally:
         # 7. Status, deferred: written whatever happened above.
         if write_status:
-            write_status_at_end(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
-            # SPEC 13, step 1 done: the files without each new drain are on disk; its hand-off counts from now.
-            if result.memory is not None:
-                result.memory = with_out_at(result.memory, time.time())
+            write_status_and_hand_off(catalog, result, log, reread_counts=autoscale is None and bool(in_force))
     return result
+
+
+def pass_launcher(catalog: Catalog, transports: FleetTransports, given: Launcher | None, *, epoch: int | None,
+                  may_act: Callable[[], str | None]) -> Launcher:
+    """The pass's launcher: the one given (a test's), else SSH's, carrying the leader's epoch and its
+    check that it still leads, with `launcher: slurm` nodes routed to Slurm."""
+    ssh_launcher = SshLauncher.for_fleet(catalog.fleet, transports, owner=catalog_owner(catalog), epoch=epoch,
+                                         may_act=may_act)
+    return given or fleet_launcher(catalog, transports, ssh_launcher)
+
+
+def act_on_plan(actor: Actor, plan: Plan, fetcher: Fetcher) -> None:
+    """The plan's effects, through the actor (its decisions in the plan's order)."""
+    # 3a. Weights first, to every node a start puts a replica on without them (phase Fetching,
+    #     status rewritten as the bytes arrive); a replica whose fetch failed is not started.
+    no_weights = actor.fetch_weights(plan.actions, fetcher)
+    # 3b. Act: every action at once where nothing orders them, each command under its node's deadline;
+    #     decisions in the plan's order. One action's failure never stops the others.
+    actor.act_all([a for a in plan.actions if a.replica not in no_weights])
+    # 4. Judge what was started: wait (within the budget) for it to be Ready or Failed.
+    actor.wait_ready(unjudged_starts(actor))
+
+
+def judged_fleet(catalog: Catalog, inventory: Inventory, plan: Plan, actor: Actor, launcher: Launcher,
+                 health: HealthCheck) -> tuple[Inventory, dict[str, ReplicaState]]:
+    """The fleet as the pass left it (the probe's, with what the actor started and stopped, and the
+    nodes that stopped answering), and every desired replica's state in it; a start of an earlier
+    pass that ran out of time is ended."""
+    after = with_unanswered(inventory_after(inventory, actor.started, actor.stopped, actor.pids, actor.taken_ports),
+                            actor.effects.unanswered)
+    replicas = replica_states(catalog, after, actor.states, plan, launcher, health)
+    # 5b. Starts that end: a replica of an earlier pass still not Ready past its start timeout.
+    end_stalled_starts(actor, replicas)
+    return after, replicas
+
+
+def memory_after(catalog: Catalog, memory: PassMemory, plan: Plan, probed: Inventory, result: PassResult,
+                 actor: Actor, now: float) -> PassMemory:
+    """What the next pass needs (pure): memory.remember over what the pass did, with the rollouts it
+    left and what each running copy was started with."""
+    desired = [rid for m in catalog.models for rid in m.replica_ids()]
+    return replace(remember(memory, plan, result.inventory, actor.states, now, desired,
+                            attempt_keys=attempt_keys(catalog, probed, plan),
+                            quarantine_s=catalog.fleet.gpu_quarantine_s,
+                            drains_begun=actor.drains_begun),
+                   rollouts=result.rollouts,
+                   # What each running copy was started with, kept for its drain (a removed
+                   # model's included).
+                   started_with=started_with_after(catalog, result.inventory, memory.started_with))
+
+
+def write_status_and_hand_off(catalog: Catalog, result: PassResult, log: LogFn, *, reread_counts: bool) -> None:
+    """status/ for the pass (write_status_at_end); then, SPEC 13, step 1 done: the files without each
+    new drain are on disk, so its hand-off counts from now."""
+    write_status_at_end(catalog, result, log, reread_counts=reread_counts)
+    if result.memory is not None:
+        result.memory = with_out_at(result.memory, time.time())
 
 
 # A replace goes one copy at a time: each step's old copies hand off before the next pass stops them.
@@ -332,95 +363,6 @@ def wake_nodes(result: PassResult) -> frozenset[str]:
             if st is not None:
                 nodes.update(a.node for a in st.nodes)
     return frozenset(nodes)
-
-
-MeasureFn = Callable[[Model, Sequence[Target], Sequence[Target]], "list[Measurement]"]
-
-
-def rollouts_after(catalog: Catalog, before: Mapping[str, Rollout], inventory: Inventory,
-                   replicas: dict[str, ReplicaState], decisions: Sequence[Decision], now: float, *,
-                   log: LogFn = lambda d: None, measure: MeasureFn | None = None
-                   ) -> tuple[dict[str, ReplicaState], dict[str, Rollout]]:
-    """Each canary rollout after the pass (SPEC section 13), and the replicas with their canary copies
-    marked. The checks measure (an effect: requests to the engines, queries to Prometheus) only where
-    canary.checks_due says so; canary.advance decides the rest."""
-    measure = measure or measure_checks
-    records = ranks_by_replica(inventory)
-    # A start or replace of this pass that failed (a refused launch, a new copy never Ready): the copy may be
-    # gone already, so the decision says it, not the records.
-    failed_now = {d.replica: d.reason for d in decisions if not d.ok and d.action in ("fail", "health")}
-    out = {name: r for name, r in before.items() if catalog.model(name) is not None}
-    replicas = dict(replicas)
-    for model in catalog.models:
-        if model.rollout is None:
-            out.pop(model.name, None)
-            continue
-        targets = {spec_hash(model, p) for p in model.profiles}
-        on_target = {rid: _runs(records.get(rid, ()), st, targets) for rid, st in replicas.items() if st.model == model.name}
-        old = sum(1 for rs in records.values()
-                  if any(r.rank == 0 and r.model == model.name and r.spec_hash not in targets for _, r in rs))
-        canaries = []
-        for rid in canary_ids(model):
-            st = replicas.get(rid)
-            if rid in failed_now:
-                canaries.append(CanaryCopy(rid, Phase.FAILED, failed_now[rid]))
-            elif st is not None and on_target.get(rid):
-                canaries.append(CanaryCopy(rid, st.phase, st.message))
-            else:
-                canaries.append(CanaryCopy(rid, Phase.STARTING, "runs the old spec still"))
-        measured = []
-        if old and checks_due(model, before.get(model.name), canaries, now):
-            canary = [t for t in (_target(catalog, replicas.get(c.replica)) for c in canaries) if t is not None]
-            stable = [t for rid, st in sorted(replicas.items()) if st.model == model.name and st.phase == Phase.READY
-                      and not on_target.get(rid) for t in [_target(catalog, st)] if t is not None]
-            measured = measure(model, canary, stable)
-            for m in measured:
-                log(Decision(model.name, "-", DecisionAction.CHECK, m.said, ok=m.ok))
-        r = advance(model, before.get(model.name), old_copies=old, canaries=canaries, measurements=measured, now=now,
-                    revision=catalog.revision, from_revision=_from_revision(records, model, targets))
-        if r is None:
-            out.pop(model.name, None)
-            continue
-        if r != before.get(model.name) and (before.get(model.name) is None or r.state != before[model.name].state):
-            log(Decision(model.name, "-", DecisionAction.ROLLOUT, f"{r.state}: {r.reason}", ok=r.state != RolloutPhase.ABORTED))
-        out[model.name] = r
-        for rid in canary_ids(model):
-            st = replicas.get(rid)
-            if st is None or not on_target.get(rid):
-                continue
-            if r.state == RolloutPhase.PROGRESSING:
-                replicas[rid] = replace(st, canary=True)
-            elif r.state == RolloutPhase.ABORTED and st.phase == Phase.READY:
-                # Out of every gateway file in the pass that aborted it; the next pass stops it, drained.
-                replicas[rid] = replace(st, phase=Phase.DRAINING, message=f"canary aborted: {r.reason}")
-    return replicas, dict(sorted(out.items()))
-
-
-def _runs(records, state: ReplicaState, targets: set[str]) -> bool:
-    """Whether the replica's current copy (the one its state names) runs one of the spec hashes."""
-    where = {a.node for a in state.nodes}
-    heads = [r for n, r in records if r.rank == 0 and (not where or n.id in where)]
-    return bool(heads) and heads[0].spec_hash in targets
-
-
-def _from_revision(records, model: Model, targets: set[str]) -> str | None:
-    """The revision the old copies were started from (what a rollout rolls away from)."""
-    for _, rs in sorted(records.items()):
-        for _, r in rs:
-            if r.rank == 0 and r.model == model.name and r.spec_hash not in targets and r.revision:
-                return r.revision
-    return None
-
-
-def _target(catalog: Catalog, state: ReplicaState | None) -> Target | None:
-    """Where a check reaches a Ready copy's engine (its head's data address)."""
-    if state is None or state.phase != Phase.READY or not state.nodes:
-        return None
-    head = next((a for a in state.nodes if a.rank == 0), state.nodes[0])
-    spec = catalog.fleet.node(head.node)
-    if spec is None or not head.port:
-        return None
-    return Target(state.replica, spec.data_host.bare, head.port)
 
 
 def scaled_counts(catalog: Catalog, in_force: Mapping[str, AutoscaleState], autoscale: LoadReader | None,

@@ -178,26 +178,19 @@ def advance(model: Model, rollout: Rollout | None, *, old_copies: int, canaries:
 
 def _progress(model: Model, r: Rollout, canaries: Sequence[CanaryCopy], measurements: Iterable[Measurement],
               now: float) -> Rollout:
+    """A Progressing rollout after the pass: aborted by a failed canary copy or a check past its
+    failure_limit; waiting while a canary copy is not Ready; promoted once the checks held for
+    analysis_s; else still analysing, with when the checks measure next."""
     policy = model.rollout
-    failed = [c for c in canaries if c.phase == Phase.FAILED]
+    failed = _canary_failures(canaries)
     if failed:
-        said = "; ".join(f"canary {c.replica} failed" + (f": {c.message}" if c.message else "") for c in failed)
-        return _aborted(r, now, said)
+        return _aborted(r, now, failed)
     measurements = list(measurements)
-    tallies = {c.name: c for c in r.checks}
-    for m in measurements:
-        t = tallies.get(m.check, CheckTally(m.check))
-        t = replace(t, passed=t.passed + m.ok, failed=t.failed + (not m.ok), last=m.said)
-        tallies[m.check] = t
-    r = replace(r, checks=tuple(tallies[n] for n in list(dict.fromkeys([*check_names(model), *tallies]))))
-    over = [t for t in r.checks if t.failed > policy.failure_limit]
+    r = replace(r, checks=_tallied(model, r.checks, measurements))
+    over = _over_limit(r.checks, policy.failure_limit)
     if over:
-        t = over[0]
-        return _aborted(r, now, f"{t.last} ({t.failed} failed measurement{'s' * (t.failed != 1)}, "
-                                f"failure_limit {policy.failure_limit})")
-    wanted = len(canary_ids(model))
-    all_ready = len(canaries) == wanted and all(c.phase == Phase.READY for c in canaries)
-    if not all_ready:
+        return _aborted(r, now, over)
+    if not _all_ready(model, canaries):
         waiting = [c.replica for c in canaries if c.phase != Phase.READY]
         return replace(r, ready_since=None, next_check_at=None,
                        reason=f"canary {', '.join(waiting) or 'copies'} not Ready yet")
@@ -207,14 +200,47 @@ def _progress(model: Model, r: Rollout, canaries: Sequence[CanaryCopy], measurem
     if now - ready_since >= policy.analysis_s and measured_all:
         return replace(r, state=RolloutPhase.PROMOTING, since=now, ready_since=ready_since, next_check_at=None,
                        reason=f"checks held for analysis_s {policy.analysis_s:g} s: the rest is replaced")
-    # Without checks nothing is measured: the next look is an interval on, never `now` (the daemon would spin).
-    if measurements or not r.checks:
-        next_check = now + policy.interval_s
-    else:
-        next_check = r.next_check_at if r.next_check_at is not None else now
     left = max(0.0, policy.analysis_s - (now - ready_since))
-    return replace(r, ready_since=ready_since, next_check_at=next_check,
+    return replace(r, ready_since=ready_since, next_check_at=_next_check(r, bool(measurements), now, policy.interval_s),
                    reason=f"canary serving {r.weight}% of requests; checks must hold {left:g} s more")
+
+
+def _canary_failures(canaries: Sequence[CanaryCopy]) -> str:
+    """The canary copies that failed, in words ("" when none did)."""
+    return "; ".join(f"canary {c.replica} failed" + (f": {c.message}" if c.message else "")
+                     for c in canaries if c.phase == Phase.FAILED)
+
+
+def _tallied(model: Model, checks: Sequence[CheckTally], measurements: Sequence[Measurement]) -> tuple[CheckTally, ...]:
+    """Each check's tally with this pass's measurements counted, in check_names' order (then any other)."""
+    tallies = {c.name: c for c in checks}
+    for m in measurements:
+        t = tallies.get(m.check, CheckTally(m.check))
+        t = replace(t, passed=t.passed + m.ok, failed=t.failed + (not m.ok), last=m.said)
+        tallies[m.check] = t
+    return tuple(tallies[n] for n in list(dict.fromkeys([*check_names(model), *tallies])))
+
+
+def _over_limit(checks: Sequence[CheckTally], failure_limit: int) -> str:
+    """Why the rollout aborts: the first check failed more than failure_limit times, in words ("" when none)."""
+    over = [t for t in checks if t.failed > failure_limit]
+    if not over:
+        return ""
+    t = over[0]
+    return f"{t.last} ({t.failed} failed measurement{'s' * (t.failed != 1)}, failure_limit {failure_limit})"
+
+
+def _all_ready(model: Model, canaries: Sequence[CanaryCopy]) -> bool:
+    """Every canary replica is there, and Ready."""
+    return len(canaries) == len(canary_ids(model)) and all(c.phase == Phase.READY for c in canaries)
+
+
+def _next_check(r: Rollout, measured: bool, now: float, interval_s: float) -> float:
+    """When the checks measure next: an interval after this pass's measurement; without checks nothing is
+    measured, so the next look is an interval on, never `now` (the daemon would spin); else when it was due."""
+    if measured or not r.checks:
+        return now + interval_s
+    return r.next_check_at if r.next_check_at is not None else now
 
 
 def _aborted(r: Rollout, now: float, reason: str) -> Rollout:

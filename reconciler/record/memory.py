@@ -68,7 +68,7 @@ def remember(
         gpu_strikes=wanted(strikes),
         quarantines=quarantines,
         draining=draining_after(plan, inventory, drains_begun or {}) if plan is not None else dict(memory.draining),
-        rollouts=dict(memory.rollouts),  # moved after the pass's checks (reconcile.rollouts_after)
+        rollouts=dict(memory.rollouts),  # moved after the pass's checks (canary_pass.rollouts_after)
         started_with=dict(memory.started_with),
     )
 
@@ -383,22 +383,37 @@ def memory_from_document(doc: Any) -> PassMemory:
     try:
         return PassMemory(
             backoff=_backoff_from(doc),
-            unreachable_since={n: float(t) for n, t in (doc.get("unreachable_since") or {}).items()},
+            unreachable_since={n: float(t) for n, t in _entries(doc, "unreachable_since")},
             last_seen=inventory_from_document(doc["last_seen"]) if doc.get("last_seen") else None,
-            placed_on={rid: tuple(nodes) for rid, nodes in (doc.get("placed_on") or {}).items()},
-            draining={key: _drain(d) for key, d in (doc.get("draining") or {}).items()},
-            gpu_strikes={rid: GpuStrikes(tuple((str(n), tuple(int(x) for x in g)) for n, g in s["where"]),
-                                         int(s["count"]), str(s.get("message", "")))
-                         for rid, s in (doc.get("gpu_strikes") or {}).items()},
-            quarantines={(str(q["node"]), int(q["gpu"])): Quarantine(str(q["reason"]), float(q["until"]), str(q.get("uuid", "")))
-                         for q in doc.get("quarantines") or ()},
-            rollouts={str(name): _rollout(r) for name, r in (doc.get("rollouts") or {}).items()},
-            started_with={str(key): StartedWith(str(w["engine"]), ProfileMetrics(**w["metrics"]) if w.get("metrics") else None,
-                                                None if w.get("drain_s") is None else float(w["drain_s"]))
-                          for key, w in (doc.get("started_with") or {}).items()},
+            placed_on={rid: tuple(nodes) for rid, nodes in _entries(doc, "placed_on")},
+            draining={key: _drain(d) for key, d in _entries(doc, "draining")},
+            gpu_strikes={rid: _gpu_strikes(s) for rid, s in _entries(doc, "gpu_strikes")},
+            quarantines=dict(_quarantine(q) for q in doc.get("quarantines") or ()),
+            rollouts={str(name): _rollout(r) for name, r in _entries(doc, "rollouts")},
+            started_with={str(key): _started_with(w) for key, w in _entries(doc, "started_with")},
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return PassMemory()
+
+
+def _entries(doc: Mapping[str, Any], key: str) -> Iterable[tuple[Any, Any]]:
+    """The items of one of the memory document's mappings; absent or null reads as empty."""
+    return (doc.get(key) or {}).items()
+
+
+def _gpu_strikes(doc: Mapping[str, Any]) -> GpuStrikes:
+    return GpuStrikes(tuple((str(n), tuple(int(x) for x in g)) for n, g in doc["where"]),
+                      int(doc["count"]), str(doc.get("message", "")))
+
+
+def _quarantine(doc: Mapping[str, Any]) -> tuple[tuple[str, int], Quarantine]:
+    """One quarantined GPU: its (node, index) and its quarantine."""
+    return (str(doc["node"]), int(doc["gpu"])), Quarantine(str(doc["reason"]), float(doc["until"]), str(doc.get("uuid", "")))
+
+
+def _started_with(doc: Mapping[str, Any]) -> StartedWith:
+    return StartedWith(str(doc["engine"]), ProfileMetrics(**doc["metrics"]) if doc.get("metrics") else None,
+                       None if doc.get("drain_s") is None else float(doc["drain_s"]))
 
 
 # A Backoff's fields, each with its default: the document leaves out those at their default.
