@@ -596,29 +596,39 @@ def replica_states(
 
 def beside_states(catalog: Catalog, records, plan: Plan, states: Mapping[str, ReplicaState], launcher: Launcher,
                   health: HealthCheck = http_health) -> dict[str, ReplicaState]:
-    """The old copies that serve beside their canary copy (SPEC section 13: the stable copies keep serving):
-    those the plan kept (Plan.beside), and those a canary's surge of this pass left running. Each is a stable copy in every gateway file, under its own key (drain_key), so the replica's
+    """The old copies that serve beside their canary copy (SPEC section 13: the stable copies keep serving),
+    each judged as a stable copy in every gateway file, under its own key (drain_key), so the replica's
     own state stays the canary's."""
-    kept = dict(plan.beside)
-    for a in plan.actions:
-        st = states.get(a.replica)
-        # Whether the canary came Ready or failed to launch, the old copy was left running (a canary not
-        # Ready is stopped and the replica's state is the old copy then: the check below skips it).
-        if (a.action == ActionKind.REPLACE and a.keep_previous and a.previous is not None and st is not None
-                and {x.node for x in st.nodes} != {x.node for x in a.previous.nodes}):
-            kept[a.replica] = a.previous
     out = {}
-    for rid, where in kept.items():
+    for rid, where in copies_beside(plan, states).items():
         own = states.get(rid)
-        if own is not None and {(x.node, x.rank) for x in own.nodes} == {(x.node, x.rank) for x in where.nodes}:
+        if own is not None and _slots(own.nodes) == _slots(where.nodes):
             continue  # the replica's own state is that copy already (an abort's canary stopping beside it)
         model = catalog.model(where.model)
-        slots = {(x.node, x.rank) for x in where.nodes}
+        slots = _slots(where.nodes)
         ranks = [(n, r) for n, r in records.get(rid, []) if (n.id, r.rank) in slots]
         state = observe_replica(catalog, ranks, rid, model, launcher, health) if ranks and model else None
         if state is not None:
             out[drain_key(rid, (x.node for x in where.nodes))] = replace(state, canary=False)
     return out
+
+
+def copies_beside(plan: Plan, states: Mapping[str, ReplicaState]) -> dict:
+    """replica -> the old copy serving beside its canary: those the plan kept (Plan.beside), and those a
+    canary's surge of this pass left running."""
+    kept = dict(plan.beside)
+    for a in plan.actions:
+        st = states.get(a.replica)
+        # Whether the canary came Ready or failed to launch, the old copy was left running (a canary not
+        # Ready is stopped and the replica's state is the old copy then: beside_states skips it).
+        if (a.action == ActionKind.REPLACE and a.keep_previous and a.previous is not None and st is not None
+                and {x.node for x in st.nodes} != {x.node for x in a.previous.nodes}):
+            kept[a.replica] = a.previous
+    return kept
+
+
+def _slots(assignments) -> set[tuple[str, int]]:
+    return {(x.node, x.rank) for x in assignments}
 
 
 def current_copy(ranks, observed):

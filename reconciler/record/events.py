@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 from reconciler.errors import UsageError
 from reconciler.frozen import frozen
 from reconciler.decide.outcomes import PassResult
-from reconciler.vocabulary import EventKind, GpuHealth, NodeState, Phase, RolloutPhase
+from reconciler.vocabulary import DecisionAction, EventKind, GpuHealth, NodeState, Phase, RolloutPhase
 
 
 @frozen
@@ -200,36 +200,40 @@ def _gpu_events(before: Seen, result: PassResult, now: float) -> list[Event]:
 def _replica_events(before: Seen, result: PassResult, now: float) -> list[Event]:
     models = {a.replica: a.model for a in (result.plan.actions if result.plan is not None else ())}
     models.update({rid: st.model for rid, st in result.replicas.items()})
-    # Decisions are per rank: one started/stopped per replica, naming its first node.
-    started: dict[str, str] = {}
-    stopped: dict[str, str] = {}
-    for d in result.decisions:
-        if not d.ok or d.node == "-":
-            continue
-        if d.action == "start":
-            started.setdefault(d.replica, d.node)
-        elif d.action == "stop":
-            stopped.setdefault(d.replica, d.node)
-    out = []
-    for rid, node in stopped.items():
-        out.append(Event(now, EventKind.REPLICA_STOPPED, "stopped", model=models.get(rid), replica=rid, node=node))
-    for rid, node in started.items():
-        out.append(Event(now, EventKind.REPLICA_STARTED, "started", model=models.get(rid), replica=rid, node=node))
+    started, stopped = _first_nodes(result.decisions, DecisionAction.START), _first_nodes(result.decisions, DecisionAction.STOP)
+    out = [Event(now, EventKind.REPLICA_STOPPED, "stopped", model=models.get(rid), replica=rid, node=node)
+           for rid, node in stopped.items()]
+    out += [Event(now, EventKind.REPLICA_STARTED, "started", model=models.get(rid), replica=rid, node=node)
+            for rid, node in started.items()]
     for rid, st in result.replicas.items():
-        was = before.phases.get(rid)
-        if st.phase == was:
-            continue
-        node = st.nodes[0].node if st.nodes else None
-        if st.phase == Phase.READY:
-            out.append(Event(now, EventKind.REPLICA_READY, f"Ready at {st.endpoint}" if st.endpoint else "Ready",
-                             model=st.model, replica=rid, node=node))
-        elif st.phase == Phase.FAILED:
-            out.append(Event(now, EventKind.REPLICA_FAILED, st.message or "failed", model=st.model, replica=rid,
-                             node=node, failure=str(st.failure) if st.failure else None))
-        elif st.phase == Phase.DRAINING:
-            out.append(Event(now, EventKind.REPLICA_DRAINING, st.message or "draining", model=st.model,
-                             replica=rid, node=node))
+        if st.phase != before.phases.get(rid):
+            event = _phase_event(rid, st, now)
+            if event is not None:
+                out.append(event)
     return out
+
+
+def _first_nodes(decisions, action: DecisionAction) -> dict[str, str]:
+    """Decisions are per rank: one started (or stopped) per replica, naming its first node."""
+    first: dict[str, str] = {}
+    for d in decisions:
+        if d.ok and d.node != "-" and d.action == action:
+            first.setdefault(d.replica, d.node)
+    return first
+
+
+def _phase_event(rid: str, st, now: float) -> Event | None:
+    """The event of a replica whose phase changed this pass: Ready, Failed (with its kind) or Draining."""
+    node = st.nodes[0].node if st.nodes else None
+    if st.phase == Phase.READY:
+        return Event(now, EventKind.REPLICA_READY, f"Ready at {st.endpoint}" if st.endpoint else "Ready",
+                     model=st.model, replica=rid, node=node)
+    if st.phase == Phase.FAILED:
+        return Event(now, EventKind.REPLICA_FAILED, st.message or "failed", model=st.model, replica=rid,
+                     node=node, failure=str(st.failure) if st.failure else None)
+    if st.phase == Phase.DRAINING:
+        return Event(now, EventKind.REPLICA_DRAINING, st.message or "draining", model=st.model, replica=rid, node=node)
+    return None
 
 
 def _autoscale_events(before: Seen, result: PassResult, now: float) -> list[Event]:
