@@ -9,7 +9,10 @@ In any other process (tests, a daemon) leave_to_exit keeps nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from reconciler.errors import ReconcilerError
 
 _left_to_exit: list[Any] | None = None
 
@@ -29,3 +32,15 @@ def leave_to_exit(*values: Any) -> None:
 def left_to_exit() -> bool:
     """Whether the command left values to the exit: the process ends with os._exit."""
     return bool(_left_to_exit)
+
+
+def catalog_dir(given: str, command: str) -> Path:
+    """The catalog directory a command that serves status/ was given (dashboard, gateway): one that
+    exists and holds fleet.yaml, models/ or status/; else an error saying what to give."""
+    root = Path(given)
+    if not root.is_dir():
+        raise ReconcilerError(f"{given}: no such catalog directory")
+    if not any((root / name).exists() for name in ("fleet.yaml", "models", "status")):
+        raise ReconcilerError(f"{given} is not a catalog (no fleet.yaml, models/ or status/ in it); "
+                              f"give the catalog directory, e.g. `reconciler {command} path/to/catalog`")
+    return root

@@ -5,17 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from reconciler.commands import catalog_dir
 from reconciler.constants import Exit
-from reconciler.errors import ReconcilerError
 
 
 def main(args) -> int:
-    root = Path(args.catalog)
-    if not root.is_dir():
-        raise ReconcilerError(f"{args.catalog}: no such catalog directory")
-    if not any((root / name).exists() for name in ("fleet.yaml", "models", "status")):
-        raise ReconcilerError(f"{args.catalog} is not a catalog (no fleet.yaml, models/ or status/ in it); "
-                              "give the catalog directory, e.g. `reconciler dashboard path/to/catalog`")
+    catalog_dir(args.catalog, "dashboard")
     from reconciler.dashboard.server import DashboardServer
 
     server = DashboardServer(args.catalog, args.address)

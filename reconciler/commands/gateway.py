@@ -8,21 +8,16 @@ import asyncio
 import os
 import shutil
 import sys
-from pathlib import Path
 
+from reconciler.commands import catalog_dir
 from reconciler.constants import Exit
-from reconciler.errors import ReconcilerError, UsageError
+from reconciler.errors import UsageError
 
 DEFAULT_ADDRESS = "127.0.0.1:4000"
 
 
 def main(args) -> int:
-    root = Path(args.catalog)
-    if not root.is_dir():
-        raise ReconcilerError(f"{args.catalog}: no such catalog directory")
-    if not any((root / name).exists() for name in ("fleet.yaml", "models", "status")):
-        raise ReconcilerError(f"{args.catalog} is not a catalog (no fleet.yaml, models/ or status/ in it); "
-                              "give the catalog directory, e.g. `reconciler gateway path/to/catalog`")
+    root = catalog_dir(args.catalog, "gateway")
     litellm = os.environ.get("LLMFLEET_LITELLM") or shutil.which("litellm")
     if not litellm:
         raise UsageError("litellm is not on PATH: install the LiteLLM proxy (pip install 'litellm[proxy]==1.106.12')")
