@@ -160,8 +160,9 @@ def test_apply_of_the_single_machine_example_then_its_removal(installed, tmp_pat
         argv0 = Path(f"/proc/{pid}/exe").resolve()
         assert argv0 == (installed.bin / "python3").resolve()
 
-        # Removed from the catalog: drained first (out of the gateway files, its requests let end), stopped
-        # by a later apply once none runs (at most its drain_s later); apply is one pass, so it is run again.
+        # Removed from the catalog: it leaves the gateway files first, and an idle copy is stopped once the
+        # gateway serves without it (SPEC 13's hand-off: apply waits gateway.settle_s for it within its run);
+        # one with requests running would be left Draining for a later apply, hence the loop.
         (root / "models" / "tiny-echo.yaml").unlink()
         said = []
 
@@ -172,7 +173,8 @@ def test_apply_of_the_single_machine_example_then_its_removal(installed, tmp_pat
             return "tiny-echo-0  local  stop" in again.stdout
 
         wait_for(stopped, timeout=120, what="an apply that stops the removed model's replica")
-        assert "draining (model removed from the catalog)" in said[0]
+        assert "waiting for the gateway to serve without it" in said[0]
+        assert "model removed from the catalog; drained" in said[-1]
         wait_for(lambda: not is_running(pid), timeout=30, what=f"the stand-in server (pid {pid}) to end")
         assert not list((state / "replicas").glob("*.json"))
     finally:
