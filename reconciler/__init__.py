@@ -51,7 +51,8 @@ contract, one for the rooms and one inside each, and CI checks it):
       launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
                           (node_agent, stdlib only, runs on the node, fences a deposed leader's epoch, with
                           its /proc facts in agent_proc and its records and logs in agent_files) over any
-                          transport (ssh_launcher), or Slurm jobs (slurm_launcher)
+                          transport (ssh_launcher), or Slurm jobs (slurm_launcher), with Slurm's view
+                          folded into the probed inventory (slurm_fold)
       fetch/              copying weights to a node that lacks them (agent runs on the node)
     record/             what a pass leaves (beside act/, neither imports the other):
       eventlog            the event log and history samples on disk beside the memory: JSON lines,

@@ -48,7 +48,8 @@ from reconciler.constants import STATUS_DIR
 from reconciler.errors import ReconcilerError
 from reconciler.act.fetch import Fetcher
 from reconciler.act.launcher import Launcher, SshLauncher
-from reconciler.act.launcher.slurm_launcher import fleet_launcher, fold_slurm
+from reconciler.act.launcher.slurm_fold import fold_slurm
+from reconciler.act.launcher.slurm_launcher import fleet_launcher
 from reconciler.record.gateway import handoff
 from reconciler.record.memory import (
     PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, started_with_after, with_out_at,
