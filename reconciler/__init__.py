@@ -59,6 +59,7 @@ contract, one for the rooms and one inside each, and CI checks it):
                           bounded and rotated, read back filtered, followed (SPEC section 15)
       memory              what a pass hands the next (each replica's backoff, grace periods, drains,
                           rollouts), kept between one-shot applies (or in etcd under `leader:`)
+      memory_document     the pass memory as a JSON-able document and back (unreadable: forgotten)
       status/             status/ from one PassResult: the pass's files (write) from the documents, pure
                           (documents), and what a plan predicts (predict); status/gateway/ with hand edits
                           detected (gateway_files); the autoscaled counts read back for planning

@@ -359,7 +359,8 @@ def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_tak
 def test_pass_memory_survives_a_round_trip_through_its_document():
     import json as _json
 
-    from reconciler.record.memory import PassMemory, memory_from_document, memory_to_document
+    from reconciler.record.memory import PassMemory
+    from reconciler.record.memory_document import memory_from_document, memory_to_document
     from reconciler.decide.backoff import Backoff
 
     memory = PassMemory(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from reconciler.record.memory import (
-    DRAIN_RECHECK_S, PassMemory, hold_drains, memory_from_document, memory_to_document, next_drain_check,
-    plan_remembering, remember,
+    DRAIN_RECHECK_S, PassMemory, hold_drains, next_drain_check, plan_remembering, remember,
 )
+from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.model import spec_hash
 from reconciler.decide.plan import plan
 from reconciler.vocabulary import WaitKind
