@@ -75,6 +75,8 @@ contract, one for the rooms and one inside each, and CI checks it):
       scheduling          the order actions need when they run at once, and the buffers their effects go to
       outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
       plan                desired x observed -> ordered actions
+      plan_values         what a plan is: the Plan, a replica that waits and why (Waiting), a serving
+                          copy draining before it stops (Drain, drain_key)
       copies              what runs, for the plan: node records grouped into one copy per replica
       rollout, backoff    how a spec change rolls out: surge or in place, one at a time; the one backoff:
                           per replica how its tries went (crashes, failed starts), when it may be tried

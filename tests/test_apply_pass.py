@@ -398,7 +398,7 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
     from types import SimpleNamespace
 
     from reconciler.control.reconcile import replica_states
-    from reconciler.decide.plan import Waiting
+    from reconciler.decide.plan_values import Waiting
     from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)
@@ -418,7 +418,7 @@ def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unre
     from types import SimpleNamespace
 
     from reconciler.control.reconcile import replica_states
-    from reconciler.decide.plan import Waiting
+    from reconciler.decide.plan_values import Waiting
     from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)

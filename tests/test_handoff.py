@@ -18,7 +18,7 @@ from reconciler.record.memory import (
 from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.model import Fleet, NodeSpec, ProfileMetrics, spec_hash
 from reconciler.decide.outcomes import PassResult, ReplicaState, StartedWith, copy_key
-from reconciler.decide.plan import Drain
+from reconciler.decide.plan_values import Drain
 from reconciler.control.reconcile import stoppable_drains, wait_for_handoffs, with_drain_loads, with_handoffs
 from reconciler.record.status.gateway_files import read_served, write_served
 from reconciler.record.status.write import write_pass

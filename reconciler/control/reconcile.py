@@ -59,7 +59,7 @@ from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.decide.outcomes import Decision, PassResult, ReplicaState, copy_key
 from reconciler.decide.placement import Outcome
-from reconciler.decide.plan import Plan, Waiting, drain_key
+from reconciler.decide.plan_values import Plan, Waiting, drain_key
 from reconciler.observe.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.act.readiness import HealthCheck, http_health
 from reconciler.engines.render import render_replica

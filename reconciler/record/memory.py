@@ -29,7 +29,8 @@ from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory,
 from reconciler.decide.outcomes import GpuStrikes, PassMemory, ReplicaState, StartedWith, copy_key  # noqa: F401  (re-exported)
 from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.record.status.files import write_rendered
-from reconciler.decide.plan import Drain, Plan, Waiting, drain_key, plan as make_plan
+from reconciler.decide.plan import plan as make_plan
+from reconciler.decide.plan_values import Drain, Plan, Waiting, drain_key
 from reconciler.vocabulary import ActionKind, FailureKind, NodeState, Phase, RolloutPhase, WaitKind
 
 # SPEC section 9, the crash-loop breaker: this many failed starts (or crashes before Ready) in a row

@@ -15,7 +15,7 @@ from reconciler.decide.canary import CheckTally, Rollout
 from reconciler.observe.inventory import inventory_from_document, inventory_to_document
 from reconciler.model import ProfileMetrics, Quarantine
 from reconciler.decide.outcomes import GpuStrikes, PassMemory, StartedWith
-from reconciler.decide.plan import Drain
+from reconciler.decide.plan_values import Drain
 from reconciler.vocabulary import FailureKind, RolloutPhase
 
 
