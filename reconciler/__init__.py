@@ -51,13 +51,15 @@ contract, one for the rooms and one inside each, and CI checks it):
       launcher/           getting ranks onto nodes: the protocol and its outcomes (base); the node agent
                           (node_agent, stdlib only, runs on the node, fences a deposed leader's epoch, with
                           its /proc facts in agent_proc and its records and logs in agent_files) over any
-                          transport (ssh_launcher), or Slurm jobs (slurm_launcher)
+                          transport (ssh_launcher), or Slurm jobs (slurm_launcher), with Slurm's view
+                          folded into the probed inventory (slurm_fold)
       fetch/              copying weights to a node that lacks them (agent runs on the node)
     record/             what a pass leaves (beside act/, neither imports the other):
       eventlog            the event log and history samples on disk beside the memory: JSON lines,
                           bounded and rotated, read back filtered, followed (SPEC section 15)
       memory              what a pass hands the next (each replica's backoff, grace periods, drains,
                           rollouts), kept between one-shot applies (or in etcd under `leader:`)
+      memory_document     the pass memory as a JSON-able document and back (unreadable: forgotten)
       status/             status/ from one PassResult: the pass's files (write) from the documents, pure
                           (documents), and what a plan predicts (predict); status/gateway/ with hand edits
                           detected (gateway_files); the autoscaled counts read back for planning
@@ -73,6 +75,8 @@ contract, one for the rooms and one inside each, and CI checks it):
       scheduling          the order actions need when they run at once, and the buffers their effects go to
       outcomes            the typed results of a pass: Decision, ReplicaState, PassMemory, PassResult
       plan                desired x observed -> ordered actions
+      plan_values         what a plan is: the Plan, a replica that waits and why (Waiting), a serving
+                          copy draining before it stops (Drain, drain_key)
       copies              what runs, for the plan: node records grouped into one copy per replica
       rollout, backoff    how a spec change rolls out: surge or in place, one at a time; the one backoff:
                           per replica how its tries went (crashes, failed starts), when it may be tried

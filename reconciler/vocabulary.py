@@ -76,7 +76,7 @@ class CheckResult(StrEnum):
 
 
 class WaitKind(StrEnum):
-    """Why a replica waits (plan.Waiting.kind); status and phases read this, never the message."""
+    """Why a replica waits (plan_values.Waiting.kind); status and phases read this, never the message."""
 
     STOP_WHEN_BACK = "stop_when_back"  # not desired, on a node that does not answer: stopped when it does
     NODE_UNREACHABLE = "node_unreachable"  # within the grace period of a node that does not answer

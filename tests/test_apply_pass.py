@@ -359,7 +359,8 @@ def test_the_snapshot_after_a_pass_drops_stopped_ranks_adds_started_ones_and_tak
 def test_pass_memory_survives_a_round_trip_through_its_document():
     import json as _json
 
-    from reconciler.record.memory import PassMemory, memory_from_document, memory_to_document
+    from reconciler.record.memory import PassMemory
+    from reconciler.record.memory_document import memory_from_document, memory_to_document
     from reconciler.decide.backoff import Backoff
 
     memory = PassMemory(
@@ -397,7 +398,7 @@ def test_a_multi_node_replica_whose_other_node_is_unreachable_is_unknown_not_fai
     from types import SimpleNamespace
 
     from reconciler.control.reconcile import replica_states
-    from reconciler.decide.plan import Waiting
+    from reconciler.decide.plan_values import Waiting
     from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)
@@ -417,7 +418,7 @@ def test_a_dead_rank_on_a_reachable_node_stays_failed_while_another_node_is_unre
     from types import SimpleNamespace
 
     from reconciler.control.reconcile import replica_states
-    from reconciler.decide.plan import Waiting
+    from reconciler.decide.plan_values import Waiting
     from reconciler.vocabulary import WaitKind
 
     fleet = local_fleet(tmp_path)

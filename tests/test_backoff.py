@@ -9,7 +9,8 @@ import json
 import pytest
 
 from reconciler.decide.backoff import BACKOFF_RESET_S, JITTER_FRACTION, PERMANENT_RECHECK_S, Backoff, attempt_key
-from reconciler.record.memory import PassMemory, load_memory, memory_from_document, plan_remembering, save_memory
+from reconciler.record.memory import PassMemory, load_memory, plan_remembering, save_memory
+from reconciler.record.memory_document import memory_from_document
 from reconciler.model import spec_hash
 from reconciler.vocabulary import FailureKind, WaitKind
 from tests.builders import catalog, fleet, gpus, inventory, model, node_spec, observed, profile, rank

@@ -211,7 +211,7 @@ def test_the_old_copy_beside_a_ready_canary_stays_in_the_gateway_with_the_stable
     import yaml
 
     from reconciler.model import Action, Assignment, Placement
-    from reconciler.decide.plan import drain_key
+    from reconciler.decide.plan_values import drain_key
     from tests.apply_support.local import free_port
     from tests.apply_support.seams import catalog as local_catalog, tiny_model
     from tests.test_apply_pass import one_pass

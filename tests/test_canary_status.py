@@ -8,10 +8,10 @@ import dataclasses
 
 from reconciler.decide.canary import Measurement, advance, CanaryCopy
 from reconciler.record.gateway import litellm_document
-from reconciler.record.memory import memory_from_document, memory_to_document
+from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.model import Assignment, Catalog, Fleet, NodeSpec, RolloutPolicy
 from reconciler.decide.outcomes import PassMemory, PassResult, ReplicaState
-from reconciler.decide.plan import Plan
+from reconciler.decide.plan_values import Plan
 from reconciler.schemas import validator
 from reconciler.record.status.documents import CatalogStatus, catalog_document, endpoints_document, model_status_document
 from reconciler.vocabulary import Phase, RolloutPhase

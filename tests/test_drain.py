@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from reconciler.record.memory import (
-    DRAIN_RECHECK_S, PassMemory, hold_drains, memory_from_document, memory_to_document, next_drain_check,
-    plan_remembering, remember,
+    DRAIN_RECHECK_S, PassMemory, hold_drains, next_drain_check, plan_remembering, remember,
 )
+from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.model import spec_hash
 from reconciler.decide.plan import plan
 from reconciler.vocabulary import WaitKind
@@ -148,7 +148,7 @@ import threading  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
 from reconciler.model import Fleet, NodeSpec  # noqa: E402
-from reconciler.decide.plan import Drain  # noqa: E402
+from reconciler.decide.plan_values import Drain  # noqa: E402
 from reconciler.control.reconcile import with_drain_loads  # noqa: E402
 
 
@@ -220,7 +220,7 @@ def test_a_replaces_old_copy_left_draining_beside_the_new_one_is_stopped_once_id
     cat = catalog(fleet(node_spec("a"), node_spec("b")), m)
     inv = inventory(observed("a", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1), port=8000, spec_hash="0ld")]),
                     observed("b", gpu=gpus(8), replicas=[rank("m-0", "m", "p", gpus=(0, 1), port=8000, spec_hash=h)]))
-    from reconciler.decide.plan import Drain
+    from reconciler.decide.plan_values import Drain
 
     old = Drain("m-0", "m", ("a",), 8000, "vllm", 1000.0, 1010.0)
     memory = PassMemory(placed_on={"m-0": ("b",)}, draining={old.key: old})

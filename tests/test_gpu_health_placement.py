@@ -278,10 +278,9 @@ from reconciler.record.memory import (  # noqa: E402
     GpuStrikes,
     PassMemory,
     crash_loops_after,
-    memory_from_document,
-    memory_to_document,
     with_quarantines,
 )
+from reconciler.record.memory_document import memory_from_document, memory_to_document  # noqa: E402
 from reconciler.model import Assignment  # noqa: E402
 from reconciler.decide.outcomes import ReplicaState  # noqa: E402
 

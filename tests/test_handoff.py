@@ -13,12 +13,12 @@ import yaml
 from reconciler.catalog import load_catalog
 from reconciler.record.gateway import SERVED_STALE_S, Served, handoff, litellm_api_bases
 from reconciler.record.memory import (
-    DRAIN_RECHECK_S, PassMemory, memory_from_document, memory_to_document, next_drain_check, plan_remembering,
-    remember, started_with_after, with_out_at,
+    DRAIN_RECHECK_S, PassMemory, next_drain_check, plan_remembering, remember, started_with_after, with_out_at,
 )
+from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.model import Fleet, NodeSpec, ProfileMetrics, spec_hash
 from reconciler.decide.outcomes import PassResult, ReplicaState, StartedWith, copy_key
-from reconciler.decide.plan import Drain
+from reconciler.decide.plan_values import Drain
 from reconciler.control.reconcile import stoppable_drains, wait_for_handoffs, with_drain_loads, with_handoffs
 from reconciler.record.status.gateway_files import read_served, write_served
 from reconciler.record.status.write import write_pass

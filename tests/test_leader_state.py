@@ -18,7 +18,7 @@ from reconciler.commands.run import ApplyPass
 from reconciler.control.election import Election
 from reconciler.control.etcd import EtcdClient
 from reconciler.decide.outcomes import PassMemory, PassResult
-from reconciler.decide.plan import Drain
+from reconciler.decide.plan_values import Drain
 from tests.etcd_cluster import EtcdCluster, have_etcd
 from tests.test_fencing import AgentInProcess
 

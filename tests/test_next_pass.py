@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reconciler.record.memory import DRAIN_RECHECK_S, PassMemory
 from reconciler.decide.outcomes import PassResult, ReplicaState
-from reconciler.decide.plan import Drain, Plan, Waiting
+from reconciler.decide.plan_values import Drain, Plan, Waiting
 from reconciler.model import Assignment
 from reconciler.control.reconcile import START_RECHECK_S, next_pass_wanted, wake_nodes
 from reconciler.vocabulary import Phase, WaitKind

@@ -23,7 +23,7 @@ import yaml
 
 from reconciler.control.reconcile import run_pass
 from reconciler.catalog import load_catalog
-from reconciler.act.launcher.slurm_launcher import fold_slurm
+from reconciler.act.launcher.slurm_fold import fold_slurm
 from reconciler.owner import catalog_owner
 from reconciler.observe.probe import probe_fleet
 from reconciler.observe.slurm import job_name

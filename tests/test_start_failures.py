@@ -8,10 +8,9 @@ import pytest
 from reconciler.decide.backoff import PERMANENT_RECHECK_S, Backoff
 from reconciler.record.memory import (
     PassMemory,
-    memory_from_document,
-    memory_to_document,
     remember,
 )
+from reconciler.record.memory_document import memory_from_document, memory_to_document
 from reconciler.model import Assignment
 from reconciler.decide.outcomes import ReplicaState
 from reconciler.vocabulary import FailureKind, Phase, WaitKind

@@ -154,7 +154,7 @@ def check_inventory_path(inventory_path: str) -> None:
 
 
 def probe_fleet(catalog: Catalog) -> Inventory:
-    from reconciler.act.launcher.slurm_launcher import fold_slurm
+    from reconciler.act.launcher.slurm_fold import fold_slurm
     from reconciler.observe.probe import probe_fleet_report
     from reconciler.observe.ssh import TransportPool
 

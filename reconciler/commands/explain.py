@@ -14,7 +14,7 @@ from reconciler.constants import Exit
 from reconciler.errors import UsageError
 from reconciler.model import Action
 from reconciler.decide.placement import Outcome, summarize
-from reconciler.decide.plan import Waiting
+from reconciler.decide.plan_values import Waiting
 
 
 def main(args) -> int:

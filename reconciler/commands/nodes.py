@@ -16,7 +16,7 @@ from reconciler.catalog import load_catalog
 from reconciler.commands._observe import print_probe_warnings
 from reconciler.constants import Exit
 from reconciler.observe.inventory import inventory_to_document
-from reconciler.act.launcher.slurm_launcher import fold_slurm
+from reconciler.act.launcher.slurm_fold import fold_slurm
 from reconciler.record.memory import load_memory, memory_path, with_quarantines
 from reconciler.model import Fleet, ObservedNode
 from reconciler.owner import catalog_owner

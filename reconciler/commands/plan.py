@@ -14,7 +14,7 @@ from reconciler.constants import Exit
 from reconciler.record.memory import load_memory, memory_path, plan_remembering
 from reconciler.model import Action, Assignment, Placement
 from reconciler.decide.placement import summarize
-from reconciler.decide.plan import Plan
+from reconciler.decide.plan_values import Plan
 from reconciler.decide.autoscale import with_counts
 from reconciler.decide.canary import RolloutView, checks_text
 from reconciler.commands.plan_words import same_rejections, span, where_text

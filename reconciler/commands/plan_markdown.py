@@ -17,7 +17,7 @@ import re
 from reconciler.commands.plan_words import same_rejections, span, where_text
 from reconciler.decide.canary import checks_text
 from reconciler.decide.placement import Outcome, reason_groups
-from reconciler.decide.plan import Plan
+from reconciler.decide.plan_values import Plan
 
 MARKER = "<!-- llm-reconciler plan -->"
 MAX_NAMES = 20  # nodes named per reason; --all names every one

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from reconciler.model import Placement
-from reconciler.decide.plan import Plan
+from reconciler.decide.plan_values import Plan
 
 
 def _gpus(gpus) -> str:

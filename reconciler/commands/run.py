@@ -300,7 +300,7 @@ def _etcd_memory_store(election, log):
     import json
 
     from reconciler.control.etcd import EtcdUnavailable
-    from reconciler.record.memory import memory_from_document, memory_to_document
+    from reconciler.record.memory_document import memory_from_document, memory_to_document
     from reconciler.decide.outcomes import PassMemory
 
     def load(_root):

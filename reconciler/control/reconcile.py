@@ -48,7 +48,8 @@ from reconciler.constants import STATUS_DIR
 from reconciler.errors import ReconcilerError
 from reconciler.act.fetch import Fetcher
 from reconciler.act.launcher import Launcher, SshLauncher
-from reconciler.act.launcher.slurm_launcher import fleet_launcher, fold_slurm
+from reconciler.act.launcher.slurm_fold import fold_slurm
+from reconciler.act.launcher.slurm_launcher import fleet_launcher
 from reconciler.record.gateway import handoff
 from reconciler.record.memory import (
     PassMemory, attempt_keys, next_drain_check, plan_remembering, remember, started_with_after, with_out_at,
@@ -58,7 +59,7 @@ from reconciler.model import Catalog, Inventory
 from reconciler.owner import catalog_owner
 from reconciler.decide.outcomes import Decision, PassResult, ReplicaState, copy_key
 from reconciler.decide.placement import Outcome
-from reconciler.decide.plan import Plan, Waiting, drain_key
+from reconciler.decide.plan_values import Plan, Waiting, drain_key
 from reconciler.observe.probe import FleetProbe, FleetProber, probe_fleet_report
 from reconciler.act.readiness import HealthCheck, http_health
 from reconciler.engines.render import render_replica

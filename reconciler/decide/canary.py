@@ -4,7 +4,7 @@ A model with `rollout:` whose spec changes does not roll out as section 7 alone 
 
     Progressing  its first `canary.replicas` replicas (the lowest ordinals) are replaced by copies of
                  the new spec (surge or in place, section 7); the others keep the old spec, and a
-                 surge keeps its replica's old copy serving beside the canary (plan.Plan.beside). Once
+                 surge keeps its replica's old copy serving beside the canary (plan_values.Plan.beside). Once
                  every canary copy is Ready the checks measure, one measurement per check per
                  `interval_s`, and the canary copies take `weight` percent of the gateway's requests.
     Promoting    the checks held for `analysis_s`: the rest is replaced as section 7 says.

@@ -18,7 +18,7 @@ from reconciler.decide.backoff import Backoff
 from reconciler.decide.canary import Rollout
 from reconciler.frozen import frozen
 from reconciler.model import Assignment, Inventory, ProfileMetrics, Quarantine, replica_ordinal
-from reconciler.decide.plan import Drain, Plan
+from reconciler.decide.plan_values import Drain, Plan
 from reconciler.vocabulary import ActionKind, DecisionAction, FailureKind, Phase
 
 

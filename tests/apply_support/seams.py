@@ -108,12 +108,12 @@ class SimplePlanner:
 
 
 def as_plan(catalog: Catalog, inventory: Inventory, actions):
-    """Bare actions wrapped as the real plan.Plan, so status is written by the real writer.
+    """Bare actions wrapped as the real plan_values.Plan, so status is written by the real writer.
 
     A desired replica's outcome is where its action puts it, else where it runs now.
     """
     from reconciler.decide.placement import Outcome
-    from reconciler.decide.plan import Plan
+    from reconciler.decide.plan_values import Plan
 
     actions = tuple(actions)
     running: dict[str, list] = {}

@@ -12,7 +12,7 @@ from reconciler.model import Action
 from reconciler.act.observed import observe_replica
 from reconciler.decide.outcomes import ActionOutcome
 from reconciler.vocabulary import ActionKind, DecisionAction, Phase
-from reconciler.decide.plan import Drain
+from reconciler.decide.plan_values import Drain
 
 
 class ReplaceActions(StartActions, ReadyWaiting):
@@ -50,7 +50,7 @@ class ReplaceActions(StartActions, ReadyWaiting):
         state = self.wait_ready([action.replica], budget_s=self.replace_wait_s(action))[action.replica]
         if state.phase == Phase.READY:
             if action.keep_previous:
-                # A canary's surge: the old copy serves on beside it (plan.Plan.beside) until promotion.
+                # A canary's surge: the old copy serves on beside it (plan_values.Plan.beside) until promotion.
                 self.decide(action.replica, action.previous.nodes[0].node if action.previous and action.previous.nodes
                             else "-", DecisionAction.KEEP, f"old copy serves on beside the canary: {action.reason}")
                 self.pending.pop(action.replica, None)

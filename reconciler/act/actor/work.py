@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Sequence
 from reconciler.act.launcher import Launcher
 from reconciler.model import Action, Catalog, Fleet, Inventory, Model, Placement, Profile, RankKey, RankLaunch
 from reconciler.decide.outcomes import ActionOutcome, Decision, ReplicaState
-from reconciler.decide.plan import Drain
+from reconciler.decide.plan_values import Drain
 from reconciler.act.readiness import HealthCheck, StartedReplica, http_health
 from reconciler.decide.scheduling import Effects
 from reconciler.observe.snapshot import RankRecords, ranks_by_replica

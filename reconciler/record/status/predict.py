@@ -8,7 +8,7 @@ from typing import Mapping
 from reconciler.model import Catalog, Inventory, Placement
 from reconciler.decide.outcomes import PassResult, ReplicaState
 from reconciler.decide.placement import summarize
-from reconciler.decide.plan import Plan
+from reconciler.decide.plan_values import Plan
 from reconciler.vocabulary import ActionKind, FailureKind, Phase, WaitKind
 
 
