@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.control.reconcile import run_pass
+from reconciler.control.reconcile import apply_pass, run_pass
 from reconciler.catalog import load_catalog
 from reconciler.act.launcher.slurm_fold import fold_slurm
 from reconciler.owner import catalog_owner
@@ -93,8 +93,9 @@ def write_model(root: Path, name: str, records: Path, *, nodes: int = 1, gpus: i
 
 
 def slurm_pass(root: Path, pool, history=None, *, ready_wait_s: float = 30):
-    """`reconciler apply`'s pass: a catalog with `launcher: slurm` nodes gets the Slurm launcher and inventory."""
-    return run_pass(load_catalog(root, with_revision=False), transports=pool, history=history, ready_wait_s=ready_wait_s)
+    """`reconciler apply`'s pass: a catalog with `launcher: slurm` nodes gets the Slurm launcher and inventory;
+    a copy it stops hands off to the gateway first, within the run, as apply does (SPEC 13)."""
+    return apply_pass(load_catalog(root, with_revision=False), transports=pool, history=history, ready_wait_s=ready_wait_s)
 
 
 def engine_records(records: Path) -> list[dict]:
