@@ -141,10 +141,10 @@ def seen_after(result: PassResult, before: Seen | None) -> Seen:
     bad |= {(n, i) for n, i in before.bad_gpus if n in down}
     quarantined = frozenset(result.memory.quarantines) if result.memory is not None else before.quarantined
     return Seen({rid: st.phase for rid, st in result.replicas.items()}, down, frozenset(bad), quarantined,
-                {m: st.current for m, st in result.autoscale.items()}, result.revision, rollout_views(result))
+                {m: st.current for m, st in result.autoscale.items()}, result.revision, rollouts_seen(result))
 
 
-def rollout_views(result: PassResult) -> dict[str, "RolloutSeen"]:
+def rollouts_seen(result: PassResult) -> dict[str, "RolloutSeen"]:
     """Each model's canary rollout as the pass left it (reconciler/decide/canary.py's Rollout), as events see it."""
     return {model: RolloutSeen(r.state, r.revision, r.weight, r.reason) for model, r in result.rollouts.items()}
 
@@ -163,7 +163,7 @@ def pass_events(before: Seen | None, result: PassResult, now: float) -> list[Eve
     out += _gpu_events(before, result, now)
     out += _replica_events(before, result, now)
     out += _autoscale_events(before, result, now)
-    out += rollout_events(before.rollouts, rollout_views(result), now)
+    out += rollout_events(before.rollouts, rollouts_seen(result), now)
     return out
 
 
