@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
 
@@ -104,3 +106,12 @@ class EtcdCluster:
     def close(self) -> None:
         for i in list(self.procs):
             self.stop(i)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A real 3-member etcd cluster for the test module that imports this fixture, closed after it."""
+    c = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    c.start()
+    yield c
+    c.close()

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.etcd_cluster import EtcdCluster, free_ports, have_etcd
+from tests.etcd_cluster import EtcdCluster, cluster, free_ports, have_etcd  # noqa: F401  (cluster: a fixture)
 from tests.gitcatalog import FLEET, CatalogRepo, DaemonProcess, git, model_yaml, wait_for
 from tests.tcp_proxy import TcpProxy
 
@@ -21,14 +21,6 @@ pytestmark = [pytest.mark.process,
               pytest.mark.skipif(not have_etcd(), reason="etcd-server is not installed (scripts/test.sh installs it)")]
 
 LEASE_S = 5
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = EtcdCluster(tmp_path_factory.mktemp("etcd"))
-    c.start()
-    yield c
-    c.close()
 
 
 def leader_section(endpoints) -> str:

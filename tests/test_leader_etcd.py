@@ -11,21 +11,13 @@ import pytest
 from reconciler.control.election import Election, state_key
 from reconciler.control.etcd import EtcdClient, EtcdConfigError, EtcdUnavailable
 from reconciler.vocabulary import Role
-from tests.etcd_cluster import EtcdCluster, free_ports, have_etcd
+from tests.etcd_cluster import EtcdCluster, cluster, free_ports, have_etcd  # noqa: F401  (cluster: a fixture)
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.process,
               pytest.mark.skipif(not have_etcd(), reason="etcd-server is not installed (scripts/test.sh installs it)")]
 
 LEASE_S = 5
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = EtcdCluster(tmp_path_factory.mktemp("etcd"))
-    c.start()
-    yield c
-    c.close()
 
 
 class Log:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.etcd_cluster import EtcdCluster, have_etcd
+from tests.etcd_cluster import EtcdCluster, cluster, have_etcd  # noqa: F401  (cluster: a fixture)
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
 from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, stop_all, wait_for
 from tests.tcp_proxy import TcpProxy
@@ -34,14 +34,6 @@ def nodes(fleet):  # noqa: F811
     for n in NODES:
         fleet.add_node(n)
     return fleet
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = EtcdCluster(tmp_path_factory.mktemp("etcd"))
-    c.start()
-    yield c
-    c.close()
 
 
 def model_doc(replicas: int, marker: str, drain_s: float = 10) -> str:
