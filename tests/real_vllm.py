@@ -15,10 +15,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # What vLLM's CPU build needs on a 2-core test node, given as a profile would give it:
-# --max-model-len keeps the KV cache small; --enforce-eager skips torch.compile, whose cache fails to
+# --max-model-len keeps the KV cache small (2048 tokens of Gemma 3 270M are ~40 MB, and leave room for
+# a stream long enough to outlast a drain's passes); --enforce-eager skips torch.compile, whose cache fails to
 # reload (about 155 s each start without it, 45-57 s with it). VLLM_CPU_KVCACHE_SPACE is GiB of KV
 # cache (its default of 4 would take 8 GiB for two replicas on a 24 GiB machine).
-PROFILE_ARGS = ["--max-model-len", "512", "--enforce-eager"]
+PROFILE_ARGS = ["--max-model-len", "2048", "--enforce-eager"]
 PROFILE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 

