@@ -138,6 +138,19 @@ def test_vllm_cpu_only_two_nodes_split_layers_across_nodes():
     assert "--pipeline-parallel-size" not in pp1[0].argv  # the profile's own choice stands
 
 
+def test_a_cpu_only_rank_of_a_multi_node_replica_gets_the_socket_interface_fleet_yaml_names():
+    # vLLM's CPU build joins its ranks over Gloo, which without GLOO_SOCKET_IFNAME binds where the
+    # host name resolves (loopback, on hosts that map it to 127.0.1.1): the other rank then dials
+    # 127.0.0.1. socket_ifname was dropped for CPU-only profiles, and a two-node vLLM never came up.
+    head, worker = render(profile("vllm", gpu_class=None, gpus_per_node=0, nodes=2),
+                          Assignment(node="a3", rank=0, port=8000), Assignment(node="a1", rank=1, port=8000),
+                          dist_port=29500)
+    assert dict(head.env) == {"CUDA_VISIBLE_DEVICES": "", "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0"}
+    assert dict(worker.env) == {"CUDA_VISIBLE_DEVICES": "", "VLLM_HOST_IP": "10.1.0.11"}  # a1 names no interface
+    [single] = render(profile("vllm", gpu_class=None, gpus_per_node=0), Assignment(node="a3", rank=0, port=8000))
+    assert "GLOO_SOCKET_IFNAME" not in dict(single.env)  # one node: no rendezvous to bind
+
+
 def test_vllm_two_nodes_use_head_data_address_and_workers_run_headless():
     head, worker = two_node(profile("vllm", nodes=2))
     assert head.argv == (

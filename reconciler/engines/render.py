@@ -236,6 +236,15 @@ def _cuda_visible_devices(profile: Profile, assignment: Assignment, inventory: I
 
 def _base_env(ctx: RankContext) -> dict[str, str]:
     env = {"CUDA_VISIBLE_DEVICES": ctx.cuda_visible_devices}
+    # NCCL/Gloo choose their bootstrap socket by interface NAME; the catalog gives an
+    # address, and which interface holds it is only known on the node. So these are
+    # set only when fleet.yaml names the interface (socket_ifname); otherwise NCCL's
+    # own choice stands (it skips lo and docker*), and vLLM gets VLLM_HOST_IP. A CPU-only
+    # rank needs them as much: vLLM's CPU build talks Gloo between nodes, and Gloo
+    # without GLOO_SOCKET_IFNAME binds where the host name resolves, often loopback.
+    if ctx.multi_node and ctx.node.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = ctx.node.socket_ifname
+        env["GLOO_SOCKET_IFNAME"] = ctx.node.socket_ifname
     # A CPU-only rank gets an empty CUDA_VISIBLE_DEVICES: placement gave it no
     # GPU, and a CUDA build of an engine would otherwise grab one anyway.
     if ctx.profile.cpu_only:
@@ -248,13 +257,6 @@ def _base_env(ctx: RankContext) -> dict[str, str]:
         # `=` asks NCCL for exact names: a bare `mlx5_1` is a prefix and would also
         # select mlx5_10..mlx5_17, HCAs of another fabric on a large node.
         env["NCCL_IB_HCA"] = "=" + ",".join(ctx.assignment.hcas)
-    # NCCL/Gloo choose their bootstrap socket by interface NAME; the catalog gives an
-    # address, and which interface holds it is only known on the node. So these are
-    # set only when fleet.yaml names the interface (socket_ifname); otherwise NCCL's
-    # own choice stands (it skips lo and docker*), and vLLM gets VLLM_HOST_IP.
-    if ctx.multi_node and ctx.node.socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = ctx.node.socket_ifname
-        env["GLOO_SOCKET_IFNAME"] = ctx.node.socket_ifname
     return env
 
 
