@@ -63,7 +63,8 @@ contract, one for the rooms and one inside each, and CI checks it):
       status/             status/ from one PassResult: the pass's files (write) from the documents, pure
                           (documents), and what a plan predicts (predict); status/gateway/ with hand edits
                           detected (gateway_files); the autoscaled counts read back for planning
-                          (read_back); deterministic YAML, atomic, only on change (files)
+                          (read_back); deterministic YAML, atomic, only on change (files), written
+                          straight from the document where PyYAML would write the same bytes (emit)
       metrics             the daemon's Prometheus metrics
       events, history,    pure: a pass's events from its PassResult against what the last pass left, and
       alerts              reading them back (filters, --since); one history sample per pass; the

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from reconciler.constants import STATUS_DIR
 from reconciler.errors import StatusWriteError
+from reconciler.record.status.emit import Unsupported, emit
 
 
 @functools.cache
@@ -40,6 +41,15 @@ def _status_dumper() -> type:
 
 
 def dump_yaml(doc: Any) -> str:
+    """The document as status files hold it: emit.py's direct writer, and PyYAML where that writer
+    says it would not write the same bytes."""
+    try:
+        return emit(doc)
+    except Unsupported:
+        return pyyaml_dump(doc)
+
+
+def pyyaml_dump(doc: Any) -> str:
     import yaml
 
     return yaml.dump(doc, Dumper=_status_dumper(), sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
