@@ -4,6 +4,8 @@ node at a time or the fleet at once, and turn their reports (report.py) into an 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import hashlib
 import json
 import threading
 import time
@@ -71,10 +73,15 @@ GPU_HEALTH_QUERIES = True
 
 
 def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> dict:
+    return _args(tuple(spec.model_dirs), spec.state_dir, float(spec.ssh.command_timeout_s),
+                 None if sources is None else tuple(sources), owner)
+
+
+def _args(model_dirs: tuple, state_dir, command_timeout_s: float, sources: tuple | None, owner: str | None) -> dict:
     args = {
-        "model_dirs": list(spec.model_dirs),
+        "model_dirs": list(model_dirs),
         "sources": None if sources is None else sorted(set(sources)),
-        "state_dir": spec.state_dir,
+        "state_dir": state_dir,
     }
     if owner is not None:
         args["owner"] = owner
@@ -82,7 +89,7 @@ def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None 
         args["gpu_health"] = False
     # The node's own waits end well inside the command's deadline, so a hung nvidia-smi or
     # `import sglang` is reported as such (GPUs unknown) instead of the whole node timing out.
-    inner = round(max(1.0, min(20.0, float(spec.ssh.command_timeout_s) / 2)), 1)
+    inner = round(max(1.0, min(20.0, command_timeout_s / 2)), 1)
     if inner < 20.0:
         args["nvidia_smi_timeout_s"] = args["sglang_timeout_s"] = inner
     return args
@@ -179,16 +186,45 @@ def probe_node(
 
 def session_request(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> bytes:
     """One request line for a running probe session: the probe's arguments as JSON."""
-    return json.dumps(probe_args(spec, sources, owner), sort_keys=True, separators=(",", ":")).encode()
+    return _encoded_request(tuple(spec.model_dirs), spec.state_dir, float(spec.ssh.command_timeout_s),
+                            None if sources is None else tuple(sources), owner, GPU_HEALTH_QUERIES)
+
+
+@lru_cache(maxsize=64)
+def _encoded_request(model_dirs: tuple, state_dir, command_timeout_s: float, sources: tuple | None,
+                     owner: str | None, gpu_health: bool) -> bytes:
+    # Every node of a fleet asks with the same few arguments (the catalog's sources among them,
+    # hundreds of paths), pass after pass: encoded once, not once per node and pass. gpu_health
+    # (GPU_HEALTH_QUERIES, read by _args) is part of the key so that a change of it is seen.
+    args = _args(model_dirs, state_dir, command_timeout_s, sources, owner)
+    return json.dumps(args, sort_keys=True, separators=(",", ":")).encode()
+
+
+# The last answer of each node's probe session, by a digest of its bytes, with what it was read as:
+# a node that answers what it answered last pass (an idle node, most of a fleet) is not parsed again.
+# observed_from_report is pure, so the same bytes, fleet.yaml entry and owner give the same node.
+_LAST_ANSWER: dict[str, tuple[bytes, NodeSpec, str | None, NodeProbe]] = {}
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def warm_result(spec: NodeSpec, answer: Callable[[], bytes], timeout: float, started: float, clock, owner: str | None) -> NodeProbe | None:
     """The node's probe from its running session's answer (`answer()` returns the line or raises);
     None when the one-shot probe should say what is wrong instead."""
     try:
-        report = _decode_report(answer())
+        data = answer()
+        digest = _digest(data)
+        last = _LAST_ANSWER.get(spec.id)
+        if last is not None and last[0] == digest and last[2] == owner and (last[1] is spec or last[1] == spec):
+            return dataclasses.replace(last[3], seconds=clock() - started)
+        report = _decode_report(data)
         if "error" not in report:
-            return _from_report(spec, report, started, clock, owner)
+            probe = _from_report(spec, report, started, clock, owner)
+            if probe.node.state != NodeState.UNREACHABLE:  # an unreadable report is read again, to say why
+                _LAST_ANSWER[spec.id] = (digest, spec, owner, probe)
+            return probe
     except CommandTimeout:
         return NodeProbe(unreachable(spec, f"probe ran past {timeout:g}s"), (), True, clock() - started)
     except OutputTooLarge as exc:

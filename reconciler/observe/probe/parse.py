@@ -12,6 +12,8 @@ never a silently wrong inventory.
 
 from __future__ import annotations
 
+import functools
+
 import struct
 
 DEFAULT_GID_PREFIX = "fe80:0000:0000:0000"  # an IB subnet manager left at its default
@@ -57,6 +59,7 @@ def gpu_model_token(name: str) -> str:
     return first
 
 
+@functools.lru_cache(maxsize=1024)  # a fleet has a few kinds of GPU, each probed on every node every pass
 def gpu_class(name: str, memory_total_mb: int | None) -> str:
     """`<model>-<size>GB` as SPEC section 1 defines it.
 

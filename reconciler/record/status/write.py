@@ -16,7 +16,7 @@ from reconciler.decide.placement import port_windows
 from reconciler.record.status.documents import (
     CatalogStatus, catalog_document, endpoints_document, model_status_document, removed_model_document,
 )
-from reconciler.record.status.files import status_dir, write_document
+from reconciler.record.status.files import dump_yaml, status_dir, write_document, write_rendered
 from reconciler.record.status.gateway_files import write_gateway_files
 
 
@@ -84,7 +84,10 @@ def write_nodes_status(
     if models is not None:
         inventory = status_snapshot(inventory, models)
     path = status_dir(catalog_root) / "nodes.yaml"
-    return [path] if write_document(path, inventory_to_document(inventory)) else []
+    # Keyed by the (frozen) snapshot itself: an idle pass hands on an equal one, mostly the very
+    # node objects of the last pass (a node that answered the same is not read again), so the
+    # comparison is nearly free where building the document and its repr took a tenth of the pass.
+    return [path] if write_rendered(path, ("nodes", inventory), lambda: dump_yaml(inventory_to_document(inventory))) else []
 
 
 def status_snapshot(inventory: Inventory, models: Iterable[Model]) -> Inventory:
