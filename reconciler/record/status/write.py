@@ -3,6 +3,7 @@ the gateway files and nodes.yaml, each written only when its content changed."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from pathlib import Path
@@ -91,16 +92,25 @@ def write_nodes_status(
 
 
 def status_snapshot(inventory: Inventory, models: Iterable[Model]) -> Inventory:
-    """The inventory as status/nodes.yaml records it: ports_in_use only where placement hands out ports."""
-    windows = port_windows(models)
+    """The inventory as status/nodes.yaml records it: ports_in_use only where placement hands out ports.
+    A node whose ports all stay is handed on as it is (the same object, which keeps the comparison
+    write_nodes_status makes on an idle pass nearly free)."""
+    windows = port_windows(models)  # sorted, disjoint
+    starts = [lo for lo, _ in windows]
 
-    def keep(port: int) -> bool:
-        return any(lo <= port < hi for lo, hi in windows)
+    def kept(ports: tuple[int, ...]) -> tuple[int, ...]:
+        out = []
+        for p in ports:
+            i = bisect.bisect_right(starts, p) - 1
+            if i >= 0 and p < windows[i][1]:
+                out.append(p)
+        return tuple(out)
 
-    return Inventory(tuple(
-        dataclasses.replace(n, ports_in_use=tuple(p for p in n.ports_in_use if keep(p))) if n.ports_in_use else n
-        for n in inventory.nodes
-    ))
+    nodes = []
+    for n in inventory.nodes:
+        ports = kept(n.ports_in_use) if n.ports_in_use else ()
+        nodes.append(n if ports == n.ports_in_use else dataclasses.replace(n, ports_in_use=ports))
+    return Inventory(tuple(nodes))
 
 
 def write_catalog_status(catalog_root: str | os.PathLike, st: CatalogStatus) -> bool:
