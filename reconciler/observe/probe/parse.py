@@ -13,7 +13,6 @@ never a silently wrong inventory.
 from __future__ import annotations
 
 import functools
-
 import struct
 
 DEFAULT_GID_PREFIX = "fe80:0000:0000:0000"  # an IB subnet manager left at its default
