@@ -390,7 +390,7 @@ def test_real_vllm_autoscales_one_to_two_on_its_running_and_waiting_and_back_to_
         assert [r["id"] for r in up["replicas"]] == ["gemma-0", "gemma-1"]
         # A long request on the replica about to go: the scale-down drains it, never cuts it.
         last = head_endpoint(up["replicas"][1])
-        stream = Stream(last)
+        stream = Stream(last, tokens=400)  # the daemon's own passes drain it: no apply to outlast
         stream.start()
         assert stream.started.wait(300) and stream.error is None, stream.error
         # No load now but the stream: the short down delay again, and the daemon scales down by one.
@@ -411,8 +411,15 @@ def test_real_vllm_autoscales_one_to_two_on_its_running_and_waiting_and_back_to_
             p.unlink()
         cli(repo.path, tmp_path / "xdg", "apply", str(repo.path))
     assert max(seen) == 2 and seen[seen.index(2):] == [2, 1], seen
-    # The load the daemon read was vLLM's own: its metrics answered on every pass.
-    assert [e for e in daemon.events("decision") if e.get("action") == "metrics"] == []
+    # The load the daemon read was vLLM's own: both moves were made on vLLM's real figures, and its
+    # metrics never lacked a series the adapter names. Under a second engine's start on two cores
+    # a /metrics may answer late (a CI run saw one "did not answer within 2 s"): counted at target,
+    # said, and never a reason to move.
+    moves = [e["reason"] for e in daemon.events("decision") if e.get("action") == "scale"]
+    assert any("1 -> 2" in m for m in moves) and any("2 -> 1" in m for m in moves), moves
+    assert all(m.startswith("requests ") for m in moves), moves
+    unread = [e["reason"] for e in daemon.events("decision") if e.get("action") == "metrics"]
+    assert all("did not answer within" in r for r in unread), unread
     assert stops_of(daemon) == ["gemma-1"], stops_of(daemon)
 
 
