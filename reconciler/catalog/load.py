@@ -24,14 +24,20 @@ MODELS_DIR = "models"
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
+def catalog_tree(root: Path) -> Iterator[tuple[str, list[str]]]:
+    """(folder, its file names, sorted) for every folder of the catalog the loader looks in: hidden
+    folders and the top-level status/ (the reconciler's own output) are left out."""
+    top = True
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (top and d == STATUS_DIR))
+        top = False
+        yield dirpath, sorted(filenames)
+
+
 def _stray_yaml(root: Path) -> Iterator[Path]:
     """YAML files outside models/ that look like model files: they would be silently ignored."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(
-            d for d in dirnames if not d.startswith(".") and not (rel_dir == Path(".") and d in (STATUS_DIR,))
-        )
-        for f in sorted(filenames):
+    for dirpath, filenames in catalog_tree(root):
+        for f in filenames:
             if not f.endswith(YAML_SUFFIXES):
                 continue
             p = Path(dirpath) / f

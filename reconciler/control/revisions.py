@@ -17,6 +17,7 @@ from reconciler.constants import STATUS_DIR
 from reconciler.control.log import EventLog
 from reconciler.errors import CatalogInvalid, Problem
 from reconciler.catalog.gitrev import GitCatalog, GitError, PullOutcome
+from reconciler.catalog.load import catalog_tree
 from reconciler.model import Catalog
 from reconciler.record.status.documents import CatalogStatus, LeaderStatus, Upstream, catalog_document
 from reconciler.vocabulary import PullState
@@ -46,22 +47,21 @@ class DaemonState:
 
 
 def directory_stamp(root: Path) -> tuple:
-    """What the catalog's files are now, by their metadata: every file and folder of the directory
-    but status/ and hidden ones, with its size, inode and modification and change times (ns). A
-    file written in place changes its times; one replaced by a rename changes its inode. A file the
-    catalog names outside itself (a TLS file under `leader:`) is checked again when the catalog
-    changes, as a git catalog's are at its next commit."""
-    stamp = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        top = dirpath == str(root)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (top and d == STATUS_DIR))
-        for name in [*dirnames, *sorted(filenames)]:
+    """What the catalog's files are now, by their metadata: every folder the loader looks in
+    (catalog_tree: not status/, not hidden folders) and every file in them, with its size, inode and
+    modification and change times (ns). A file written in place changes its times; one replaced by a
+    rename changes its inode. A file the catalog names outside itself (a TLS file under `leader:`) is
+    checked again when the catalog changes, as a git catalog's are at its next commit."""
+    stamp: list[tuple] = []
+    for dirpath, filenames in catalog_tree(root):
+        stamp.append((os.path.relpath(dirpath, root),))  # a folder by its name: its files say the rest
+        for name in filenames:
+            path = os.path.join(dirpath, name)
             try:
-                st = os.stat(os.path.join(dirpath, name))
+                st = os.stat(path)
             except OSError:  # gone while walked: the next pass sees the rest
                 continue
-            stamp.append((os.path.relpath(os.path.join(dirpath, name), root), st.st_size, st.st_ino,
-                          st.st_mtime_ns, st.st_ctime_ns))
+            stamp.append((os.path.relpath(path, root), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(stamp)
 
 
