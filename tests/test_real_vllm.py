@@ -30,6 +30,7 @@ from tests.gitcatalog import CatalogRepo, DaemonProcess, git, wait_for
 from tests.real_vllm import PROFILE_ARGS, PROFILE_ENV, vllm_bin, vllm_model
 from tests.apply_support.local import is_running
 from tests.test_gateway_real import Child, free_loopback_port, get_json, pid_of, program, wait_until
+from tests.test_real_llamacpp import record, state_dir
 
 pytestmark = [pytest.mark.fleet, pytest.mark.real_engine]
 
@@ -298,7 +299,7 @@ def test_a_vllm_that_exits_at_start_is_failed_with_its_own_error_and_not_restart
 
 def starts(fleet: TestFleet, node: str, replica: str) -> int:
     """How many times the node agent started the replica's head: its log has a line before each start."""
-    logs = fleet.node(node).dir / "home" / ".local" / "state" / "llm-reconciler" / "logs"
+    logs = state_dir(fleet, node) / "logs"
     return sum(p.read_text(errors="replace").count(START_MARK) for p in logs.glob(f"*{replica}.rank0*"))
 
 
@@ -470,13 +471,9 @@ def test_a_two_node_vllm_replica_splits_its_layers_across_both_nodes_and_both_ra
     assert sorted(ranks) == [0, 1] and set(ranks.values()) == {"v1", "v2"}, replica["nodes"]
     head_node, worker_node = ranks[0], ranks[1]
 
-    def agent_dir(node: str) -> Path:
-        return fleet.node(node).dir / "home" / ".local" / "state" / "llm-reconciler"
-
     # Rendered for real: rank 1 is headless and dials the head's own address, never loopback.
     head_address, worker_address = fleet.node(head_node).address, fleet.node(worker_node).address
-    head = json.loads(next((agent_dir(head_node) / "replicas").glob("*gemma-0.rank0.json")).read_text())
-    worker = json.loads(next((agent_dir(worker_node) / "replicas").glob("*gemma-0.rank1.json")).read_text())
+    head, worker = record(fleet, head_node, "gemma-0", 0), record(fleet, worker_node, "gemma-0", 1)
     argv = worker["argv"]
     assert argv[argv.index("--master-addr") + 1] == head_address and "--headless" in argv, argv
     assert argv[argv.index("--node-rank") + 1] == "1" and argv[argv.index("--pipeline-parallel-size") + 1] == "2", argv
@@ -485,7 +482,7 @@ def test_a_two_node_vllm_replica_splits_its_layers_across_both_nodes_and_both_ra
         assert env.get("GLOO_SOCKET_IFNAME") == "eth0" and env.get("VLLM_HOST_IP") == address, env
 
     # Each rank's worker loaded its own pipeline stage: vLLM's own log lines, on each node.
-    logs = {rank: "".join(p.read_text(errors="replace") for p in (agent_dir(node) / "logs").glob(f"*gemma-0.rank{rank}*"))
+    logs = {rank: "".join(p.read_text(errors="replace") for p in (state_dir(fleet, node) / "logs").glob(f"*gemma-0.rank{rank}*"))
             for rank, node in ranks.items()}
     assert "Worker_PP0" in logs[0] and "Loading weights took" in logs[0], logs[0][-2000:]
     stage1 = [line for line in logs[1].splitlines() if "Worker_PP1 pid=" in line and "Loading weights took" in line]
