@@ -263,7 +263,7 @@ async def asyncssh_passes(root: Path, names_to_addr: dict[str, str], host_key: P
 
     from reconciler.catalog import load_catalog
     from reconciler.model import Inventory
-    from reconciler.observe.probe.collect import observed_from_report, probe_args, session_command, unreachable
+    from reconciler.observe.probe.collect import observed_from_report, session_command, session_request, unreachable
     from reconciler.record.status.write import write_nodes_status
 
     catalog = load_catalog(root, with_revision=False)
@@ -291,7 +291,7 @@ async def asyncssh_passes(root: Path, names_to_addr: dict[str, str], host_key: P
         conn, writer, reader = sessions[spec.id]
         if conn is None:
             return unreachable(spec, reader)
-        request = json.dumps(probe_args(spec, []), sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        request = session_request(spec, []) + b"\n"
         writer.write(request)
         line = await asyncio.wait_for(reader.readline(), 60)
         return observed_from_report(spec, json.loads(line))[0]

@@ -72,12 +72,9 @@ def _payload() -> bytes:
 GPU_HEALTH_QUERIES = True
 
 
-def probe_args(spec: NodeSpec, sources: Iterable[str] | None, owner: str | None = None) -> dict:
-    return _args(tuple(spec.model_dirs), spec.state_dir, float(spec.ssh.command_timeout_s),
-                 None if sources is None else tuple(sources), owner)
-
-
 def _args(model_dirs: tuple, state_dir, command_timeout_s: float, sources: tuple | None, owner: str | None) -> dict:
+    """What the probe is asked (session_request encodes it): where to look for weights, which
+    sources, its state folder, whose records are ours, and its own time limits."""
     args = {
         "model_dirs": list(model_dirs),
         "sources": None if sources is None else sorted(set(sources)),
@@ -106,8 +103,7 @@ def session_command() -> tuple[list[str], bytes]:
 
 def probe_command(spec: NodeSpec, sources: Iterable[str] | None = None, owner: str | None = None) -> tuple[list[str], bytes]:
     """The argv and stdin that probe `spec`: `python3 - '<json>'` with the script on stdin."""
-    args = json.dumps(probe_args(spec, sources, owner), sort_keys=True, separators=(",", ":"))
-    return [PYTHON, "-", args], _payload()
+    return [PYTHON, "-", session_request(spec, sources, owner).decode()], _payload()
 
 
 def unreachable(spec: NodeSpec, reason: str, failure: FailureKind = FailureKind.TEMPORARY) -> ObservedNode:
