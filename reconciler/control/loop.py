@@ -6,8 +6,9 @@ loop to stop after the step in progress (engines are left running; the next
 daemon adopts them). Everything that wakes the loop (the file watcher thread,
 the interval, a signal) only adds a reason and sets an event.
 
-Which revision is in force is revisions.py's; the log is events.py's, the
-lock lock.py's, the watcher watch.py's, metrics from a pass observe.py's.
+Which revision is in force is revisions.py's; the log is log.py's, the
+lock lock.py's, the watcher watch.py's, metrics from a pass pass_metrics.py's, and the garbage
+collection between passes collector.py's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from reconciler.record.status.write import write_catalog_status
 from reconciler.decide.autoscale import look_every
 from reconciler.decide.canary import out_of_sync
 from reconciler.constants import Exit
+from reconciler.control.collector import BetweenPasses
 from reconciler.control.election import Election, View
 from reconciler.control.etcd import EtcdClient, EtcdConfigError
 from reconciler.control.log import EventLog
@@ -172,7 +174,8 @@ class Daemon:
                 watcher.start()
             self.log("daemon.started", catalog=str(self.root), pid=os.getpid(), interval=self.options.interval,
                      git=("yes" if self.git else "no: the working tree is applied as it is"))
-            self._run_until_stopped(watcher)
+            with BetweenPasses() as collector:
+                self._run_until_stopped(watcher, collector)
             self.log("daemon.stopped", reason=self._stopping, msg="engines left running")
             return Exit.OK
         finally:
@@ -189,7 +192,7 @@ class Daemon:
                 self.election.stop()  # the lease handed back: a standby takes over at once
             self.lock.release()
 
-    def _run_until_stopped(self, watcher: Watcher | None) -> None:
+    def _run_until_stopped(self, watcher: Watcher | None, collector: BetweenPasses) -> None:
         """The loop: wait for a reason (the resync interval, or the time the last pass asked for), then
         pass or only refresh status. A pass the last one asked for ("wake") neither pulls nor moves the
         resync, so a long drain or start, looked at every few seconds, never postpones the next pull."""
@@ -214,6 +217,7 @@ class Daemon:
                 self.log("watcher.failed", msg=f"{watcher.error}; changes are seen on the resync interval only")
             if self._wants_pass(reasons):
                 self.reconcile(trigger=_trigger_name(reasons), pull=bool(reasons & {"start", "interval", "SIGHUP"}))
+                collector.after_pass()  # after the pass's clock stopped, before the wait for the next
                 self._look_at = None  # the pass has just read the loads: the next look is a period from now
                 if reasons != {"wake"}:
                     next_resync = self.clock() + self.options.interval
