@@ -34,6 +34,7 @@ never on a message's wording:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -59,7 +60,12 @@ def position_after(before: str | bytes) -> tuple[int, int]:
 
 # What YAML allows in a stream (YAML 1.2, c-printable): tab, line breaks, and the printable characters.
 _PRINTABLE_ASCII = bytes([0x09, 0x0A, 0x0D, *range(0x20, 0x7F)])
-_NOT_PRINTABLE = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+@functools.cache
+def _not_printable() -> re.Pattern:
+    # Compiled on first use, by a file that is not ASCII: 3.4 ms that every command paid at start.
+    return re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def has_refused_character(data: bytes, text: str) -> bool:
@@ -69,7 +75,7 @@ def has_refused_character(data: bytes, text: str) -> bool:
     regex search)."""
     if text.isascii():
         return bool(data.translate(None, _PRINTABLE_ASCII))
-    return _NOT_PRINTABLE.search(text) is not None
+    return _not_printable().search(text) is not None
 
 
 def refused_character(text: str, character: str | int) -> tuple[str, tuple[int, int]]:

@@ -233,6 +233,18 @@ def test_every_problem_in_every_file_is_reported_in_file_order(tmp_path):
     assert [p.split(":")[0] for p in problems] == ["fleet.yaml", "models/a.yaml", "models/b.yaml", "models/b.yaml"]
 
 
+def test_a_snapshot_kept_beside_fleet_yaml_is_not_taken_for_a_stray_model_file(tmp_path):
+    # Megabytes of YAML that mention profiles at the top level, as a snapshot of a large fleet can:
+    # past STRAY_MODEL_MAX_BYTES a file is not read for the stray-model check at all.
+    from reconciler.catalog.load import STRAY_MODEL_MAX_BYTES
+
+    big = MODEL.replace("llama", "big") + "#" + "x" * STRAY_MODEL_MAX_BYTES + "\n"
+    root = write_catalog(tmp_path, {"fleet.yaml": FLEET, "models/llama.yaml": MODEL, "nodes.yaml": big,
+                                    "small.yaml": MODEL.replace("llama", "small")})
+    assert problems_of(root) == ["small.yaml:1:1: looks like a model file but is outside models/, so it would be "
+                                 "ignored; move it to models/small.yaml"]
+
+
 def test_symlink_pointing_outside_the_catalog_is_refused(tmp_path):
     outside = tmp_path / "elsewhere.yaml"
     outside.write_text(MODEL)
@@ -274,6 +286,28 @@ def test_revision_is_the_git_commit(tmp_path):
     subprocess.run(git + ["commit", "-qm", "c"], check=True)
     head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     assert load_catalog(root).revision == head
+
+
+def test_a_catalog_in_a_subfolder_of_a_repository_has_the_revision_and_a_plain_folder_runs_no_git(tmp_path, monkeypatch):
+    from reconciler.catalog import gitrev
+
+    repo = tmp_path / "repo"
+    root = write_catalog(repo / "fleets" / "east", {"fleet.yaml": FLEET, "models/llama.yaml": MODEL})
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    assert load_catalog(root).revision == gitrev.catalog_revision_of(root) is not None
+
+    plain = write_catalog(tmp_path / "plain", {"fleet.yaml": FLEET, "models/llama.yaml": MODEL})
+    asked = []
+    monkeypatch.setattr(gitrev, "catalog_revision_of", lambda r: asked.append(r))
+    monkeypatch.delenv("GIT_DIR", raising=False)
+    monkeypatch.delenv("GIT_WORK_TREE", raising=False)
+    assert load_catalog(plain).revision is None and asked == []  # no .git above it: git is not asked
+    monkeypatch.setenv("GIT_DIR", str(repo / ".git"))
+    load_catalog(plain)
+    assert asked == [plain]  # GIT_DIR may make any folder a work tree: git is asked
 
 
 # --------------------------------------------------------------------------- CLI
