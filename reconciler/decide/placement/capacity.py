@@ -40,9 +40,14 @@ def _model_disk(spec, obs: ObservedNode | None) -> tuple[str | None, float | Non
     """(path, GiB free) of the disk the node keeps weights on: its first model_dir, else the first disk seen."""
     if obs is None or not obs.disks:
         return None, None
-    want = spec.model_dirs[0] if spec.model_dirs else None
-    disk = next((d for d in obs.disks if d.path == want), None) if want else obs.disks[0]
-    return (disk.path, disk.free_bytes / (1 << 30)) if disk is not None else (None, None)
+    if not spec.model_dirs:
+        disk = obs.disks[0]
+        return disk.path, disk.free_bytes / (1 << 30)
+    want = spec.model_dirs[0]
+    for disk in obs.disks:  # a loop, not next() over a generator: once per node of the fleet
+        if disk.path == want:
+            return disk.path, disk.free_bytes / (1 << 30)
+    return None, None
 
 
 def _fabrics(spec, obs: ObservedNode | None) -> dict[str, tuple[str, ...]]:
@@ -76,7 +81,7 @@ class NodeCapacity:
     __slots__ = (
         "idx", "id", "state", "state_reason", "labels", "engines", "memory_gib", "disk_path",
         "disk_free_gib", "weights", "fabrics", "gpu_class", "free", "total", "busy", "nvlink",
-        "ranks", "models", "ports_used", "ports_observed", "obs", "all_nvlinked", "launcher", "held",
+        "ranks", "models", "ports_used", "ports_observed", "obs", "_all_nvlinked", "launcher", "held",
         "llama_cpp", "data_ipv6", "unusable",
     )
 
@@ -106,7 +111,7 @@ class NodeCapacity:
         gpus = obs.gpus if obs is not None else ()
         if gpus:
             self._add_gpus(gpus, spec, obs)
-        self.all_nvlinked = _all_linked_topology(tuple((g.index, g.nvlink_peers) for g in gpus)) if gpus else False
+        self._all_nvlinked: bool | None = None if gpus else False  # asked of the few nodes a group is picked on
         self.ranks = 0
         self.models: dict[str, list[str]] = {}  # model -> its replicas hosted here
         self.ports_observed = frozenset(obs.ports_in_use) if obs is not None else frozenset()
@@ -114,8 +119,19 @@ class NodeCapacity:
 
     def _add_gpus(self, gpus, spec, obs: ObservedNode) -> None:
         cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
-        own = {i for r in obs.replicas for i in r.gpus} if obs.replicas else ()
         forced = spec.gpu_class
+        cls = forced or gpus[0].gpu_class
+        if not cordoned and all(g.health is GpuHealth.OK and g.quarantined is None and not g.processes and not g.held_by
+                                and not g.memory_used_mb and (forced or g.gpu_class == cls) for g in gpus):
+            # The common node: every GPU of one class, healthy, nobody's, no memory in use, none
+            # cordoned, so every one is free (the loop below would say so GPU by GPU): built whole.
+            indices = [g.index for g in gpus]
+            self.gpu_class = dict.fromkeys(indices, cls)
+            self.total = {cls: len(gpus)}
+            self.nvlink = {g.index: g.nvlink_peers for g in gpus}
+            self.free = {cls: set(indices)}
+            return
+        own = {i for r in obs.replicas for i in r.gpus} if obs.replicas else ()
         gpu_class, total, nvlink, free = self.gpu_class, self.total, self.nvlink, self.free
         for g in gpus:
             i = g.index
@@ -150,6 +166,15 @@ class NodeCapacity:
             self.busy[g.index] = f"foreign process {p.pid} ({p.name})" if p.name else f"foreign process {p.pid}"
         else:
             self.free.setdefault(cls, set()).add(g.index)
+
+    @property
+    def all_nvlinked(self) -> bool:
+        """Whether every GPU of the node is NVLinked to every other (any set of them is one domain)."""
+        linked = self._all_nvlinked
+        if linked is None:
+            gpus = self.obs.gpus
+            linked = self._all_nvlinked = _all_linked_topology(tuple((g.index, g.nvlink_peers) for g in gpus))
+        return linked
 
     def level(self, gpu_class: str | None) -> int:
         if gpu_class is None:
