@@ -69,3 +69,22 @@ def test_the_session_request_is_the_probe_arguments_whatever_the_order_of_the_so
     b = json.loads(session_request(spec, ["/models/a", "/models/b"], "owner-1"))
     assert a == b and a["sources"] == ["/models/a", "/models/b"] and a["owner"] == "owner-1"
     assert a["model_dirs"] == ["/models"] and json.loads(session_request(spec, None))["sources"] is None
+
+
+def test_a_node_that_left_the_fleet_has_its_remembered_answer_dropped_at_the_next_pass(reads):
+    from reconciler.model import Fleet
+    from reconciler.observe.probe import FleetProber
+
+    staying, leaving = NodeSpec("n1", "10.0.0.1", "10.0.0.1"), NodeSpec("n2", "10.0.0.2", "10.0.0.2")
+    from reconciler.errors import TransportError
+
+    class Unreachable:
+        def transport_for(self, spec):
+            raise TransportError(spec.id, "no route to host")
+
+    probe(staying, REPORT)
+    probe(leaving, REPORT)
+    assert set(collect._LAST_ANSWER) == {"n1", "n2"}
+    result = FleetProber()(Fleet(nodes=(staying,)), Unreachable())  # n2 left the fleet; n1 did not answer
+    assert [r.node.reason for r in result.results] == ["no route to host"]
+    assert set(collect._LAST_ANSWER) == {"n1"}  # kept: its answer is good again once it answers the same

@@ -202,6 +202,12 @@ def _encoded_request(model_dirs: tuple, state_dir, command_timeout_s: float, sou
 _LAST_ANSWER: dict[str, tuple[bytes, NodeSpec, str | None, NodeProbe]] = {}
 
 
+def forget_answers_not_of(node_ids: set[str]) -> None:
+    """Drop the remembered answers of nodes no longer in the fleet (a daemon lives for months)."""
+    for gone in [n for n in _LAST_ANSWER if n not in node_ids]:
+        del _LAST_ANSWER[gone]
+
+
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 

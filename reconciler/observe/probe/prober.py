@@ -18,6 +18,7 @@ from reconciler.observe.probe.collect import (
     NodeProbe,
     _probe_one,
     command_timeout,
+    forget_answers_not_of,
     probe_once,
     session_request,
     unreachable,
@@ -225,10 +226,12 @@ class FleetProber:
 
     def _forget_nodes_not_in(self, fleet: Fleet) -> tuple[dict[str, _InFlight], set[str]]:
         """Drop the probes and down-records of nodes that left the fleet; (probes running, nodes down)."""
+        ids = {n.id for n in fleet.nodes}
+        forget_answers_not_of(ids)
         with self._lock:
-            for gone in set(self._inflight) - {n.id for n in fleet.nodes}:
+            for gone in set(self._inflight) - ids:
                 del self._inflight[gone]
-            for gone in set(self._down) - {n.id for n in fleet.nodes}:
+            for gone in set(self._down) - ids:
                 del self._down[gone]
             return dict(self._inflight), set(self._down)
 
