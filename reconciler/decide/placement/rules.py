@@ -141,10 +141,11 @@ def static_reason(node: NodeCapacity, model: Model, profile: Profile) -> Reason 
     """Why this node can never take this profile in this pass, or None."""
     if node.state != SCHEDULABLE:
         return Reason(RejectKind.NODE_STATE, node.state, detail=node.state_reason)
-    for key, want in sorted(profile.node_selector.items()):
-        have = node.labels.get(key)
-        if have != want:
-            return Reason(RejectKind.LABEL, key, want, have)
+    if profile.node_selector:  # most profiles have none: no sort of an empty map, 20,000 times a plan
+        for key, want in sorted(profile.node_selector.items()):
+            have = node.labels.get(key)
+            if have != want:
+                return Reason(RejectKind.LABEL, key, want, have)
     if profile.engine != "command" and node.engines is not None and profile.engine not in node.engines:
         return Reason(RejectKind.ENGINE, profile.engine)
     if profile.engine == LLAMA_CPP:
