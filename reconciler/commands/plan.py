@@ -54,6 +54,18 @@ def action_document(a: Action) -> dict:
     return doc
 
 
+def write_bytes(data: bytes) -> None:
+    """UTF-8 bytes to stdout as they are: decoding 3 MB of JSON only for the text layer to encode it again
+    cost as much as orjson's writing. A stdout with no byte layer (a test's StringIO) gets the text."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(data.decode())
+        return
+    sys.stdout.flush()
+    buffer.write(data)
+    buffer.flush()
+
+
 def plan_document(pl: Plan, show_all: bool = False) -> dict:
     """`plan --format json`'s document, for orjson (its placements' Assignment values included)."""
     unplaced = []
@@ -193,7 +205,7 @@ def main(args) -> int:
     # restart backoff), so `plan` predicts what `apply` does, grace periods included.
     pl = planned(catalog, inventory, now=time.time())
     if args.format == "json":
-        sys.stdout.write(orjson.dumps(plan_document(pl, args.all), option=orjson.OPT_APPEND_NEWLINE).decode())
+        write_bytes(orjson.dumps(plan_document(pl, args.all), option=orjson.OPT_APPEND_NEWLINE))
     elif args.format == "markdown":
         from reconciler.commands.plan_markdown import render_markdown  # only when asked for: plan starts fast
 
