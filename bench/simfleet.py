@@ -69,6 +69,18 @@ the snapshot, and a plain-directory catalog loaded again only when a file change
 The daemon's peak was the first pass's status/nodes.yaml: PyYAML built 321 MB (tracemalloc) to
 write the 4,000-node file; written directly it takes 89 MB. Of an idle pass now, most is the
 asyncio and asyncssh work of 10,000 requests and answers, beside the simulator's own.
+
+The 6 unreachable nodes were the simulator's: one process held a listener and a connection per node,
+past its hard limit of 20,000 descriptors, and accept() failed for the last few (server_slices now
+splits the fleet over processes). With that fixed, gc callbacks in the daemon timed full collections
+of 1.1-1.9 s about once a pass, each freeing some 370,000 objects: a reference cycle per node and pass
+in the prober's answer callback. Without the cycle (and with the daemon collecting between passes,
+control/collector.py), the same command, 10,000 nodes, load average 1-2:
+
+    before  first pass 49.8 s   later passes 4.72, 4.72, 4.98, 3.89, 4.81 s (median 4.72)   RSS 686 MB
+    after   first pass 42.4 s   later passes 1.98, 1.97, 2.01, 2.05, 2.20 s (median 2.01)   RSS 685 MB
+
+The collection after a pass (young generations) took 37-53 ms at 10,000 nodes, 0.9 s after the first.
 """
 
 from __future__ import annotations

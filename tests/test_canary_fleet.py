@@ -108,6 +108,9 @@ def test_a_bad_revision_is_aborted_by_its_request_check_and_a_good_one_is_promot
     assert "Traceback" not in done.stderr, done.stderr
     rollout = model_status(root)["rollout"]
     assert rollout["state"] == "Aborted", (rollout, done.stdout)
+    # The run that aborted it fails, as a failed start does: a pipeline applying a bad revision goes red.
+    assert done.returncode == 1 and "Aborted: request: 2 of 2 failed" in done.stdout, (done.returncode, done.stdout,
+                                                                                      done.stderr)
     assert rollout["reason"].startswith("request: 2 of 2 failed: HTTP 401"), rollout
     assert rollout["checks"][0]["failed"] == 1
     # Out of the gateway files in the pass that aborted it; only the stable copies are listed, gemma-0's

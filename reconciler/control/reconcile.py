@@ -211,8 +211,18 @@ def run_pass(
         # 5. The fleet as the pass left it, and every desired replica's state in it.
         result.inventory, result.replicas = judged_fleet(catalog, inventory, plan, actor, launcher, health)
         # 5c. Canary rollouts (SPEC section 13): the checks measure when due, and each rollout moves on.
+        # A rollout's step is a decision of the pass (an abort a failed one: `apply` exits 1 for it); a
+        # measurement is only logged (a failure within failure_limit is no failure of the pass).
+        steps: list[Decision] = []
+
+        def log_step(d: Decision) -> None:
+            if d.action == DecisionAction.ROLLOUT:
+                steps.append(d)
+            log(d)
+
         result.replicas, result.rollouts = rollouts_after(catalog, memory.rollouts, result.inventory, result.replicas,
-                                                          actor.decisions, now, log=log, measure=measure)
+                                                          actor.decisions, now, log=log_step, measure=measure)
+        result.decisions = [*actor.decisions, *steps]
         result.next_pass_at = with_canary_wakes(catalog, result.rollouts, result.next_pass_at, now)
         # 6. Remember what the next pass needs.
         result.memory = memory_after(catalog, memory, plan, inventory, result, actor, now)
