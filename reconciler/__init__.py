@@ -32,7 +32,8 @@ contract, one for the rooms and one inside each, and CI checks it):
     control/            who acts and when: one pass as a flat sequence of steps, status written deferred
                         (reconcile); the daemon's loop and signals (loop), the revision in force
                         (revisions), the watcher (watch), the lock (lock), its log (log), metrics from a
-                        pass (pass_metrics), garbage collection between passes (collector); under fleet.yaml `leader:`, the election and its pure judgement
+                        pass (pass_metrics), garbage collection between passes (collector); under
+                        fleet.yaml `leader:`, the election and its pure judgement
                         (election) over etcd's v3 JSON gateway (etcd); `reconciler gateway`'s front over
                         the LiteLLM in force, a second LiteLLM taking each new litellm.yaml over (gateway_proxy)
     act/                effects on the nodes, and judging what they did:

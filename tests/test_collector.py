@@ -75,7 +75,6 @@ class CyclePass:
     def __call__(self, catalog, log, *, trigger: str):
         self.seen.append((gc.isenabled(), self.left is not None and self.left() is not None))
         self.left = cycle()
-        return None
 
 
 def test_the_daemon_frees_a_pass_s_cycles_before_the_next_pass_and_never_collects_inside_one(tmp_path):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Callable
+from typing import Callable, Self
 
 # How often the whole heap is walked (seconds): a leak through a cycle among old objects waits
 # at most this long, and a 10,000-node daemon spends about a second on it.
@@ -33,7 +33,7 @@ class BetweenPasses:
         self._was_enabled = False
         self._last_full = 0.0
 
-    def __enter__(self) -> BetweenPasses:
+    def __enter__(self) -> Self:
         self._was_enabled = gc.isenabled()
         gc.disable()
         self._last_full = self._clock()

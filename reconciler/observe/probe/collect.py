@@ -204,8 +204,9 @@ _LAST_ANSWER: dict[str, tuple[bytes, NodeSpec, str | None, NodeProbe]] = {}
 
 def forget_answers_not_of(node_ids: set[str]) -> None:
     """Drop the remembered answers of nodes no longer in the fleet (a daemon lives for months)."""
-    for gone in [n for n in _LAST_ANSWER if n not in node_ids]:
-        del _LAST_ANSWER[gone]
+    # list() copies the keys at once (in C): the event loop's thread may be adding an answer meanwhile.
+    for gone in [n for n in list(_LAST_ANSWER) if n not in node_ids]:
+        _LAST_ANSWER.pop(gone, None)
 
 
 def _digest(data: bytes) -> bytes:

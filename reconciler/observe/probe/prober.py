@@ -153,7 +153,7 @@ class FleetProber:
         answer = stream.submit(session_request(spec, sources, owner), timeout=timeout)
         # Runs in the event loop's thread once the answer (or its error) is there. The answer is the
         # callback's argument, not a name the callback closes over: a Future whose callback holds it
-        # is a reference cycle, and at 10,000 nodes the collector then walked the whole heap (1.3-1.9 s)
+        # is a reference cycle, and at 10,000 nodes the collector then walked the whole heap (1.1-1.9 s)
         # about once a pass to free some 40 objects per node that reference counting frees at once.
         answer.add_done_callback(
             lambda done: self._finish(job, log, lambda: self._from_session(job, log, done, transport, sources, owner)))
