@@ -71,3 +71,26 @@ def test_a_check_of_the_catalog_runs_before_the_snapshot_is_judged(tmp_path):
 
     with pytest.raises(LookupError, match="models"):
         catalog_and_snapshot(str(copy), str(snap), check=refuse)
+
+
+def test_polling_the_catalog_process_reads_its_answer_while_other_work_goes_on(tmp_path):
+    """A catalog whose answer is past what a pipe holds (the child would wait on the parent to read):
+    poll(), called between a snapshot's parts, takes it in and reads it without ever waiting."""
+    import time
+
+    import yaml
+
+    from reconciler.commands._observe import catalog_apart
+
+    nodes = [{"id": f"n{i:04d}", "address": f"10.1.{i // 250}.{i % 250 + 1}", "labels": {"rack": f"r{i // 40}"}}
+             for i in range(1500)]
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
+    (tmp_path / "models").mkdir()
+    with catalog_apart(str(tmp_path)) as child:
+        deadline = time.monotonic() + 30
+        while not child.reaped and time.monotonic() < deadline:
+            child.poll()  # never blocks: what the pipe holds now, and the Catalog once all of it came
+            time.sleep(0.01)
+        assert child.reaped  # the answer (hundreds of KB) came in through poll() alone
+        catalog = child()
+    assert [n.id for n in catalog.fleet.nodes] == [n["id"] for n in nodes]

@@ -7,7 +7,7 @@ import re
 from bisect import bisect_right
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reconciler.errors import InventoryInvalid, Problem
 from reconciler.observe.inventory.reading import (
@@ -328,15 +328,17 @@ def _read_snapshot(path: Path, fast: bool = True) -> Any:
 
 
 def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_nodes: str = "error",
-                   dropped: list[str] | None = None) -> Inventory:
+                   dropped: list[str] | None = None, between_parts: Callable[[], None] | None = None) -> Inventory:
     """Read and check a snapshot (YAML or JSON); InventoryInvalid lists every problem.
 
     Nodes not in the fleet are dropped when unknown_nodes == "ignore", and their ids
     appended to `dropped` when it is given (so the caller can say which). With "ignore" the
     fleet is needed for that drop only: load with fleet None, then drop_unknown_nodes.
+    between_parts: called after each part of a snapshot read in parts is built, while the next
+    parses (the caller's other work that must not wait; it must not wait either).
     """
     path = Path(path)
-    inv = _load_in_parts(path, fleet, unknown_nodes)
+    inv = _load_in_parts(path, fleet, unknown_nodes, between_parts)
     if inv is None:
         inv = _load_whole(path, fleet, unknown_nodes)
     if fleet is not None and unknown_nodes == "ignore":
@@ -344,7 +346,8 @@ def load_inventory(path: str | Path, fleet: Fleet | None = None, *, unknown_node
     return inv
 
 
-def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str) -> Inventory | None:
+def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str,
+                   between_parts: Callable[[], None] | None = None) -> Inventory | None:
     """The snapshot checked and built part by part as read_snapshot_parts parses it, when every part
     is fine; None when anything is not (a part that does not parse or has a problem, a node id in
     two parts, a file that cannot be read): _load_whole then reads it again as one document and says
@@ -356,6 +359,8 @@ def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str) -> Inven
                 if _check_document(part, fleet, unknown_nodes):
                     return None
                 nodes.extend(node_from_document(n) for n in part.get("nodes") or ())
+                if between_parts is not None:
+                    between_parts()
     except (PartUnreadable, SnapshotSyntaxError, OSError, UnicodeDecodeError):
         return None
     if len({n.id for n in nodes}) != len(nodes):
