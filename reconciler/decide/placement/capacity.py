@@ -74,18 +74,6 @@ def _all_linked(nvlink: dict[int, tuple[int, ...]]) -> bool:
     return all(len(peers) >= count - 1 and indices.issubset((*peers, g)) for g, peers in nvlink.items())
 
 
-def _all_plain(gpus, forced_class: str | None) -> bool:
-    """Whether every GPU is of one class, healthy, nobody's and with no memory in use: then every one
-    is free, whatever gpu_unusable would ask of it (most nodes of a fleet, none cordoned)."""
-    cls = forced_class or gpus[0].gpu_class
-    ok = GpuHealth.OK
-    for g in gpus:  # a loop, not all() over a generator: 30,000 GPUs in a fleet-sized plan
-        if (g.health is not ok or g.quarantined is not None or g.processes or g.held_by or g.memory_used_mb
-                or (not forced_class and g.gpu_class != cls)):
-            return False
-    return True
-
-
 class NodeCapacity:
     """One node as placement sees it in a pass: what it is (state, labels, engines, memory, disk,
     fabrics, GPUs by class, launcher) and what is taken on it so far (GPUs, ports, replicas hosted)."""
@@ -131,11 +119,8 @@ class NodeCapacity:
 
     def _add_gpus(self, gpus, spec, obs: ObservedNode) -> None:
         cordoned = frozenset(getattr(spec, "cordon_gpus", ()))
-        forced = spec.gpu_class
-        if not cordoned and _all_plain(gpus, forced):
-            self._add_plain_gpus(gpus, forced or gpus[0].gpu_class)
-            return
         own = {i for r in obs.replicas for i in r.gpus} if obs.replicas else ()
+        forced = spec.gpu_class
         gpu_class, total, nvlink, free = self.gpu_class, self.total, self.nvlink, self.free
         for g in gpus:
             i = g.index
@@ -154,14 +139,6 @@ class NodeCapacity:
                     members.add(i)
             else:
                 self._add_gpu(g, forced or g.gpu_class, gpu_unusable(g, i in cordoned, i in own))
-
-    def _add_plain_gpus(self, gpus, cls: str) -> None:
-        """The common node (_all_plain): every GPU free, built whole rather than GPU by GPU."""
-        indices = [g.index for g in gpus]
-        self.gpu_class = dict.fromkeys(indices, cls)
-        self.total = {cls: len(gpus)}
-        self.nvlink = {g.index: g.nvlink_peers for g in gpus}
-        self.free = {cls: set(indices)}
 
     def _add_gpu(self, g, cls: str, unusable: str = "") -> None:
         self.gpu_class[g.index] = cls

@@ -287,47 +287,7 @@ class Placer(CandidateIndexes):
                                     return fabric, chosen
         return None
 
-    def _hold_one(self, n: NodeCapacity, rid: str, model_name: str, cls: str | None, gpus: tuple[int, ...], port: int) -> None:
-        """hold() of a single-node replica just picked on n (its GPUs all of class cls, all free): the
-        same bookkeeping without hold's lookup by node id and map of levels, once per replica placed
-        (10,000 in a fleet-sized plan)."""
-        free_of_class = n.free.get(cls) if cls is not None else None
-        before_free = len(free_of_class) if free_of_class else 0
-        before_ranks = n.ranks
-        busy = n.busy
-        for g in gpus:
-            free_of_class.discard(g)
-            busy[g] = rid
-        if port:
-            n.ports_used.add(port)
-        n.ranks = before_ranks + 1
-        hosted = n.models.get(model_name)
-        if hosted is None:
-            n.models[model_name] = [rid]
-        else:
-            hosted.append(rid)
-        idx = n.idx
-        for ix in self._node_indexes[idx]:
-            ix_cls = ix.gpu_class
-            if ix_cls is None:
-                ix.move(idx, before_ranks, before_ranks + 1)
-            elif ix_cls == cls and gpus:
-                ix.move(idx, before_free, len(free_of_class))
-
     def _commit(self, rid: str, model: Model, profile: Profile, fabric: str | None, nodes: list[NodeCapacity]) -> Placement | None:
-        if len(nodes) == 1:
-            n = nodes[0]
-            cls = profile.gpu_class
-            gpus = pick_gpus(n, cls, profile.gpus_per_node) if cls else ()
-            port = n.free_port(profile.port)
-            if port is None:
-                return None
-            hcas = n.fabrics.get(fabric, ()) if fabric else ()
-            placement = Placement(replica=rid, model=model.name, profile=profile.name, fabric=fabric,
-                                  pool=pool_name(fabric, profile),
-                                  nodes=(Assignment(node=n.id, rank=0, gpus=gpus, hcas=hcas, port=port),), dist_port=None)
-            self._hold_one(n, rid, model.name, cls, gpus, port)
-            return placement
         assignments = []
         for rank, n in enumerate(nodes):
             gpus = pick_gpus(n, profile.gpu_class, profile.gpus_per_node) if profile.gpu_class else ()
