@@ -114,6 +114,7 @@ contract, one for the rooms and one inside each, and CI checks it):
     agent_keys          the keys of the node agent's rank records and answers, named once (stdlib only:
                         sent at the head of the agent's text and of the probe's payload, which reads the records)
     frozen              @frozen: a frozen dataclass whose __init__ sets its fields in one step (hot values)
+    teardown            what a one-shot command leaves to the process's exit instead of freeing it
     tiny_server         the stand-in model server of the single-machine example (no reconciler imports)
 
 Decisions (decide/, engines/, readiness' judgements) do no I/O; effects sit at the edges and come in

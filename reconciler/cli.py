@@ -15,7 +15,7 @@ import os
 import sys
 from typing import NoReturn
 
-from reconciler import commands
+from reconciler import teardown
 from reconciler.constants import Exit
 from reconciler.errors import CatalogInvalid, FleetUnreachable, ReconcilerError, UsageError
 
@@ -124,11 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run() -> NoReturn:
     """The `reconciler` console script and `python -m reconciler`: main, then the exit.
 
-    A command may leave its values to the exit (reconciler/commands/__init__.py): the streams are
+    A one-shot command may leave its values to the exit (reconciler/teardown.py): the streams are
     flushed and the process ends with os._exit, the OS freeing the rest at once."""
-    commands.exit_without_teardown()
-    code = main(freeze_imports=True)
-    if commands.left_to_exit():
+    code = main(own_process=True)
+    if teardown.left_to_exit():
         try:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -154,7 +153,11 @@ def _import_command(name: str, freeze: bool):
             gc.enable()
 
 
-def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+    """Run one command; its exit code. `own_process`: this process exists for this command alone (the
+    console script): its imports are frozen, and a command that declares itself one-shot (ONE_SHOT)
+    leaves its values to the exit. Never for the daemon, apply or a test: a pass's values would be
+    kept for the life of the process."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # `reconciler gateway [CATALOG] -- EXTRA LITELLM ARGS`: what follows -- is litellm's, never ours.
     passed: list[str] = []
@@ -162,7 +165,9 @@ def main(argv: list[str] | None = None, *, freeze_imports: bool = False) -> int:
         argv, passed = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
     args.litellm_args = passed
-    module = _import_command(args.command, freeze_imports)
+    module = _import_command(args.command, own_process)
+    if own_process and getattr(module, "ONE_SHOT", False):
+        teardown.exit_without_teardown()
     try:
         return module.main(args)
     except CatalogInvalid as exc:

@@ -77,11 +77,11 @@ def build_fleet(data: dict) -> Fleet:
                 model_dirs=tuple(n.get("model_dirs") or ()),
                 fabrics=frozen_map({k: tuple(v) for k, v in (n.get("fabrics") or {}).items()}),
                 ssh=_ssh(defaults, n.get("ssh")),
-                transport=TransportKind(n.get("transport", TransportKind.SSH)),
+                transport=n.get("transport", TransportKind.SSH),  # typed by NodeSpec
                 gpu_class=n.get("gpu_class"),
                 state_dir=n.get("state_dir", fleet_state_dir),
                 socket_ifname=n.get("socket_ifname"),
-                launcher=LauncherKind(n.get("launcher", LauncherKind.SSH)),
+                launcher=n.get("launcher", LauncherKind.SSH),
                 slurm_name=n.get("slurm_name", ""),
                 cordon_gpus=tuple(sorted(n.get("cordon_gpus") or ())),
             )

@@ -18,6 +18,7 @@ from reconciler.catalog.documents import Document, position, read_bounded, read_
 from reconciler.catalog.fleet_rules import fleet_problems, llama_ipv6_problems
 from reconciler.catalog.rules import model_problems
 from reconciler.catalog.schema_check import schema_problems
+from reconciler.teardown import leave_to_exit
 
 FLEET_FILE = "fleet.yaml"
 MODELS_DIR = "models"
@@ -200,6 +201,7 @@ def _load(root: Path, read) -> tuple[Fleet, list[Model]]:
         problems.sort(key=lambda p: (order.get(p.file, 1), p.file, p.line, p.column))
         raise CatalogInvalid(problems)
     models.sort(key=lambda m: m.name)
+    leave_to_exit(fleet_doc)  # 4,000 nodes' parsed YAML: a one-shot command leaves it to the exit
     return fleet, models
 
 

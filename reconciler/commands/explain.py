@@ -6,7 +6,6 @@ import gc
 import sys
 import time
 
-from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import catalog_and_snapshot
 from reconciler.commands.plan import planned, rollout_lines, scaled_catalog
 from reconciler.commands.plan_words import where_text
@@ -15,6 +14,10 @@ from reconciler.errors import UsageError
 from reconciler.model import Action
 from reconciler.decide.placement import Outcome, summarize
 from reconciler.decide.plan_values import Waiting
+from reconciler.teardown import leave_to_exit
+
+# A one-shot command (cli.main): under the console script its values are left to the exit.
+ONE_SHOT = True
 
 
 def main(args) -> int:

@@ -8,7 +8,6 @@ import time
 
 import orjson
 
-from reconciler.commands import leave_to_exit
 from reconciler.commands._observe import catalog_and_snapshot
 from reconciler.constants import Exit
 from reconciler.record.memory import load_memory, memory_path, plan_remembering
@@ -23,6 +22,10 @@ from reconciler.record.status.predict import observed_revisions, predicted_pass
 from reconciler.record.status.documents import rejection_document
 from reconciler.record.status.write import write_pass
 from reconciler.vocabulary import ActionKind
+from reconciler.teardown import leave_to_exit
+
+# A one-shot command (cli.main): under the console script its values are left to the exit.
+ONE_SHOT = True
 
 
 def _nodes(p: Placement | None) -> tuple[Assignment, ...]:
@@ -205,7 +208,9 @@ def main(args) -> int:
     # restart backoff), so `plan` predicts what `apply` does, grace periods included.
     pl = planned(catalog, inventory, now=time.time())
     if args.format == "json":
-        write_bytes(orjson.dumps(plan_document(pl, args.all), option=orjson.OPT_APPEND_NEWLINE))
+        doc = plan_document(pl, args.all)
+        write_bytes(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))
+        leave_to_exit(doc)
     elif args.format == "markdown":
         from reconciler.commands.plan_markdown import render_markdown  # only when asked for: plan starts fast
 

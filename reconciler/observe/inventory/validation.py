@@ -20,6 +20,7 @@ from reconciler.observe.inventory.reading import (
 )
 from reconciler.model import Fleet, Inventory, ObservedNode
 from reconciler.schemas import is_valid, schema, validator
+from reconciler.teardown import leave_to_exit
 
 
 # --------------------------------------------------------------------------
@@ -359,6 +360,7 @@ def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str,
                 if _check_document(part, fleet, unknown_nodes):
                     return None
                 nodes.extend(node_from_document(n) for n in part.get("nodes") or ())
+                leave_to_exit(part)  # its parsed document, freed by the exit in a one-shot command
                 if between_parts is not None:
                     between_parts()
     except (PartUnreadable, SnapshotSyntaxError, OSError, UnicodeDecodeError):
