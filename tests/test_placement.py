@@ -386,6 +386,22 @@ def test_summary_groups_reasons_with_counts_and_names_nodes():
     assert "b4" in full and "a8: 4 free, needs 8" in full
 
 
+
+def test_nodes_failing_for_the_same_reason_share_one_reason_value():
+    # An unplaced replica at fleet scale carries a rejection per node: the same reason is one value, said
+    # in words once; a figure that differs (4 free vs 6 free, 8 vs 8.0) is a reason of its own.
+    from reconciler.decide.placement.rules import shared_reason
+    from reconciler.model import RejectKind
+
+    specs = [node_spec(f"a{i}", labels={"zone": "a"}) for i in range(1, 4)] + [node_spec(f"b{i}", labels={"zone": "b"}) for i in range(1, 3)]
+    inv = inventory(*(observed(s.id, gpu=gpus(8, busy=range(4 if s.id != "a3" else 2))) for s in specs))
+    res = place([model("m", profile("h100-tp8", gpus_per_node=8, node_selector={"zone": "a"}))], fleet(*specs), inv)
+    why = {r.node: r.why for r in res.outcomes["m-0"].rejections}
+    assert why["a1"] is why["a2"] and why["b1"] is why["b2"]
+    assert why["a3"] is not why["a1"] and why["a3"].available == 6 and why["a1"].available == 4
+    assert shared_reason(RejectKind.MEMORY, "memory", 8, 4) is not shared_reason(RejectKind.MEMORY, "memory", 8.0, 4)
+
+
 # ---- placer: start-before-stop support ----------------------------------------
 
 

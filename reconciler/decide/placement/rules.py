@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 from typing import Sequence
 
 from reconciler.vocabulary import NodeState
@@ -22,6 +23,15 @@ REPLACED_COPY = Reason(RejectKind.REPLACED_COPY)
 INCOMPLETE = Reason(RejectKind.INCOMPLETE)
 NO_FABRIC = Reason(RejectKind.NO_FABRIC)
 _IPV6_RPC = Reason(RejectKind.IPV6_RPC)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def shared_reason(kind: RejectKind, resource: str = "", requested=None, available=None, detail: str = "",
+                  held_by: str = "", unhealthy: str = "") -> Reason:
+    """Reason(...), one value per distinct set of fields (typed: 8 and 8.0 are said differently). The
+    nodes of a fleet fail a profile for a few dozen distinct reasons: an unplaced replica's 4,000
+    rejections then share them, and each is said in words (Reason.text) once, not once per node."""
+    return Reason(kind, resource, requested, available, detail, held_by, unhealthy)
 
 
 def pool_name(fabric: str | None, profile: Profile) -> str:
@@ -140,14 +150,14 @@ def static_key(model: Model, profile: Profile) -> tuple:
 def static_reason(node: NodeCapacity, model: Model, profile: Profile) -> Reason | None:
     """Why this node can never take this profile in this pass, or None."""
     if node.state != SCHEDULABLE:
-        return Reason(RejectKind.NODE_STATE, node.state, detail=node.state_reason)
+        return shared_reason(RejectKind.NODE_STATE, node.state, detail=node.state_reason)
     if profile.node_selector:  # most profiles have none: no sort of an empty map, 20,000 times a plan
         for key, want in sorted(profile.node_selector.items()):
             have = node.labels.get(key)
             if have != want:
-                return Reason(RejectKind.LABEL, key, want, have)
+                return shared_reason(RejectKind.LABEL, key, want, have)
     if profile.engine != "command" and node.engines is not None and profile.engine not in node.engines:
-        return Reason(RejectKind.ENGINE, profile.engine)
+        return shared_reason(RejectKind.ENGINE, profile.engine)
     if profile.engine == LLAMA_CPP:
         if profile.nodes <= 1:
             reason = llama_rank_reason(node.llama_cpp, 0)
@@ -156,7 +166,7 @@ def static_reason(node: NodeCapacity, model: Model, profile: Profile) -> Reason 
         elif node.data_ipv6:
             return _IPV6_RPC
     if profile.min_memory_gb and node.memory_gib is not None and node.memory_gib < profile.min_memory_gb:
-        return Reason(RejectKind.MEMORY, "memory", profile.min_memory_gb, round(node.memory_gib, 1))
+        return shared_reason(RejectKind.MEMORY, "memory", profile.min_memory_gb, round(node.memory_gib, 1))
     if profile.min_disk_gb:
         return disk_reason(node, model, profile)
     return None
@@ -178,7 +188,7 @@ def disk_reason(node: NodeCapacity, model: Model, profile: Profile) -> Reason | 
         return None
     # Rounded down, so "needs 100" is never shown beside "has 100.0".
     have = math.floor(node.disk_free_gib * 10) / 10
-    return Reason(RejectKind.DISK, "disk", profile.min_disk_gb, have, detail=node.disk_path)
+    return shared_reason(RejectKind.DISK, "disk", profile.min_disk_gb, have, detail=node.disk_path)
 
 
 # --------------------------------------------------------------------------
@@ -205,19 +215,22 @@ def dynamic_reason(n: NodeCapacity, model: Model, profile: Profile, exclude: fro
     if n.id in exclude:
         return REPLACED_COPY
     if model.spread != "preferred" and model.name in n.models and not may_share:
-        return Reason(RejectKind.HOSTS_MODEL, detail=n.models[model.name][0])
+        return Reason(RejectKind.HOSTS_MODEL, detail=n.models[model.name][0])  # a replica each: not shared
     if profile.gpu_class is not None:
         have = n.level(profile.gpu_class)
         if have < profile.gpus_per_node:
-            others = sorted(c for c in n.total if c != profile.gpu_class)
-            other_classes = ", ".join(others) if have == 0 and others and profile.gpu_class not in n.total else ""
-            held = n.held.get(profile.gpu_class, [])
+            # Asked of every node short of GPUs when a replica is unplaced: the lists are built only when
+            # they can say something (the node has none of the class; it has unusable GPUs).
+            other_classes = ""
+            if have == 0 and profile.gpu_class not in n.total:
+                other_classes = ", ".join(sorted(c for c in n.total if c != profile.gpu_class))
+            held = n.held.get(profile.gpu_class, ())
             bad = [(g, why) for g, why in sorted(n.unusable.items()) if n.gpu_class.get(g) == profile.gpu_class
-                   and n.busy.get(g) == why]
+                   and n.busy.get(g) == why] if n.unusable else []
             # The unhealthy ones are why it fails when the node would fit with them.
             kind = RejectKind.GPU_UNHEALTHY if bad and have + len(bad) >= profile.gpus_per_node else RejectKind.GPUS
-            return Reason(kind, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes,
-                          held_by=held_summary(held), unhealthy=unusable_summary(bad))
+            return shared_reason(kind, profile.gpu_class, profile.gpus_per_node, have, detail=other_classes,
+                                 held_by=held_summary(held), unhealthy=unusable_summary(bad))
     if n.free_port(profile.port) is None:
         return Reason(RejectKind.NO_PORT, "port", profile.port)
     return None
