@@ -49,6 +49,12 @@ def recording_pass(record: Path):
             replicas={"fake-0": ReplicaState("fake-0", "fake", None, "Ready")},
         )
 
+    def stand_by(catalog, log):
+        # The daemon's standby turn (SPEC 14): recorded, so a test can tell a standby's probe from a pass.
+        with record.open("a") as f:
+            f.write(json.dumps({"event": "standby", "revision": catalog.revision, "pid": os.getpid()}) + "\n")
+
+    run_pass.stand_by = stand_by
     return run_pass
 
 

@@ -69,6 +69,9 @@ def test_one_daemon_leads_the_other_stands_by_and_says_who(cluster, tmp_path):
             b.wait_event("leader.standby")
             b.wait_event("pass.standby", count=2)
             assert b.passes("begin") == []  # it acts on nothing
+            # but keeps its view of the fleet warm, read-only, each turn (the pass's stand_by, SPEC 14)
+            wait_for(lambda: len(b.passes("standby")) >= 2, 10, "two standby turns of b's pass")
+            assert a.passes("standby") == []
             standby = b.events("leader.standby")[-1]
             assert "pid %d" % a.pid in standby["leader"]
             metrics = {p: urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=10).read().decode()

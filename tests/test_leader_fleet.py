@@ -169,6 +169,55 @@ def test_leader_killed_mid_pass_the_standby_finishes_without_duplicates(hosts):
     assert yaml.safe_load(catalog_status.read_text())["leader"]["epoch"] == elected["epoch"]
 
 
+
+def ssh_connections(pid: int, nodes) -> set[tuple[str, str]]:
+    """The established TCP connections of process `pid` to the nodes' SSH ports: (local, remote) in
+    /proc's hex notation. One per node while the daemon keeps its connections open."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed while listed
+        if target.startswith("socket:["):
+            sockets.add(target[8:-1])
+    remote_ports = {f"{int(n.get('ssh', {}).get('port', nodes['ssh'].get('port', 22))):04X}" for n in nodes["nodes"]}
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if state == "01" and inode in sockets and remote.rsplit(":", 1)[1] in remote_ports:
+                found.add((local, remote))
+    return found
+
+
+def test_a_standby_probes_read_only_and_takes_over_on_the_connections_it_kept(hosts):
+    """SPEC 14: a standby may probe, read-only. It does, each turn, on connections it keeps open, and acts on
+    nothing; when the leader dies its first pass as the leader opens no connection (at 10,000 nodes opening
+    them all is a 42 s pass)."""
+    a = hosts.daemon("host-a")
+    a.wait_event("leader.elected", timeout=30)
+    hosts.wait_ready("host-a", 1)
+    b = hosts.daemon("host-b")
+    b.wait_event("leader.standby", timeout=30)
+    turns = b.wait_event("probe.standby", count=2, timeout=60)
+    assert turns[-1]["nodes"] == len(NODES) and turns[-1]["unreachable"] == 0, turns[-1]
+    assert not b.events("decision") and not b.events("pass.start")  # read-only: it acted on nothing
+    hosts.assert_exactly(1)
+    fleet_doc = yaml.safe_load((hosts.repos["host-b"].path / "fleet.yaml").read_text())
+    kept = wait_for(lambda: len(c := ssh_connections(b.pid, fleet_doc)) == len(NODES) and c, 30,
+                    "host-b holding one SSH connection per node")
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(10)
+    b.wait_event("leader.elected", timeout=6 * LEASE_S)
+    b.wait_event("leader.fenced", timeout=30)
+    wait_for(lambda: [e for e in b.events("pass.end") if e.get("result") == "applied"], 60, "host-b's first pass")
+    hosts.assert_exactly(1)  # the replica a started is adopted, not started again
+    assert not [e for e in b.events("decision") if e.get("action") == "start"]
+    assert ssh_connections(b.pid, fleet_doc) == kept  # the same connections: none opened for the takeover
+
+
 def test_a_drain_in_progress_at_takeover_goes_on_to_the_same_deadline(hosts):
     a = hosts.daemon("host-a")
     a.wait_event("leader.elected", timeout=30)
