@@ -44,14 +44,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.apply_support.local import is_running  # noqa: E402
 from tests.fleet import TestFleet  # noqa: E402
 from tests.real_llama import gemma_model, llama_bin  # noqa: E402
+from tests.openai_clients import Stream  # noqa: E402
 from tests.test_gateway_real import (  # noqa: E402
     MASTER_KEY,
     SERVED,
     Child,
-    Stream,
-    alive,
     free_loopback_port,
     get_json,
     litellm_ids,
@@ -149,19 +149,16 @@ def main() -> int:
             node = status["gemma-1"]["nodes"][0]["node"]
             endpoint = next(n["endpoint"] for n in status["gemma-1"]["nodes"] if n["rank"] == 0)
             pid = pid_of(f, node, "gemma-1")
-            import tests.test_gateway_real as real
-
-            real.STREAM_TOKENS = args.stream_tokens
-            stream = Stream(endpoint)
+            stream = Stream(endpoint, SERVED, args.stream_tokens, timeout=600)
             stream.start()
             stream.started.wait(600)
             write_model(root, source, replicas=1)
             passes, durations, gone_at = 0, [], None
-            while alive(pid) and passes < 100:
+            while is_running(pid) and passes < 100:
                 started, ended, _ = apply_logged(root, state)
                 passes += 1
                 durations.append(ended - started)
-                if not alive(pid):
+                if not is_running(pid):
                     gone_at = ended
             stream.join(timeout=600)
             end = stream.ended_at

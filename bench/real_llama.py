@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from tests.fleet import TestFleet  # noqa: E402
-from tests.real_llama import chat, gemma_model, llama_bin, wait_for_completion  # noqa: E402
+from tests.openai_clients import chat  # noqa: E402
+from tests.real_llama import gemma_model, llama_bin, wait_for_completion  # noqa: E402
 
 
 def apply(root: Path, state: Path) -> None:

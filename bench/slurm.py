@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml  # noqa: E402
 
 from reconciler.catalog import load_catalog  # noqa: E402
-from reconciler.act.launcher.slurm_launcher import SlurmClient, SlurmInventory, fold  # noqa: E402
+from reconciler.act.launcher.slurm_fold import SlurmInventory, fold  # noqa: E402
+from reconciler.act.launcher.slurm_launcher import SlurmClient  # noqa: E402
 from reconciler.model import Fleet, Gpu, Inventory, NodeSpec, ObservedNode, SlurmSettings  # noqa: E402
 from reconciler.control.reconcile import run_pass  # noqa: E402
 from reconciler.observe.slurm import SEP, parse_show_jobs, parse_show_nodes, parse_squeue  # noqa: E402
@@ -73,7 +74,8 @@ def real_cluster(rounds: int) -> None:
                     for launcher, fabric in (("slurm", "ib-s"), ("ssh", "ib-h")):
                         profile = {"name": "h100", "engine": "vllm", "gpu_class": "H100-80GB", "nodes": 2, "port": 8100,
                                    "start_timeout_s": 60}
-                        model.write_text(yaml.safe_dump({"name": "pair", "source": "/models/pair", "profiles": [
+                        # Not a path: the nodes hold no weights, and a path source without fetch must be on the node.
+                        model.write_text(yaml.safe_dump({"name": "pair", "source": "pair-weights", "profiles": [
                             {**profile, "node_selector": {}}]}, sort_keys=False))
                         # Steer the replica onto the launcher's pair of nodes: the other pair is cordoned.
                         for n in doc["nodes"]:

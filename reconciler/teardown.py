@@ -2,11 +2,12 @@
 
 A one-shot command that builds a fleet's worth of values (plan, explain: a 4,000-node catalog and
 snapshot are millions of objects) may leave them to the process's exit: freeing them one by one
-took 0.12 s of a 1.5 s `plan`, for memory the OS takes back at once. cli.run (the `reconciler`
-console script and `python -m reconciler`) turns this on, then flushes stdout and stderr and ends
-with os._exit. In any other process (tests, a daemon) leave_to_exit keeps nothing, so a library
-caller (decide.plan's working state, the snapshot reader's parsed parts) may hand values here
-without growing a long-lived process.
+took 0.12 s of a 1.5 s `plan`, for memory the OS takes back at once. cli.main turns this on for a
+command that declares itself ONE_SHOT, run as its own process (the `reconciler` console script,
+`python -m reconciler`); cli.run then flushes stdout and stderr and ends with os._exit. Anywhere
+else (the daemon, apply, the dashboard, a test) leave_to_exit keeps nothing, so a library caller
+(decide.plan's working state, the snapshot reader's parsed parts, fleet.yaml's parsed document) may
+hand values here without growing a long-lived process.
 
 Stdlib only, at the root of the import layers: the stages below commands hand their own
 intermediate values here too (a plan's placer, 15 ms to free at 4,000 nodes).
@@ -20,7 +21,8 @@ _left_to_exit: list[Any] | None = None
 
 
 def exit_without_teardown() -> None:
-    """For cli.run only: values handed to leave_to_exit from now on are kept."""
+    """For cli.main only (a ONE_SHOT command in its own process): values handed to leave_to_exit from
+    now on are kept."""
     global _left_to_exit
     _left_to_exit = []
 

@@ -7,12 +7,12 @@ sdist's sha256 and the build flags, the model under one keyed by the package ver
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
+
+from tests.openai_clients import chat
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LLMFLEET_CACHE", "/var/cache/llmfleet"))
@@ -45,16 +45,6 @@ def gemma_model() -> Path:
         else:
             pkg.assemble(target)  # present: only checks its sha256
     return target
-
-
-def chat(endpoint: str, prompt: str = "Name one colour.", max_tokens: int = 8, timeout: float = 120) -> dict:
-    """POST /v1/chat/completions; the parsed answer (usage, timings)."""
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
-    req = urllib.request.Request(endpoint.rstrip("/") + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.load(r)
 
 
 def wait_for_completion(endpoint: str, timeout: float = 120) -> dict:

@@ -16,7 +16,6 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -26,7 +25,8 @@ from reconciler.model import Model
 from tests.conftest import run_cli
 from tests.fleet import TestFleet
 from tests.gitcatalog import CatalogRepo, DaemonProcess, git, wait_for
-from tests.real_llama import chat, gemma_model, llama_bin
+from tests.openai_clients import Load, chat
+from tests.real_llama import gemma_model, llama_bin
 
 pytestmark = [pytest.mark.fleet, pytest.mark.real_engine]
 
@@ -92,39 +92,6 @@ def busy(endpoint: str) -> bool:
                for line in text.splitlines())
 
 
-class Load:
-    """4 workers, each sending one completion after another to one endpoint until stopped: 4 in
-    flight on a 1-slot server. Bounded: at most `limit` requests in all."""
-
-    def __init__(self, endpoint: str, workers: int = 4, limit: int = 200):
-        self.endpoint, self.limit = endpoint, limit
-        self.sent, self.answered, self.errors = 0, 0, []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
-        for t in self._threads:
-            t.start()
-
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                if self.sent >= self.limit:
-                    return
-                self.sent += 1
-            try:
-                chat(self.endpoint, max_tokens=48, timeout=180)
-                with self._lock:
-                    self.answered += 1
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                with self._lock:
-                    self.errors.append(repr(exc))
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=240)
-
-
 def test_real_llama_cpp_scales_to_max_under_load_and_back_to_min(fleet, real, tmp_path):
     _, model = real
     marker = f"autoscale-{os.getpid()}"
@@ -159,7 +126,8 @@ def test_real_llama_cpp_scales_to_max_under_load_and_back_to_min(fleet, real, tm
     try:
         first = at(1)
         head = next(n for n in first["replicas"][0]["nodes"] if n["rank"] == 0)
-        load = Load(head["endpoint"])
+        endpoint = head["endpoint"]
+        load = Load(lambda: chat(endpoint, max_tokens=48, timeout=180), limit=200, join_s=240)
         up = at(MAX)
         assert up["autoscale"]["current"] == MAX and up["autoscale"]["wanted"] == MAX, up["autoscale"]
         assert [r["id"] for r in up["replicas"]] == ["gemma-0", "gemma-1"]

@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from tests.fleet import TestFleet
-from tests.real_llama import chat, gemma_model, llama_bin
+from tests.openai_clients import chat
+from tests.real_llama import gemma_model, llama_bin
 
 pytestmark = [pytest.mark.fleet, pytest.mark.real_engine]
 

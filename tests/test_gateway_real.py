@@ -20,7 +20,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -30,6 +29,7 @@ import yaml
 
 from tests.apply_support.local import is_running, stop_group
 from tests.fleet import TestFleet
+from tests.openai_clients import Stream
 from tests.real_llama import gemma_model, llama_bin
 
 pytestmark = [pytest.mark.fleet, pytest.mark.real_engine, pytest.mark.external]
@@ -144,47 +144,6 @@ def chat_via(base: str, max_tokens: int = 2) -> tuple[dict, str]:
         return json.load(r), r.headers.get("x-litellm-model-id", "")
 
 
-class Stream(threading.Thread):
-    """A long streaming chat completion straight to one replica, read to its end."""
-
-    def __init__(self, endpoint: str):
-        super().__init__(daemon=True)
-        self.endpoint = endpoint
-        self.chunks = 0
-        self.finish_reason = None
-        self.done = False  # the server's `data: [DONE]`
-        self.error: Exception | None = None
-        self.started = threading.Event()
-        self.ended_at: float | None = None  # wall time of its last byte (bench/gateway.py)
-
-    def run(self) -> None:
-        body = json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "Tell a long story."}],
-                           "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True}).encode()
-        req = urllib.request.Request(self.endpoint + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=600) as r:
-                for raw in r:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        self.done = True
-                        break
-                    chunk = json.loads(data)
-                    for choice in chunk.get("choices", []):
-                        if choice.get("delta", {}).get("content"):
-                            self.chunks += 1
-                            self.started.set()
-                        self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        except Exception as exc:  # a cut stream: the assertion below says how
-            self.error = exc
-        finally:
-            self.ended_at = time.time()
-            self.started.set()
-
-
 def pid_of(fleet: TestFleet, node: str, replica: str) -> int:
     [path] = (fleet.node(node).dir / "home" / ".local" / "state" / "llm-reconciler" / "replicas").glob(
         f"*{replica}.rank0.json")
@@ -255,7 +214,7 @@ def test_litellm_and_prometheus_read_the_files_as_written_and_a_scale_down_never
         endpoint = next(n["endpoint"] for n in status["gemma-1"]["nodes"] if n["rank"] == 0)
         node = status["gemma-1"]["nodes"][0]["node"]
         pid = pid_of(f, node, "gemma-1")
-        stream = Stream(endpoint)
+        stream = Stream(endpoint, SERVED, STREAM_TOKENS, timeout=600)
         stream.start()
         assert stream.started.wait(300) and stream.error is None, stream.error
         write_model(root, source, replicas=1)

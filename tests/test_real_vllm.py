@@ -11,11 +11,9 @@ One replica also runs across both nodes, its layers split between them (pipeline
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ from tests.fleet import TestFleet
 from tests.gitcatalog import CatalogRepo, DaemonProcess, git, wait_for
 from tests.real_vllm import PROFILE_ARGS, PROFILE_ENV, vllm_bin, vllm_model
 from tests.apply_support.local import is_running
+from tests.openai_clients import Load, Stream, chat, post_json
 from tests.test_gateway_real import Child, free_loopback_port, get_json, pid_of, program, wait_until
 from tests.test_real_llamacpp import record, state_dir
 
@@ -111,19 +110,6 @@ def head_endpoint(replica: dict) -> str:
     return next(n["endpoint"] for n in replica["nodes"] if n["rank"] == 0)
 
 
-def post(url: str, body: dict, timeout: float = 300, headers: dict | None = None) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.load(r)
-
-
-def chat(base: str, max_tokens: int = 8, headers: dict | None = None) -> dict:
-    return post(base.rstrip("/") + "/v1/chat/completions",
-                {"model": SERVED, "messages": [{"role": "user", "content": "Name one colour."}],
-                 "max_tokens": max_tokens, "temperature": 0}, headers=headers)
-
-
 def load_series(endpoint: str) -> dict[str, float]:
     """vLLM's own running and waiting gauges, as its /metrics prints them (labels and all)."""
     text = urllib.request.urlopen(endpoint + "/metrics", timeout=10).read().decode()
@@ -134,41 +120,6 @@ def load_series(endpoint: str) -> dict[str, float]:
             assert f'model_name="{SERVED}"' in line, line  # the served name reaches vLLM's labels
             out[name] = float(line.rsplit(" ", 1)[1])
     return out
-
-
-class Stream(threading.Thread):
-    """A long streaming chat completion straight to one replica, read to its end."""
-
-    def __init__(self, endpoint: str, tokens: int = STREAM_TOKENS):
-        super().__init__(daemon=True)
-        self.endpoint, self.tokens = endpoint, tokens
-        self.chunks, self.finish_reason, self.done, self.error = 0, None, False, None
-        self.started = threading.Event()
-
-    def run(self) -> None:
-        body = json.dumps({"model": SERVED, "messages": [{"role": "user", "content": "Tell a long story."}],
-                           "max_tokens": self.tokens, "ignore_eos": True, "stream": True}).encode()
-        req = urllib.request.Request(self.endpoint + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=900) as r:
-                for raw in r:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        self.done = True
-                        break
-                    for choice in json.loads(data).get("choices", []):
-                        if choice.get("delta", {}).get("content"):
-                            self.chunks += 1
-                            self.started.set()
-                        self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        except Exception as exc:  # a cut stream: the assertion says how
-            self.error = exc
-        finally:
-            self.started.set()
 
 
 @pytest.fixture
@@ -205,7 +156,7 @@ def test_real_vllm_serves_through_endpoints_and_litellm_logs_and_drains_a_stream
         assert sorted(urls) == sorted(head_endpoint(r) for r in status.values())
         for url in urls:
             assert get_json(url + "/v1/models")["data"][0]["id"] == SERVED
-            answer = chat(url)
+            answer = chat(url, timeout=300, model=SERVED)
             assert answer["model"] == SERVED and 0 < answer["usage"]["completion_tokens"] <= 8, answer
             assert load_series(url) == {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
 
@@ -228,14 +179,14 @@ def test_real_vllm_serves_through_endpoints_and_litellm_logs_and_drains_a_stream
             return get_json(base + "/health/liveliness") is not None
 
         wait_until("LiteLLM to serve", serving, timeout=300, every=2)
-        via = chat(base, headers={"Authorization": f"Bearer {MASTER_KEY}"})
+        via = chat(base, timeout=300, model=SERVED, headers={"Authorization": f"Bearer {MASTER_KEY}"})
         assert via["usage"]["completion_tokens"] > 0 and via["choices"][0]["message"]["content"], via
 
         # A long stream on gemma-1, then a scale down to one: gemma-1 drains on vLLM's own
         # vllm:num_requests_running, and is stopped only after the stream ends.
         endpoint = head_endpoint(status["gemma-1"])
         pid = pid_of(fleet, status["gemma-1"]["nodes"][0]["node"], "gemma-1")
-        stream = Stream(endpoint)
+        stream = Stream(endpoint, SERVED, STREAM_TOKENS)
         stream.start()
         assert stream.started.wait(300) and stream.error is None, stream.error
         assert load_series(endpoint)["vllm:num_requests_running"] == 1.0
@@ -308,38 +259,6 @@ def starts(fleet: TestFleet, node: str, replica: str) -> int:
 # --------------------------------------------------------------------------
 
 
-class Load:
-    """4 workers sending chat completions one after another to one endpoint until stopped; bounded."""
-
-    def __init__(self, endpoint: str, workers: int = 4, limit: int = 2000):
-        self.endpoint, self.limit = endpoint, limit
-        self.sent, self.answered, self.errors = 0, 0, []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
-        for t in self._threads:
-            t.start()
-
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                if self.sent >= self.limit:
-                    return
-                self.sent += 1
-            try:
-                chat(self.endpoint, max_tokens=48)
-                with self._lock:
-                    self.answered += 1
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                with self._lock:
-                    self.errors.append(repr(exc))
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=300)
-
-
 def test_real_vllm_autoscales_one_to_two_on_its_running_and_waiting_and_back_to_one(fleet, real, tmp_path):
     _, model = real
     repo = CatalogRepo(tmp_path / "catalog", init=False)
@@ -372,7 +291,8 @@ def test_real_vllm_autoscales_one_to_two_on_its_running_and_waiting_and_back_to_
 
     try:
         first = at(1)
-        load = Load(head_endpoint(first["replicas"][0]))
+        head = head_endpoint(first["replicas"][0])
+        load = Load(lambda: chat(head, max_tokens=48, timeout=300, model=SERVED))
         # The daemon read the real load and wants 2. The load then stops: on two cores a second vLLM
         # starting beside one that serves four requests without a pause starved past its start timeout
         # (a CI run). So that the count holds meanwhile, a person commits a longer down delay, which the
@@ -391,7 +311,7 @@ def test_real_vllm_autoscales_one_to_two_on_its_running_and_waiting_and_back_to_
         assert [r["id"] for r in up["replicas"]] == ["gemma-0", "gemma-1"]
         # A long request on the replica about to go: the scale-down drains it, never cuts it.
         last = head_endpoint(up["replicas"][1])
-        stream = Stream(last, tokens=400)  # the daemon's own passes drain it: no apply to outlast
+        stream = Stream(last, SERVED, 400)  # the daemon's own passes drain it: no apply to outlast
         stream.start()
         assert stream.started.wait(300) and stream.error is None, stream.error
         # No load now but the stream: the short down delay again, and the daemon scales down by one.
@@ -495,7 +415,7 @@ def test_a_two_node_vllm_replica_splits_its_layers_across_both_nodes_and_both_ra
     time.sleep(5)
     idle_cpu, idle_s = cpu_seconds(stage1_pid) - idle_from, time.monotonic() - idle_t
     busy_from, busy_t = cpu_seconds(stage1_pid), time.monotonic()
-    answer = post(head_endpoint(replica) + "/v1/chat/completions",
+    answer = post_json(head_endpoint(replica) + "/v1/chat/completions",
                   {"model": SERVED, "messages": [{"role": "user", "content": "Tell a story."}],
                    "max_tokens": 24, "ignore_eos": True}, timeout=900)
     busy_cpu, busy_s = cpu_seconds(stage1_pid) - busy_from, time.monotonic() - busy_t
