@@ -45,6 +45,17 @@ def test_inside_no_automatic_collection_after_it_the_setting_it_found():
         gc.enable()
 
 
+
+def test_a_pass_ends_with_automatic_collection_off_whoever_turned_it_on_meanwhile():
+    # The dashboard's request thread restores the setting it found when its request began: one begun
+    # before the daemon's collector took over turns automatic collection back on when it ends.
+    gc.enable()
+    with BetweenPasses() as collector:
+        gc.enable()  # that request, ending
+        collector.after_pass()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
 def test_after_a_pass_the_young_cycles_go_and_the_old_wait_for_the_full_collection():
     clock = Clock()
     with BetweenPasses(full_every_s=600, clock=clock) as collector:

@@ -44,7 +44,10 @@ class BetweenPasses:
             gc.enable()
 
     def after_pass(self) -> int:
-        """Collect what the last pass left in cycles; the number of objects freed."""
+        """Collect what the last pass left in cycles; the number of objects freed. Automatic collection is
+        turned off again too: a thread that saves and restores the setting around its own work (the
+        dashboard's, begun before the daemon turned it off) may have turned it back on."""
+        gc.disable()
         now = self._clock()
         if now - self._last_full >= self._full_every_s:
             self._last_full = now
