@@ -169,7 +169,6 @@ def test_leader_killed_mid_pass_the_standby_finishes_without_duplicates(hosts):
     assert yaml.safe_load(catalog_status.read_text())["leader"]["epoch"] == elected["epoch"]
 
 
-
 def ssh_connections(pid: int, nodes) -> set[tuple[str, str]]:
     """The established TCP connections of process `pid` to the nodes' SSH ports: (local, remote) in
     /proc's hex notation. One per node while the daemon keeps its connections open."""

@@ -386,7 +386,6 @@ def test_summary_groups_reasons_with_counts_and_names_nodes():
     assert "b4" in full and "a8: 4 free, needs 8" in full
 
 
-
 def test_nodes_failing_for_the_same_reason_share_one_reason_value():
     # An unplaced replica at fleet scale carries a rejection per node: the same reason is one value, said
     # in words once; a figure that differs (4 free vs 6 free, 8 vs 8.0) is a reason of its own.
