@@ -468,6 +468,8 @@ def unreachable_nodes(root: Path) -> int:
 def measure(n: int, args, work: Path, report: dict, model_dir: Path) -> dict:
     import asyncssh
 
+    from tests.apply_support.local import terminate_all
+
     run_dir = work / f"n{n}"
     run_dir.mkdir()
     second = random.randrange(16, 250)
@@ -522,14 +524,7 @@ def measure(n: int, args, work: Path, report: dict, model_dir: Path) -> dict:
             for server in servers) // 1024
         result["server_processes"] = len(servers)
     finally:
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        terminate_all(servers, timeout=30)
     return result
 
 

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
+from tests.apply_support.local import terminate_all
 from tests.fleet import fleet  # noqa: F401  (module-scoped fixture)
 from tests.gitcatalog import REPO, CatalogRepo, DaemonProcess, git, marked_pids, stop_all, wait_for
 
@@ -176,14 +177,7 @@ def monitoring(tmp_path):
     try:
         yield hook, metrics_port, tmp_path
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        terminate_all(procs, timeout=15)
         for log in logs:
             log.close()
         hook.close()

@@ -96,7 +96,8 @@ class CatalogProcess:
         self._outcome: tuple | None = None
 
     def poll(self) -> None:
-        """Read what the pipe holds now; never waits. The child's answer is a megabyte at fleet scale,
+        """Read what the pipe holds now; never waits (__call__ makes the pipe blocking first, to read it
+        to its end). The child's answer is a megabyte at fleet scale,
         past what a pipe buffers: read as the snapshot's parts parse, it is whole by the time the
         snapshot is, and its reading (0.02 s) is done while the parser works, not after."""
         while self._outcome is None:
@@ -112,9 +113,7 @@ class CatalogProcess:
     def __call__(self) -> Catalog:
         if self._outcome is None:
             os.set_blocking(self._fd, True)
-            while chunk := os.read(self._fd, 1 << 20):
-                self._data += chunk
-            self._finish()
+            self.poll()  # blocking now: reads up to the child's end
         kind, value = self._outcome
         if kind == "error":
             raise value

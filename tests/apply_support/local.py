@@ -121,6 +121,19 @@ def stop_group(proc, timeout: float) -> None:
             proc.wait()
 
 
+def terminate_all(procs, timeout: float) -> None:
+    """Teardown of programs a test or a bench started: SIGTERM to each at once (their exits overlap),
+    then SIGKILL to any still there `timeout` seconds after its turn to be waited for came."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def example_catalog(tmp_path: Path) -> Path:
     """A copy of examples/single-machine that a test applies for real: its own state dir (so
     kill_recorded(tmp_path / "state") stops what it started) and its own serving port."""
