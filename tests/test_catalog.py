@@ -205,6 +205,18 @@ CASES = {
     ),
     "model_outside_models_dir": ({"extra/llama2.yaml": MODEL.replace("llama", "llama2")}, "extra/llama2.yaml:1:1", "outside models/"),
     "model_in_subdirectory": ({"models/more/x.yaml": MODEL}, "models/more:1:1", "not in a subdirectory"),
+    # YAML allows any scalar as a key; JSON (and so the schema) only strings. A number for a key once
+    # passed validate and crashed plan, which sorted the selector.
+    "number_for_a_key": (
+        {"models/llama.yaml": MODEL.replace("priority: 10", "priority: 10\n    node_selector: {zone: a, 5: x}")},
+        "models/llama.yaml:10:30",
+        "node_selector: a key must be a string, this one is number 5 (quote it)",
+    ),
+    "null_for_a_key": (
+        {"fleet.yaml": FLEET.replace("labels: {zone: a}", "labels: {zone: a, ~: b}")},
+        "fleet.yaml:6:23",
+        "labels: a key must be a string, this one is null (quote it)",
+    ),
     "source_read_as_a_flag": (
         {"models/llama.yaml": MODEL.replace("source: /models/llama", "source: --trust-remote-code")},
         "models/llama.yaml:2:9",

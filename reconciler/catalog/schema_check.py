@@ -25,7 +25,10 @@ def schema_problems(doc: Document, schema_name: str) -> list[Problem]:
     # seconds to walk it); only a refused file is walked again for every error with its path.
     if is_valid(schema_name)(doc.data):
         return []
-    problems = []
+    # A key JSON cannot hold (`5:` in node_selector): jsonschema walks past it and every check below
+    # would take the file, so it is said here, at the key.
+    problems = [doc.at(path, f"{_field_name(path[:-1])}: a key must be a string, this one is "
+                       f"{describe_value(path[-1])} (quote it)", key=True) for path in _non_string_keys(doc.data)]
     required_seen: set[int] = set()
     for err in validator(schema_name).iter_errors(doc.data):
         path = tuple(err.absolute_path)
@@ -50,6 +53,19 @@ def schema_problems(doc: Document, schema_name: str) -> list[Problem]:
             secret = _secret_problem(err, path)
             problems.append(doc.at(path, secret or f"{_field_name(path)}: {_value_problem(err)}"))
     return problems
+
+
+def _non_string_keys(data, path: tuple = ()):
+    """The path of every mapping key that is not a string (YAML allows numbers, booleans, null)."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if not isinstance(k, str):
+                yield path + (k,)
+            else:
+                yield from _non_string_keys(v, path + (k,))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _non_string_keys(v, path + (i,))
 
 
 def _secret_problem(err: jsonschema.ValidationError, path: tuple) -> str | None:
