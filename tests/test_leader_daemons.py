@@ -6,7 +6,6 @@ lease or cut off from etcd, and never the deposed one again while the other lead
 from __future__ import annotations
 
 import signal
-import time
 import urllib.request
 
 import pytest

@@ -120,7 +120,7 @@ def test_logs_prints_the_engines_own_log_tails_and_follows_it(nodes, catalog, cl
 
     logs = cli("logs", "echo-0", str(root))
     assert logs.returncode == 0, logs.stderr
-    assert f"serving echo-weights on 0.0.0.0:24600" in logs.stdout  # the engine's own stderr, from its node
+    assert "serving echo-weights on 0.0.0.0:24600" in logs.stdout  # the engine's own stderr, from its node
     assert len(cli("logs", "echo-0", str(root), "--tail", "1").stdout.splitlines()) == 1
 
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -6,11 +6,10 @@ these are the pieces: what the catalog accepts, what is hashed, what render hand
 
 from __future__ import annotations
 
-import os
 import pytest
 
 from reconciler.catalog import load_catalog
-from reconciler.errors import CatalogInvalid, RenderError
+from reconciler.errors import RenderError
 from reconciler.act.launcher import SshLauncher
 from reconciler.act.launcher.ssh_launcher import request_of
 from reconciler.model import Assignment, SecretRef, spec_hash

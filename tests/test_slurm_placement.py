@@ -14,7 +14,7 @@ def spec(nid: str, launcher: str):
 
 
 def node(nid: str, *, held=()):
-    gs = tuple(replace(g, held_by=f"Slurm job 9 of alice") if g.index in held else g for g in gpus(2))
+    gs = tuple(replace(g, held_by="Slurm job 9 of alice") if g.index in held else g for g in gpus(2))
     return observed(nid, gpu=gs, fabrics={"ib": ["mlx5_0"]})
 
 

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
