@@ -94,6 +94,15 @@ def test_self_contradicting_snapshot_is_refused_naming_node_and_field(name, muta
     assert any(p.message.startswith(message) for p in validate_inventory_document(doc, FLEET))
 
 
+def test_gpu_indices_far_apart_are_listed_not_spanned():
+    # Wording the missing peer once built the range between the lowest and highest index: 2**63 overflowed.
+    doc = copy.deepcopy(EXAMPLE)
+    n0(doc)["gpus"][7]["index"] = 2**63
+    n0(doc)["gpus"][3]["nvlink_peers"] = [8]
+    assert ("node a100-b1: gpus[3].nvlink_peers[0]: NVLink peer 8 does not exist (GPU indices: 0, 1, 2, 3, 4, 5, 6, "
+            "9223372036854775808)") in [p.message for p in validate_inventory_document(doc, FLEET)]
+
+
 def test_every_problem_is_reported_not_just_the_first(tmp_path):
     doc = copy.deepcopy(EXAMPLE)
     doc["nodes"][0]["state"] = "asleep"

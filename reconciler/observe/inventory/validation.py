@@ -162,7 +162,9 @@ def _ranges(indices: set[int]) -> str:
     if not indices:
         return "none"
     s = sorted(indices)
-    if s == list(range(s[0], s[-1] + 1)) and len(s) > 2:
+    # Distinct and sorted: a run exactly when the ends are len-1 apart (no list of the range: an
+    # index of 2**63 in a snapshot would ask for one that large).
+    if len(s) > 2 and s[-1] - s[0] == len(s) - 1:
         return f"{s[0]}-{s[-1]}"
     return ", ".join(map(str, s))
 
