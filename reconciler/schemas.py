@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import jsonschema_rs
 
@@ -53,3 +53,42 @@ def validator(name: str) -> jsonschema.protocols.Validator:
     import jsonschema  # a fifth of a second to import, and only a refused document needs it
 
     return jsonschema.Draft202012Validator(schema(name))
+
+
+def first_problem(name: str, doc: Any, *, missing_ok: bool = False) -> str | None:
+    """None when `doc` is valid against the schema; else its first problem (in document order) as one
+    line, `field.path[2]: what is wrong`: for documents the reconciler wrote that someone may have
+    edited or half-merged since (status/), said in a line rather than met as a crash further on.
+    missing_ok: a required field that is absent is no problem (a reader that takes what is there, and
+    a file an older version or a person wrote), a value of the wrong type still is."""
+    if is_valid(name)(doc):
+        return None
+    key = next(non_string_keys(doc), None)
+    if key is not None:
+        return f"{_where(key[:-1])}: the key {key[-1]!r} is not a string"
+    errors = sorted((e for e in validator(name).iter_errors(doc) if not (missing_ok and e.validator == "required")),
+                    key=lambda e: [(p, "") if isinstance(p, int) else (-1, str(p)) for p in e.absolute_path])
+    if not errors:  # refused by jsonschema-rs alone (see the module's docstring): accepted
+        return None
+    err = errors[0]
+    message = err.message if len(err.message) <= 200 else err.message[:200] + "..."
+    return f"{_where(err.absolute_path)}: {message}"
+
+
+def non_string_keys(doc: Any) -> Iterator[tuple]:
+    """The path of every mapping key that is not a string, in document order (YAML allows numbers,
+    booleans, null as keys; JSON does not, and jsonschema walks past them). A loop, not recursion: a
+    file nested a thousand deep is walked too."""
+    stack: list[tuple[tuple, Any, bool]] = [((), doc, False)]  # (path, value, the path ends in a bad key)
+    while stack:
+        path, value, bad_key = stack.pop()
+        if bad_key:
+            yield path
+        elif isinstance(value, dict):
+            stack.extend((path + (k,), v, not isinstance(k, str)) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((path + (i,), v, False) for i, v in reversed(list(enumerate(value))))
+
+
+def _where(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(document)"

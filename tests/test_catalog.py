@@ -392,3 +392,15 @@ def test_each_missing_required_field_is_named_once(tmp_path):
         load_catalog(root, with_revision=False)
     missing = sorted(p.message for p in err.value.problems if "missing required field" in p.message)
     assert missing == ["missing required field 'name' in the file", "missing required field 'source' in the file"]
+
+
+def test_keys_that_are_not_strings_are_found_in_document_order_at_any_depth():
+    from reconciler.schemas import non_string_keys
+
+    doc = {"a": {1: "x", "b": [{"c": 1, None: 2}]}, True: 3}
+    assert list(non_string_keys(doc)) == [("a", 1), ("a", "b", 0, None), (True,)]
+    deep = inner = {}
+    for _ in range(5000):  # deeper than Python's recursion limit
+        inner["k"] = inner = {}
+    inner[5] = 1
+    assert list(non_string_keys(deep)) == [("k",) * 5000 + (5,)]

@@ -202,6 +202,24 @@ def test_a_secret_value_never_appears(client, tree):
         assert SECRET_VALUE not in client.get(url).text
 
 
+def test_a_status_file_of_the_wrong_shape_keeps_the_last_good_data_and_says_which_field(tmp_path):
+    # It parses, it is a mapping with `replicas`, but a rank is a string: once a 500 from /api/status.
+    root = planned_catalog(tmp_path)
+    client = TestClient(create_app(root))
+    assert 'data-model="embedder"' in client.get("/models?model=embedder").text
+    path = root / "status" / "models" / "embedder.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["replicas"][0]["nodes"] = ["gpu-1"]
+    path.write_text(dump_yaml(doc))
+    for url in ("/models?model=embedder", "/api/status", "/"):
+        assert client.get(url).status_code == 200, url
+    page = client.get("/models?model=embedder").text
+    assert 'data-model="embedder"' in page  # the last good copy
+    assert "status/models/embedder.yaml: not a model status document" in page
+    assert "replicas[0].nodes[0]: &#39;gpu-1&#39; is not of type &#39;object&#39;" in page
+    assert any("replicas[0].nodes[0]" in p for p in client.get("/api/version").json()["problems"])
+
+
 def test_a_bad_status_file_keeps_the_last_good_data_and_is_named(tmp_path):
     root = planned_catalog(tmp_path)
     client = TestClient(create_app(root))

@@ -76,6 +76,24 @@ def test_a_broken_status_file_is_one_line_naming_it(tmp_path, cli):
     assert line.startswith(f"reconciler: {root}/status/models/m.yaml:") and "not valid YAML" in line
 
 
+def test_a_status_file_of_the_wrong_shape_is_one_line_naming_the_field(tmp_path, cli):
+    # Each once a traceback: a rank that is a string, warnings that are a number.
+    bad_rank = dict(MODEL, replicas=[dict(MODEL["replicas"][0], nodes=["n1"])])
+    root = catalog_with_status(tmp_path / "a", models=(bad_rank,))
+    r = cli("status", str(root))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [(f"reconciler: {root}/status/models/m.yaml: not a model status document: "
+                                      "replicas[0].nodes[0]: 'n1' is not of type 'object'")]
+    root = catalog_with_status(tmp_path / "b")
+    (root / "status" / "catalog.yaml").write_text("last_applied_revision: 3c1e2d\nwarnings: 5\n")
+    r = cli("status", str(root), "--format", "json")
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        f"reconciler: {root}/status/catalog.yaml: not a catalog status document: warnings: 5 is not of type 'array'"]
+    # What the reader can do without (an older writer's file, one a person trimmed) is no problem.
+    (root / "status" / "catalog.yaml").write_text("last_applied_revision: 3c1e2d\n")
+    assert cli("status", str(root)).returncode == 0
+
+
 def test_json_is_the_spec_shape(tmp_path, cli):
     import json
 

@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 from reconciler.errors import Problem
-from reconciler.schemas import is_valid, validator
+from reconciler.schemas import is_valid, non_string_keys, validator
 from reconciler.catalog.documents import Document, describe_value
 
 if TYPE_CHECKING:  # jsonschema is imported only when a file is refused (schemas.validator)
@@ -28,7 +28,7 @@ def schema_problems(doc: Document, schema_name: str) -> list[Problem]:
     # A key JSON cannot hold (`5:` in node_selector): jsonschema walks past it and every check below
     # would take the file, so it is said here, at the key.
     problems = [doc.at(path, f"{_field_name(path[:-1])}: a key must be a string, this one is "
-                       f"{describe_value(path[-1])} (quote it)", key=True) for path in _non_string_keys(doc.data)]
+                       f"{describe_value(path[-1])} (quote it)", key=True) for path in non_string_keys(doc.data)]
     required_seen: set[int] = set()
     for err in validator(schema_name).iter_errors(doc.data):
         path = tuple(err.absolute_path)
@@ -53,19 +53,6 @@ def schema_problems(doc: Document, schema_name: str) -> list[Problem]:
             secret = _secret_problem(err, path)
             problems.append(doc.at(path, secret or f"{_field_name(path)}: {_value_problem(err)}"))
     return problems
-
-
-def _non_string_keys(data, path: tuple = ()):
-    """The path of every mapping key that is not a string (YAML allows numbers, booleans, null)."""
-    if isinstance(data, dict):
-        for k, v in data.items():
-            if not isinstance(k, str):
-                yield path + (k,)
-            else:
-                yield from _non_string_keys(v, path + (k,))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            yield from _non_string_keys(v, path + (i,))
 
 
 def _secret_problem(err: jsonschema.ValidationError, path: tuple) -> str | None:

@@ -25,6 +25,7 @@ import yaml
 import yaml_rs
 
 from reconciler.constants import STATUS_DIR
+from reconciler.schemas import first_problem
 
 try:
     from yaml import CSafeLoader as _Loader
@@ -84,20 +85,25 @@ def _unreadable(rel: str, exc: Exception, last_good: FileRead | None) -> FileRea
     return FileRead(rel, last_good.doc if last_good else None, problem, last_good.mtime if last_good else None)
 
 
-def _mapping(what: str, key: str | None = None, kind: type = list) -> Callable[[Any], dict]:
+def _mapping(what: str, schema: str, key: str | None = None, kind: type = list) -> Callable[[Any], dict]:
     def check(doc: Any) -> dict:
         if doc is None:
             raise NotAStatusDocument(f"empty, not {what}")
         if not isinstance(doc, dict) or (key is not None and not isinstance(doc.get(key) or kind(), kind)):
             raise NotAStatusDocument(f"not {what}")
+        # Against the file's schema too: a page (and status_view) then reads only documents of the shape the
+        # reconciler writes, never a hand-edited list where a mapping belongs.
+        problem = first_problem(schema, doc, missing_ok=True)
+        if problem:
+            raise NotAStatusDocument(f"not {what}: {problem}")
         return doc
     return check
 
 
-CHECK_CATALOG = _mapping("a catalog status document (a mapping)")
-CHECK_NODES = _mapping("an inventory snapshot (a mapping with a `nodes` list)", "nodes")
-CHECK_MODEL = _mapping("a model status document (a mapping with `replicas`)", "replicas")
-CHECK_ENDPOINTS = _mapping("an endpoints document (a mapping with `models`)", "models", dict)
+CHECK_CATALOG = _mapping("a catalog status document (a mapping)", "status-catalog")
+CHECK_NODES = _mapping("an inventory snapshot (a mapping with a `nodes` list)", "inventory", "nodes")
+CHECK_MODEL = _mapping("a model status document (a mapping with `replicas`)", "status-model", "replicas")
+CHECK_ENDPOINTS = _mapping("an endpoints document (a mapping with `models`)", "status-endpoints", "models", dict)
 
 
 @dataclass(frozen=True)

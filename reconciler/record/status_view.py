@@ -14,6 +14,7 @@ from typing import Any
 
 from reconciler.constants import STATUS_DIR
 from reconciler.errors import ReconcilerError
+from reconciler.schemas import first_problem
 from reconciler.vocabulary import FailureKind
 
 
@@ -44,6 +45,9 @@ def status_report_from_documents(root: Path, catalog_doc: Any, model_docs: list[
     status = root / STATUS_DIR
     if not isinstance(catalog_doc, dict):
         raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document (a mapping)")
+    problem = first_problem("status-catalog", catalog_doc, missing_ok=True)
+    if problem:
+        raise StatusUnreadable(f"{status / 'catalog.yaml'}: not a catalog status document: {problem}")
     models = [model_entry(path, doc) for path, doc in model_docs]
     revision = catalog_doc.get("last_applied_revision")
     return StatusReport(
@@ -60,6 +64,9 @@ def model_entry(path: Path, doc: Any) -> dict:
     """One status/models/<name>.yaml as `status --format json` lists it (StatusUnreadable: not one)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("replicas", []), list):
         raise StatusUnreadable(f"{path}: not a model status document (a mapping with `replicas`)")
+    problem = first_problem("status-model", doc, missing_ok=True)
+    if problem:
+        raise StatusUnreadable(f"{path}: not a model status document: {problem}")
     replicas = [r for r in doc.get("replicas") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)]
     entry = {"name": str(doc.get("name") or path.stem), "desired": doc.get("desired"),
              "ready": doc.get("ready"), "replicas": replicas}
