@@ -63,6 +63,7 @@ def test_a_memory_file_written_before_one_backoff_loads_both_halves_into_it(tmp_
     {"start_failures": {"x": {"kind": "temporary", "attempts": 1}}},
     {"backoff": {"x": {"bogus": 1}}},
     {"backoff": {"x": {"failure": "permanent"}}},  # a failure with no time to try again
+    {"backoff": {"x": {"restarts": float("inf")}}},  # json.loads reads Infinity; int() of it overflows
 ])
 def test_a_backoff_that_cannot_be_read_forgets_the_memory_never_an_error(broken):
     assert memory_from_document({**OLD_FILE, **broken}) == PassMemory()

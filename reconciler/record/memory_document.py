@@ -52,7 +52,7 @@ def memory_from_document(doc: Any) -> PassMemory:
             rollouts={str(name): _rollout(r) for name, r in _entries(doc, "rollouts")},
             started_with={str(key): _started_with(w) for key, w in _entries(doc, "started_with")},
         )
-    except (AttributeError, KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError, ArithmeticError):  # int(inf): json reads Infinity
         return PassMemory()
 
 
