@@ -77,6 +77,10 @@ def test_samples_are_written_as_changes_and_read_back_whole(tmp_path):
     assert [s.models["llama"].ready for s in back] == [1, 1, 1, 2, 2]
     assert all(s.models["qwen"] == ModelFigures(1, 1) for s in back)
     assert read_samples([b"junk", json.dumps(sample_to_document(sample(1.0, 3))).encode()])[0].models["llama"].ready == 3
+    # Python's json reads Infinity; int() of it overflowed out of the reader (the history page's 500).
+    infinite = dict(sample_to_document(sample(2.0, 4)), g=[float("inf")])
+    assert [s.models["llama"].ready for s in read_samples([json.dumps(sample_to_document(sample(1.0, 3))),
+                                                           json.dumps(infinite)])] == [3]
 
 
 @pytest.fixture

@@ -123,7 +123,7 @@ def read_samples(lines: Iterable[bytes | str], since: float | None = None,
             when, totals = float(doc["t"]), _from_figures(doc["f"])
             gpus = dict(zip(GPU_KINDS, (int(x) for x in doc["g"])))
             gone = [str(n) for n in doc.get("x", ())]
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError):  # int(Infinity)
             continue
         if doc.get("k"):
             state.clear()
