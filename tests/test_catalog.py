@@ -217,6 +217,12 @@ CASES = {
         "fleet.yaml:6:23",
         "labels: a key must be a string, this one is null (quote it)",
     ),
+    # The positioned reader (ruamel) builds nested values by recursion: it ran out, a traceback from validate.
+    "nested_too_deeply_to_read": (
+        {"models/llama.yaml": MODEL + "extra: " + "[" * 3000 + "]" * 3000 + "\n"},
+        "models/llama.yaml:13:72",
+        "values nested too deeply to read (here past 64 levels",
+    ),
     "source_read_as_a_flag": (
         {"models/llama.yaml": MODEL.replace("source: /models/llama", "source: --trust-remote-code")},
         "models/llama.yaml:2:9",

@@ -122,6 +122,30 @@ def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
         return None, Problem(rel, line, col, f"YAML syntax error: {problem}")
     except YAMLError as exc:  # errors without a mark
         return None, Problem(rel, 1, 1, f"YAML error: {exc}")
+    except RecursionError:  # ruamel builds nested values by recursion: a few hundred levels exhaust it
+        line, col = _deep_spot(text)
+        return None, Problem(rel, line, col, f"values nested too deeply to read (here past {DEEP_SPOT} levels; "
+                                             "a catalog file needs a handful)")
+
+
+# Where a file too deep to read is said to go wrong: a fleet or model file needs about six levels.
+DEEP_SPOT = 64
+
+
+def _deep_spot(text: str) -> tuple[int, int]:
+    """Line and column where the text's nesting passes DEEP_SPOT: flow brackets open, plus block indentation
+    counted two spaces a level (quotes and comments are not told apart: a best effort for a message)."""
+    flow = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        indent = (len(line) - len(line.lstrip(" "))) // 2
+        for col, ch in enumerate(line, 1):
+            if ch in "[{":
+                flow += 1
+            elif ch in "]}":
+                flow -= 1
+            if flow + indent > DEEP_SPOT:
+                return n, col
+    return 1, 1
 
 
 def describe_value(value: Any) -> str:
@@ -270,7 +294,7 @@ def read_fast(root: Path, path: Path, rel: str) -> tuple[Document | None, list[P
     try:
         raw = read_bounded(path)
         data = yaml.load(raw.decode("utf-8"), Loader=_fast_loader())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError, RecursionError):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     if not isinstance(data, dict) or any(not isinstance(k, str) for k in data) or _too_many_values(data):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
