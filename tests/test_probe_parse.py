@@ -585,3 +585,15 @@ def test_what_a_broken_node_prints_becomes_its_reason(rc, stdout, stderr, reason
     result = probe_node(spec(), t)
     assert result.node.state == "unreachable" and reason in result.node.reason
     assert t.argvs[0][:2] == ["python3", "-"]  # the command line is fixed; arguments travel as one JSON word
+
+
+def test_a_report_with_an_infinite_number_makes_the_node_unreachable_never_a_traceback():
+    from reconciler.observe.probe.collect import _decode_report, _from_report
+    from reconciler.vocabulary import FailureKind, NodeState
+
+    # JSON as Python reads it takes Infinity: int() of it overflowed out of the probe, a traceback per pass.
+    gpu = '{"index": 0, "uuid": "u", "name": "NVIDIA L40S", "memory_total_mb": 46068, "nvlink_peers": [Infinity]}'
+    raw = ('{"gpus": [%s], "engines": {}, "hcas": [], "disks": [], "weights": [], "replicas": []}' % gpu).encode()
+    probe = _from_report(spec(), _decode_report(raw), 0.0, lambda: 0.0)
+    assert probe.node.state == NodeState.UNREACHABLE and probe.node.failure == FailureKind.PERMANENT
+    assert probe.node.reason.startswith("probe report unreadable (OverflowError"), probe.node.reason

@@ -140,7 +140,7 @@ def _decode_report(data: bytes):
 def _from_report(spec: NodeSpec, report: Mapping, started: float, clock, owner: str | None = None) -> NodeProbe:
     try:
         node, warnings = observed_from_report(spec, report, owner=owner)
-    except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, RecursionError, ArithmeticError) as exc:  # int(Infinity)
         # Valid JSON of the wrong shape (a probe that is not ours answering): nothing in it can be
         # trusted, its process records included, so the node counts as not answering.
         return NodeProbe(unreachable(spec, f"probe report unreadable ({type(exc).__name__}: {str(exc)[:120]})", FailureKind.PERMANENT), (), True, clock() - started)
