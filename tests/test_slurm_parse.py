@@ -66,6 +66,13 @@ def test_hostlists_and_gres():
     assert gpu_gres("gpu:0") == (0, None)
 
 
+def test_a_range_too_wide_to_be_a_cluster_is_kept_as_text_not_expanded():
+    # Expanded as written, each would build billions of names or indices (a controller's bad answer).
+    assert expand_hostlist("n[1-4000000000],x1") == ["n[1-4000000000]", "x1"]
+    assert expand_hostlist("n[1-60000]-ib[1-60000]") == ["n[1-60000]-ib[1-60000]"]
+    assert gpu_gres("gpu:2(IDX:0,5-4294967295)") == (2, (0,))
+
+
 def test_squeue_lines_keep_names_and_comments_whole():
     out = "1\x1fllmrc.x.m-0\x1fRUNNING\x1fNone\x1f2026-12-01T11:20:38\x1fllmrc/1 abc m p a1:8000:0\n" \
           "2\x1fmy | odd job\x1fPENDING\x1fResources\x1fN/A\x1f\n"

@@ -243,6 +243,11 @@ def parse_squeue(stdout: str) -> list[QueuedJob]:
 # --------------------------------------------------------------------------
 
 
+# The widest range a host list or GPU index list is expanded over (Slurm's own bound on a host list
+# is 64k names): a wider one is taken as the text it is, never as millions of names to build.
+MAX_RANGE = 1 << 16
+
+
 def expand_hostlist(text: str) -> list[str]:
     """Slurm's compressed host lists: `a[1-3,5]`, `gpu-a[01-02],login1`, `n[1-2]-ib[3-4]`."""
     names: list[str] = []
@@ -270,12 +275,16 @@ def _expand_one(item: str) -> list[str]:
     for part in m.group(1).split(","):
         lo, sep, hi = part.partition("-")
         if sep and lo.isdigit() and hi.isdigit():
+            if int(hi) - int(lo) >= MAX_RANGE:
+                return [item]
             width = len(lo) if lo.startswith("0") else 0
             values = [str(v).zfill(width) for v in range(int(lo), int(hi) + 1)]
         else:
             values = [part]
         for v in values:
             out.extend(_expand_one(head + v + tail))
+            if len(out) > MAX_RANGE:  # ranges multiplied (n[1-60000]-ib[1-60000]): the text as it is
+                return [item]
     return out
 
 
@@ -284,7 +293,7 @@ def parse_index_list(text: str) -> tuple[int, ...]:
     out: list[int] = []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        if lo.isdigit() and (not sep or hi.isdigit()):
+        if lo.isdigit() and (not sep or (hi.isdigit() and int(hi) - int(lo) < MAX_RANGE)):
             out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
     return tuple(sorted(set(out)))
 
