@@ -108,6 +108,7 @@ contract, one for the rooms and one inside each, and CI checks it):
     engines/            one adapter per engine (pure: vllm, sglang, llamacpp, command, over base),
                         their option tables (flags, parsers/*.json), and the exact argv of each rank (render)
     owner               the catalog's owner id (stable across clones), which every record on a node carries
+    pyyaml_bounded      PyYAML's loaders, refusing first a file nested deep enough to overflow them
     model, errors,      the shared vocabulary at the root: frozen values; the exception tree; the JSON
     schemas, constants  Schemas (schema/, inside the package); names and exit codes
     host, vocabulary    one value for an address, parsed once; the StrEnums every state is spelled with

@@ -66,8 +66,11 @@ def first_problem(name: str, doc: Any, *, missing_ok: bool = False) -> str | Non
     key = next(non_string_keys(doc), None)
     if key is not None:
         return f"{_where(key[:-1])}: the key {key[-1]!r} is not a string"
-    errors = sorted((e for e in validator(name).iter_errors(doc) if not (missing_ok and e.validator == "required")),
-                    key=lambda e: [(p, "") if isinstance(p, int) else (-1, str(p)) for p in e.absolute_path])
+    try:
+        errors = sorted((e for e in validator(name).iter_errors(doc) if not (missing_ok and e.validator == "required")),
+                        key=lambda e: [(p, "") if isinstance(p, int) else (-1, str(p)) for p in e.absolute_path])
+    except RecursionError:  # jsonschema walks (and words) a value by recursion: JSON can nest deeper
+        return "values nested too deeply to read"
     if not errors:  # refused by jsonschema-rs alone (see the module's docstring): accepted
         return None
     err = errors[0]

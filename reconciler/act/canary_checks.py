@@ -16,7 +16,6 @@ so the judgement is tested without sockets and the real checks run against real 
 from __future__ import annotations
 
 import http.client
-import json
 import math
 import re
 import urllib.error
@@ -30,6 +29,7 @@ from reconciler.decide.canary import LATENCY, REQUEST, Measurement
 from reconciler.frozen import frozen
 from reconciler.model import Model, PrometheusCheck, RequestCheck
 from reconciler.act.readiness import why_no_answer
+from reconciler.errors import parse_json
 
 REQUESTS_PER_COPY = 2  # per copy per measurement: "1 of 2 failed" says more than a single yes or no
 STABLE_COPIES_ASKED = 3  # the baseline for the latency ratio: a few stable copies are enough
@@ -153,7 +153,7 @@ def judge(check: RequestCheck, answer: Answer) -> str:
 def generated_text(body: bytes) -> str:
     """The text a model generated: an OpenAI chat or completion answer's first choice, else the body."""
     try:
-        doc = json.loads(body)
+        doc = parse_json(body)
         choice = doc["choices"][0]
         text = (choice.get("message") or {}).get("content")
         return str(text if text is not None else choice.get("text", ""))
@@ -230,7 +230,7 @@ def query_value(answer: "tuple[int, bytes] | str", address: str) -> "float | str
         return f"Prometheus at {address} did not answer: {answer}"
     status, body = answer
     try:
-        doc = json.loads(body)
+        doc = parse_json(body)
     except ValueError:
         return f"Prometheus at {address} answered HTTP {status} with no JSON (is it a Prometheus?)"
     if not isinstance(doc, dict):

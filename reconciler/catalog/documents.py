@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml_rs
 
-from reconciler.errors import Problem, has_refused_character, position_after, refused_character
+from reconciler.errors import (MAX_NESTING, Problem, block_too_deep, has_refused_character, position_after,
+                               refused_character, too_deep)
 
 # ruamel (the positioned reader) and PyYAML (the reader of anchors and aliases) are imported where
 # they are used: a catalog that yaml_rs reads and that has no problem needs neither, and together
@@ -101,6 +102,10 @@ def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
     from ruamel.yaml.reader import ReaderError
 
+    deep = too_deep(text.encode("utf-8", errors="replace"))
+    if deep is not None:  # ruamel builds nested values by recursion: a few hundred levels exhaust it
+        return None, Problem(rel, *deep, f"values nested more than {MAX_NESTING} levels deep (a catalog file "
+                                         "needs six)")
     try:
         return _yaml().load(text), None
     except ReaderError as exc:  # a character YAML does not allow: placed at its first one in the text
@@ -122,30 +127,6 @@ def parse_yaml_text(rel: str, text: str) -> tuple[Any, Problem | None]:
         return None, Problem(rel, line, col, f"YAML syntax error: {problem}")
     except YAMLError as exc:  # errors without a mark
         return None, Problem(rel, 1, 1, f"YAML error: {exc}")
-    except RecursionError:  # ruamel builds nested values by recursion: a few hundred levels exhaust it
-        line, col = _deep_spot(text)
-        return None, Problem(rel, line, col, f"values nested too deeply to read (here past {DEEP_SPOT} levels; "
-                                             "a catalog file needs a handful)")
-
-
-# Where a file too deep to read is said to go wrong: a fleet or model file needs about six levels.
-DEEP_SPOT = 64
-
-
-def _deep_spot(text: str) -> tuple[int, int]:
-    """Line and column where the text's nesting passes DEEP_SPOT: flow brackets open, plus block indentation
-    counted two spaces a level (quotes and comments are not told apart: a best effort for a message)."""
-    flow = 0
-    for n, line in enumerate(text.splitlines(), 1):
-        indent = (len(line) - len(line.lstrip(" "))) // 2
-        for col, ch in enumerate(line, 1):
-            if ch in "[{":
-                flow += 1
-            elif ch in "]}":
-                flow -= 1
-            if flow + indent > DEEP_SPOT:
-                return n, col
-    return 1, 1
 
 
 def describe_value(value: Any) -> str:
@@ -291,9 +272,11 @@ def read_fast(root: Path, path: Path, rel: str) -> tuple[Document | None, list[P
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     import yaml
 
+    from reconciler import pyyaml_bounded
+
     try:
         raw = read_bounded(path)
-        data = yaml.load(raw.decode("utf-8"), Loader=_fast_loader())
+        data = pyyaml_bounded.load(raw.decode("utf-8"), _fast_loader())
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, TypeError, RecursionError):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     if not isinstance(data, dict) or any(not isinstance(k, str) for k in data) or _too_many_values(data):
@@ -317,6 +300,8 @@ def read_native(root: Path, path: Path, rel: str) -> tuple[Document | None, list
     except (OSError, UnicodeDecodeError):
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     if has_refused_character(raw, text):  # yaml_rs would read it into a value: ruamel says where it is
+        return None, [Problem(rel, 1, 1, "needs the positioned reader")]
+    if block_too_deep(raw) is not None:  # yaml_rs would overflow its stack: the positioned reader says where
         return None, [Problem(rel, 1, 1, "needs the positioned reader")]
     if ("&" in text or "*" in text or "!" in text) and _NEEDS_PYYAML.search(text):  # `in` first: C speed
         return read_fast(root, path, rel)

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from reconciler import pyyaml_bounded
 from reconciler.constants import STATUS_DIR
 from reconciler.record.status_view import StatusReport, StatusUnreadable, status_report_from_documents
 
@@ -40,7 +41,7 @@ def read_catalog_status(catalog: str) -> StatusReport:
 
 def _read(path: Path, optional: bool = False) -> Any:
     try:
-        return yaml.load(path.read_bytes(), Loader=_Loader)
+        return pyyaml_bounded.load(path.read_bytes(), _Loader)
     except FileNotFoundError:
         if optional:
             return None

@@ -17,7 +17,7 @@ from reconciler.observe.probe import FleetProber
 from reconciler.act.scaling import default_reader, read_model_loads
 from reconciler.observe.ssh import TransportPool
 from reconciler.observe.transport import FleetTransports
-from reconciler.errors import ReconcilerError, UsageError
+from reconciler.errors import ReconcilerError, UsageError, parse_json
 from reconciler.vocabulary import NodeState
 
 
@@ -286,7 +286,7 @@ def _etcd_counts_store(election, log):
         if "states" not in kept:
             try:
                 raw = election.load_state(COUNTS_KEY)
-                doc = json.loads(raw) if raw else None
+                doc = parse_json(raw) if raw else None
             except (EtcdUnavailable, ValueError) as exc:
                 log("autoscale.unavailable", error=str(exc), msg="the autoscaled counts could not be read from "
                     "etcd: status/'s are in force this pass")

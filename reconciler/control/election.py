@@ -25,6 +25,7 @@ from typing import Callable
 
 from reconciler.control.etcd import EtcdClient, EtcdUnavailable, KeyValue
 from reconciler.vocabulary import Role
+from reconciler.errors import parse_json
 
 PREFIX = "/llm-reconciler/"
 
@@ -58,7 +59,7 @@ class Candidate:
     @classmethod
     def of(cls, kv: KeyValue) -> "Candidate":
         try:
-            doc = json.loads(kv.value)
+            doc = parse_json(kv.value)
             return cls(str(doc.get("host", "?")), int(doc.get("pid", 0)), float(doc.get("since", 0.0)),
                        kv.create_revision)
         except (ValueError, TypeError, AttributeError):

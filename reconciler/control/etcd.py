@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 from urllib.parse import urlsplit
 
-from reconciler.errors import ReconcilerError
+from reconciler.errors import ReconcilerError, parse_json
 
 REQUEST_TIMEOUT_S = 2.0  # per endpoint: a keepalive must fail over well inside a renew deadline
 
@@ -128,7 +128,7 @@ class EtcdClient:
             raw = response.read(16 << 20)
         finally:
             conn.close()
-        answer = json.loads(raw or b"{}")
+        answer = parse_json(raw or b"{}")
         if response.status >= 500 and isinstance(answer, dict) and answer.get("code") == 14:
             raise ConnectionError(answer.get("message") or "unavailable")  # a member without a quorum
         if response.status != 200:

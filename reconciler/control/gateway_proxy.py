@@ -38,6 +38,7 @@ import httpx
 import uvicorn
 import yaml
 
+from reconciler import pyyaml_bounded
 from reconciler.errors import ReconcilerError, UsageError
 from reconciler.record.gateway import SERVED_HEARTBEAT_S, Served, litellm_api_bases
 from reconciler.record.status.gateway_files import GATEWAY_DIR, LITELLM_FILE, write_served
@@ -147,7 +148,7 @@ def _spawn(argv: list[str], out):
 
 def _yaml(text: bytes):
     try:
-        return yaml.safe_load(text)
+        return pyyaml_bounded.load(text, yaml.SafeLoader)
     except yaml.YAMLError:
         return None
 

@@ -250,7 +250,9 @@ def _relative_problem(problem: Problem, tree: Path) -> Problem:
 def _read_yaml(path: Path) -> Any:
     import yaml
 
+    from reconciler import pyyaml_bounded
+
     try:
-        return yaml.safe_load(path.read_text())
+        return pyyaml_bounded.load(path.read_text(), yaml.SafeLoader)
     except (OSError, yaml.YAMLError):
         return None

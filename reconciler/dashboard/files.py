@@ -13,7 +13,6 @@ per pass that changed it, not once per page view.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 import time
@@ -24,7 +23,9 @@ from typing import Any, Callable
 import yaml
 import yaml_rs
 
+from reconciler import pyyaml_bounded
 from reconciler.constants import STATUS_DIR
+from reconciler.errors import block_too_deep, parse_json
 from reconciler.schemas import first_problem
 
 try:
@@ -54,7 +55,7 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
 
 
 def _yaml(data: bytes) -> Any:
-    return yaml.load(data, Loader=_Loader)
+    return pyyaml_bounded.load(data, _Loader)
 
 
 def _problem_text(rel: str, exc: Exception) -> str:
@@ -329,6 +330,8 @@ class NodeByNodeSnapshot:
 
 def _parse_blocks(data: bytes) -> Any:
     """Node blocks parsed by yaml_rs; None when it refuses them (the whole file again: PyYAML words its error)."""
+    if block_too_deep(data) is not None:  # yaml_rs would overflow its stack
+        return None
     try:
         return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False,
                              duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)
@@ -343,9 +346,11 @@ def _fast_yaml(data: bytes) -> Any:
     stripped = data.lstrip()
     if stripped[:1] in (b"{", b"["):
         try:
-            return json.loads(stripped)
+            return parse_json(stripped)
         except ValueError:
             pass
+    if block_too_deep(data) is not None:  # yaml_rs would overflow its stack: PyYAML's reader says where
+        return _yaml(data)
     try:
         return yaml_rs.loads(data.decode("utf-8"), parse_datetime=False,
                              duplicate_key_policy=yaml_rs.DuplicateKeyPolicy.LastWins)

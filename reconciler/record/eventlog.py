@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from reconciler.errors import StatusWriteError
+from reconciler.errors import StatusWriteError, parse_json
 from reconciler.record.events import Event, EventFilter, Seen, Skipped, read_events, seen_from_document, seen_to_document, \
     to_document
 from reconciler.record.history import KEYFRAME_EVERY, Sample, read_samples, sample_to_document
@@ -155,7 +155,7 @@ class EventJournal:
 
     def load_seen(self) -> Seen | None:
         try:
-            return seen_from_document(json.loads((self.directory / SEEN_FILE).read_text()))
+            return seen_from_document(parse_json((self.directory / SEEN_FILE).read_text()))
         except (OSError, ValueError):
             return None
 

@@ -14,12 +14,11 @@ the crash-loop breaker's quarantines.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 from dataclasses import field
 from typing import Any, Iterable, Mapping
 
-from reconciler.errors import UsageError
+from reconciler.errors import UsageError, parse_json
 from reconciler.frozen import frozen
 from reconciler.decide.outcomes import PassResult
 from reconciler.vocabulary import DecisionAction, EventKind, GpuHealth, NodeState, Phase, RolloutPhase
@@ -372,7 +371,7 @@ def read_events(path: str, lines: Iterable[bytes | str], keep=lambda e: True) ->
         if not line.strip():
             continue
         try:
-            e = from_document(json.loads(line))
+            e = from_document(parse_json(line))
         except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             bad += 1
             first = first or number

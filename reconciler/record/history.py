@@ -8,7 +8,6 @@ has none (None), which a chart leaves as a gap rather than drawing a zero.
 
 from __future__ import annotations
 
-import json
 from dataclasses import field
 from typing import Iterable, Mapping
 
@@ -16,6 +15,7 @@ from reconciler.frozen import frozen
 from reconciler.model import Catalog
 from reconciler.decide.outcomes import PassResult
 from reconciler.vocabulary import GpuHealth, NodeState, Phase
+from reconciler.errors import parse_json
 
 # GPUs by health, in the order charts stack them: quarantined GPUs are counted apart from the
 # probe's verdicts (a quarantined GPU is healthy to the probe, but takes no work).
@@ -118,7 +118,7 @@ def read_samples(lines: Iterable[bytes | str], since: float | None = None,
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
+            doc = parse_json(line)
             changed = {str(n): _from_figures(v) for n, v in doc["m"].items()}
             when, totals = float(doc["t"]), _from_figures(doc["f"])
             gpus = dict(zip(GPU_KINDS, (int(x) for x in doc["g"])))

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 from reconciler.decide.backoff import Backoff, attempt_key
 from reconciler.decide.canary import OldSpec, Rollout, current
 from reconciler.catalog import model_at
-from reconciler.errors import CatalogInvalid
+from reconciler.errors import CatalogInvalid, parse_json
 from reconciler.observe.inventory import utc_text
 from reconciler.model import DEFAULT_DRAIN_S, Action, Catalog, Fleet, Inventory, Placement, Quarantine
 from reconciler.decide.outcomes import GpuStrikes, PassMemory, ReplicaState, StartedWith, copy_key  # noqa: F401  (re-exported)
@@ -422,6 +422,6 @@ def save_memory(path: Path, memory: PassMemory) -> None:
 
 def load_memory(path: Path) -> PassMemory:
     try:
-        return memory_from_document(json.loads(path.read_text()))
+        return memory_from_document(parse_json(path.read_text()))
     except (OSError, ValueError):
         return PassMemory()

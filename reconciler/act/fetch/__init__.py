@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from reconciler.errors import TransportError
+from reconciler.errors import TransportError, parse_json
 from reconciler.model import Fleet, Inventory, Model
 from reconciler.engines.render import substitute
 from reconciler.observe.transport import Transport
@@ -140,7 +140,7 @@ class Fetcher:
         if raw:
             return result.stdout
         try:
-            answer = json.loads(result.stdout)
+            answer = parse_json(result.stdout)
         except ValueError:
             raise TransportError(node, "fetch agent answered something that is not JSON") from None
         return answer

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from reconciler.agent_keys import Answer, Record
-from reconciler.errors import TransportError, kind_of
+from reconciler.errors import TransportError, kind_of, parse_json
 from reconciler.act.launcher.base import LogChunk, RankState, StartOutcome, StopOutcome
 from reconciler.model import RankLaunch, SshSettings
 from reconciler.vocabulary import FailureKind, SecretKind
@@ -124,7 +124,7 @@ class SshLauncher:
                 last = f"{self.python} not found on the node"
             raise TransportError(node, f"node agent failed (exit {result.rc}): {last}")
         try:
-            answer = json.loads(result.stdout)
+            answer = parse_json(result.stdout)
         except ValueError:
             raise TransportError(node, "node agent answered something that is not JSON") from None
         if not isinstance(answer, dict):

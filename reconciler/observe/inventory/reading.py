@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import orjson
 import yaml_rs
 
-from reconciler.errors import has_refused_character, position_after, refused_character
+from reconciler.errors import block_too_deep, has_refused_character, position_after, refused_character
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -77,9 +77,9 @@ def _document(data: bytes, fast: bool = True) -> Any:
         except ValueError:  # orjson is strict (no NaN, no integer past 64 bits): the stdlib decides
             try:
                 return json.loads(stripped)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the stack: PyYAML words it below
                 pass
-    if fast:
+    if fast and block_too_deep(data) is None:  # yaml_rs would overflow its stack: PyYAML's reader says where
         try:
             text = data.decode("utf-8")
             # A character YAML does not allow: yaml_rs would take it, PyYAML refuses it and says where.
@@ -116,7 +116,7 @@ def read_snapshot_parts(path: str | Path) -> Iterator[Any]:
     again with read_snapshot_document, which reads it as one document or words its error.
     """
     data = Path(path).read_bytes()
-    parts = _block_node_parts(data) if len(data) >= PARTS_MIN_BYTES else None
+    parts = _block_node_parts(data) if len(data) >= PARTS_MIN_BYTES and block_too_deep(data) is None else None
     if parts is None:
         yield _document(data)
         return
@@ -176,8 +176,10 @@ def _read_with_pyyaml(data: bytes) -> Any:
     yaml_rs reads (every one the reconciler writes) never needs it, and `plan` starts sooner."""
     import yaml
 
+    from reconciler import pyyaml_bounded
+
     try:
-        return yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return pyyaml_bounded.load(data, getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.reader.ReaderError as exc:  # bytes YAML does not take: said where, in a person's words
         raise _reader_error(data, exc) from None
     except yaml.YAMLError as exc:

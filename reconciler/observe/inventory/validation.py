@@ -9,7 +9,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable
 
-from reconciler.errors import InventoryInvalid, Problem
+from reconciler.errors import MAX_NESTING, InventoryInvalid, Problem, too_deep
 from reconciler.observe.inventory.reading import (
     PartUnreadable,
     SnapshotSyntaxError,
@@ -365,7 +365,7 @@ def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str,
                 leave_to_exit(part)  # its parsed document, freed by the exit in a one-shot command
                 if between_parts is not None:
                     between_parts()
-    except (PartUnreadable, SnapshotSyntaxError, OSError, UnicodeDecodeError):
+    except (PartUnreadable, SnapshotSyntaxError, OSError, UnicodeDecodeError, RecursionError):  # see _load_whole
         return None
     if len({n.id for n in nodes}) != len(nodes):
         return None
@@ -373,6 +373,12 @@ def _load_in_parts(path: Path, fleet: Fleet | None, unknown_nodes: str,
 
 
 def _load_whole(path: Path, fleet: Fleet | None, unknown_nodes: str) -> Inventory:
+    # orjson reads JSON nested up to 1,024 deep; jsonschema, wording what is wrong with it, recurses
+    # past Python's stack long before. A snapshot needs eight levels.
+    deep = _too_deep(path)
+    if deep is not None:
+        raise InventoryInvalid([Problem(str(path), *deep, f"values nested more than {MAX_NESTING} levels deep "
+                                                          "(a snapshot needs eight)")])
     doc = _read_snapshot(path)
     errors = _check_document(doc, fleet, unknown_nodes)
     if errors:
@@ -384,6 +390,13 @@ def _load_whole(path: Path, fleet: Fleet | None, unknown_nodes: str) -> Inventor
     if errors:
         raise InventoryInvalid(_problems(errors, str(path), path.read_text(errors="replace")))
     return inventory_from_document(doc)
+
+
+def _too_deep(path: Path) -> tuple[int, int] | None:
+    try:
+        return too_deep(path.read_bytes())
+    except OSError:  # said by the reader, as it always was
+        return None
 
 
 def drop_unknown_nodes(inv: Inventory, fleet: Fleet, dropped: list[str] | None = None) -> Inventory:

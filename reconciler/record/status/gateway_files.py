@@ -15,6 +15,7 @@ from reconciler.record import gateway
 from reconciler.model import Catalog
 from reconciler.decide.outcomes import ReplicaState
 from reconciler.record.status.files import dump_yaml, status_dir, write_if_changed
+from reconciler.errors import parse_json
 
 
 GATEWAY_DIR = "gateway"
@@ -52,7 +53,7 @@ def write_gateway_files(catalog_root: str | os.PathLike, catalog: Catalog,
     }
     digests_path = directory / DIGESTS_FILE
     try:
-        written_before = json.loads(digests_path.read_text())
+        written_before = parse_json(digests_path.read_text())
         if not isinstance(written_before, dict):
             written_before = {}
     except (OSError, ValueError):
@@ -79,7 +80,7 @@ def read_served(catalog_root: str | os.PathLike) -> gateway.Served | None:
     """status/gateway/served.json, what `reconciler gateway` says it serves; None without one."""
     path = status_dir(catalog_root) / GATEWAY_DIR / gateway.SERVED_FILE
     try:
-        doc, touched = json.loads(path.read_text()), path.stat().st_mtime
+        doc, touched = parse_json(path.read_text()), path.stat().st_mtime
     except (OSError, ValueError):
         return None
     served = gateway.Served.from_document(doc)

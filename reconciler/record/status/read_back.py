@@ -21,11 +21,13 @@ def read_autoscale_states(catalog_root: str | os.PathLike, models: Iterable[Mode
         return states
     import yaml
 
+    from reconciler import pyyaml_bounded
+
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     root = Path(catalog_root) / STATUS_DIR / "models"
     for m in scaled:
         try:
-            doc = yaml.load((root / f"{m.name}.yaml").read_bytes(), Loader=loader)
+            doc = pyyaml_bounded.load((root / f"{m.name}.yaml").read_bytes(), loader)
         except (OSError, yaml.YAMLError):
             continue
         state = state_from_document(doc.get("autoscale")) if isinstance(doc, dict) else None
