@@ -116,7 +116,9 @@ def read_snapshot_parts(path: str | Path) -> Iterator[Any]:
     again with read_snapshot_document, which reads it as one document or words its error.
     """
     data = Path(path).read_bytes()
-    parts = _block_node_parts(data) if len(data) >= PARTS_MIN_BYTES and block_too_deep(data) is None else None
+    parts = _block_node_parts(data) if len(data) >= PARTS_MIN_BYTES else None
+    if parts is not None and block_too_deep(data) is not None:  # yaml_rs would overflow its stack: see _document
+        parts = None
     if parts is None:
         yield _document(data)
         return
