@@ -27,7 +27,7 @@ from reconciler.vocabulary import NodeState
 
 # What a hand, a merge or a node may put where a value was: other types, numbers JSON cannot say
 # (Python's json reads Infinity and NaN), a key that is not a string.
-ODD = [None, True, -1, 0, 2**63, 1e309, float("nan"), "", "x", "10.0.0.1", [], {}, [None], {"a": 1}, {5: "x"}, ["n1"],
+ODD = [1e309, None, "x", ["n1"], True, -1, 0, 2**63, float("nan"), "", "10.0.0.1", [], {}, [None], {"a": 1}, {5: "x"},
        [[1]], "2026-12-01T21:00:00Z"]
 
 MODEL_STATUS = {
