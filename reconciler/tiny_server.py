@@ -63,11 +63,14 @@ def make_handler(model: str):
                     in_flight[0] -= 1
 
         def _complete(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
             try:
+                length = int(self.headers.get("Content-Length") or 0)
                 req = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
+            except (ValueError, RecursionError):  # a bad length, not JSON, or JSON nested past the stack
                 self._send(400, {"error": "body is not JSON"})
+                return
+            if not isinstance(req, dict):
+                self._send(400, {"error": "body is not a JSON object"})
                 return
             prompt = str(req.get("prompt", ""))
             self._send(

@@ -111,3 +111,15 @@ print(client.get("/api/version").json()["problems"])
     assert r.returncode == 0, r.stderr
     assert (f"status/models/m.yaml:3:1: not valid YAML: values nested more than {MAX_NESTING} levels deep"
             in r.stdout), r.stdout
+
+
+def test_a_pass_memory_in_etcd_nested_too_deep_is_forgotten_like_any_unreadable_one():
+    from reconciler.commands.run import _etcd_memory_store
+    from reconciler.decide.outcomes import PassMemory
+
+    class Stored:  # etcd's answer for the key, as EtcdClient hands it on: the bytes a daemon wrote there
+        def load_state(self, key):
+            return b"[" * DEEP + b"]" * DEEP
+
+    load, _ = _etcd_memory_store(Stored(), lambda *args, **kw: None)
+    assert load(None) == PassMemory()

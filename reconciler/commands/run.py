@@ -326,7 +326,7 @@ def _etcd_memory_store(election, log):
                 "this pass starts from none (backoffs and grace periods begin again)")
             return PassMemory()
         try:
-            return memory_from_document(json.loads(raw)) if raw else PassMemory()
+            return memory_from_document(parse_json(raw)) if raw else PassMemory()
         except ValueError:  # unreadable: forgotten, never an error (as the local file)
             return PassMemory()
 
