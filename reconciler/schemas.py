@@ -65,7 +65,7 @@ def first_problem(name: str, doc: Any, *, missing_ok: bool = False) -> str | Non
         return None
     key = next(non_string_keys(doc), None)
     if key is not None:
-        return f"{_where(key[:-1])}: the key {key[-1]!r} is not a string"
+        return f"{field_path(key[:-1]) or '(document)'}: the key {key[-1]!r} is not a string"
     try:
         errors = sorted((e for e in validator(name).iter_errors(doc) if not (missing_ok and e.validator == "required")),
                         key=lambda e: [(p, "") if isinstance(p, int) else (-1, str(p)) for p in e.absolute_path])
@@ -75,7 +75,7 @@ def first_problem(name: str, doc: Any, *, missing_ok: bool = False) -> str | Non
         return None
     err = errors[0]
     message = err.message if len(err.message) <= 200 else err.message[:200] + "..."
-    return f"{_where(err.absolute_path)}: {message}"
+    return f"{field_path(err.absolute_path) or '(document)'}: {message}"
 
 
 def non_string_keys(doc: Any) -> Iterator[tuple]:
@@ -93,5 +93,9 @@ def non_string_keys(doc: Any) -> Iterator[tuple]:
             stack.extend((path + (i,), v, False) for i, v in reversed(list(enumerate(value))))
 
 
-def _where(path) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(document)"
+def field_path(parts) -> str:
+    """("gpus", 2, "index") -> "gpus[2].index"."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out

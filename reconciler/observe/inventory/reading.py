@@ -9,7 +9,6 @@ the caller's checks (read_snapshot_parts).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -19,7 +18,7 @@ from typing import Any, Iterator
 import orjson
 import yaml_rs
 
-from reconciler.errors import block_too_deep, has_refused_character, position_after, refused_character
+from reconciler.errors import block_too_deep, has_refused_character, parse_json, position_after, refused_character
 from reconciler.model import (
     Disk,
     FabricAttachment,
@@ -76,8 +75,8 @@ def _document(data: bytes, fast: bool = True) -> Any:
             return orjson.loads(stripped)
         except ValueError:  # orjson is strict (no NaN, no integer past 64 bits): the stdlib decides
             try:
-                return json.loads(stripped)
-            except (ValueError, RecursionError):  # nested past the stack: PyYAML words it below
+                return parse_json(stripped)
+            except ValueError:  # nested past the stack too: PyYAML words it below
                 pass
     if fast and block_too_deep(data) is None:  # yaml_rs would overflow its stack: PyYAML's reader says where
         try:

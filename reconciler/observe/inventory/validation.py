@@ -19,7 +19,7 @@ from reconciler.observe.inventory.reading import (
     read_snapshot_parts,
 )
 from reconciler.model import Fleet, Inventory, ObservedNode
-from reconciler.schemas import is_valid, schema, validator
+from reconciler.schemas import field_path, is_valid, schema, validator
 from reconciler.teardown import leave_to_exit
 
 
@@ -71,14 +71,6 @@ def _describe(v) -> str:
 
 def _valid_id(v) -> bool:
     return isinstance(v, str) and _NODE_ID.match(v) is not None
-
-
-def _field_path(parts) -> str:
-    """("gpus", 2, "index") -> "gpus[2].index"."""
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
 
 
 def _order(parts: tuple, phase: int = 0) -> tuple:
@@ -145,16 +137,16 @@ def _schema_errors(doc) -> list[_Error]:
             messages += _required_messages(err)
     for parts, msg in messages:
         if len(parts) < 2 or parts[0] != "nodes" or not isinstance(parts[1], int):
-            out.append((-1, (), None, _field_path(parts) or "(document)", msg))
+            out.append((-1, (), None, field_path(parts) or "(document)", msg))
             continue
         i, rest = parts[1], parts[2:]
         nid = nodes[i].get("id") if isinstance(nodes[i], dict) else None
         if not _valid_id(nid):
             # A node without a usable id is reported once, by its position; its other fields wait.
             if rest[:1] in ((), ("id",)):
-                out.append((i, (-1,), None, _field_path(parts), msg))
+                out.append((i, (-1,), None, field_path(parts), msg))
             continue
-        out.append((i, _order(rest), nid, _field_path(rest), msg))
+        out.append((i, _order(rest), nid, field_path(rest), msg))
     return out
 
 
